@@ -1,0 +1,176 @@
+"""The plan (output of the planner, input of the workers) and the comparison report.
+
+A plan is data, as in the Zero Bubble scheduler: ``stages`` (contiguous layer ranges),
+``placement`` (stages per device) and per-device ``actions`` (``[kind, stage, microbatch]``)
+in the order each device runs them. :meth:`Plan.check` verifies the structural rules of the
+contract against a problem's size; the planner's simulator checks timing and memory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Any, Literal, NewType
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from adaptis.api.errors import SpecError, from_validation_error
+
+__all__ = [
+    "Action",
+    "ActionKind",
+    "Comparison",
+    "MicrobatchId",
+    "Plan",
+    "StageId",
+    "StrategyName",
+    "StrategyResult",
+    "STRATEGY_NAMES",
+    "load_plan",
+]
+
+StageId = NewType("StageId", int)
+MicrobatchId = NewType("MicrobatchId", int)
+
+ActionKind = Literal["F", "B", "W", "BW"]
+#: ``(kind, stage, microbatch)``; serialised as a JSON list ``["F", 0, 3]``.
+Action = tuple[ActionKind, Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]]
+
+StrategyName = Literal["adaptis", "gpipe", "1f1b", "i1f1b", "zb-h1", "zb-v", "balanced"]
+STRATEGY_NAMES: tuple[str, ...] = ("adaptis", "gpipe", "1f1b", "i1f1b", "zb-h1", "zb-v", "balanced")
+
+
+class Predicted(BaseModel):
+    """What the performance model predicts for a plan (optional extension of the contract)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    iteration_time: float = Field(ge=0)
+    bubble_ratio: float = Field(ge=0, le=1)
+    time_unit: Literal["s", "ms", "us"] = "ms"
+    peak_memory_bytes: list[float] = Field(default_factory=list)
+
+
+class Plan(BaseModel):
+    """Partition, placement and schedule: everything a worker needs to run an iteration."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stages: list[tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=1)]]] = Field(
+        min_length=1, description="stages[s] = [first_layer, end_layer) in the expanded layers."
+    )
+    placement: list[list[Annotated[int, Field(ge=0)]]] = Field(
+        min_length=1, description="placement[d]: the stage indices on device d."
+    )
+    actions: list[list[Action]] = Field(description="actions[d]: device d's work, in order.")
+    # Optional extensions (the contract allows new optional keys).
+    strategy: str | None = None
+    microbatches: int | None = Field(default=None, ge=1)
+    predicted: Predicted | None = None
+
+    # --- derived views --------------------------------------------------------------------
+    @property
+    def device_count(self) -> int:
+        return len(self.placement)
+
+    def stage_device(self) -> list[int]:
+        """``stage_device()[s]``: the device that holds stage ``s``."""
+        owner = [-1] * len(self.stages)
+        for d, stages in enumerate(self.placement):
+            for s in stages:
+                owner[s] = d
+        return owner
+
+    def check(self, *, layers: int, microbatches: int, devices: int) -> None:
+        """Raise :class:`SpecError` unless the plan obeys the contract's structural rules."""
+        errors: list[str] = []
+        pos = 0
+        for s, (lo, hi) in enumerate(self.stages):
+            if lo != pos or hi <= lo:
+                errors.append(f"plan: stages[{s}]: expected [{pos}, >{pos}), got [{lo}, {hi})")
+            pos = hi
+        if pos != layers:
+            errors.append(f"plan: stages: cover layers [0, {pos}) but the model has {layers}")
+        if len(self.placement) != devices:
+            errors.append(f"plan: placement: {len(self.placement)} devices, problem has {devices}")
+        if len(self.actions) != len(self.placement):
+            errors.append("plan: actions: need one list per device of placement")
+        seen = Counter(s for stages in self.placement for s in stages)
+        for s in range(len(self.stages)):
+            if seen[s] != 1:
+                errors.append(f"plan: placement: stage {s} is placed {seen[s]} times, expected 1")
+        extra = sorted(s for s in seen if s >= len(self.stages))
+        if extra:
+            errors.append(f"plan: placement: unknown stages {extra}")
+        if errors:
+            raise SpecError("\n".join(errors))
+        owner = self.stage_device()
+        done: Counter[tuple[str, int, int]] = Counter()
+        for d, acts in enumerate(self.actions):
+            for i, (kind, s, mb) in enumerate(acts):
+                if s >= len(self.stages) or owner[s] != d:
+                    errors.append(f"plan: actions[{d}][{i}]: stage {s} is not on device {d}")
+                if mb >= microbatches:
+                    errors.append(f"plan: actions[{d}][{i}]: microbatch {mb} >= {microbatches}")
+                done[(kind, s, mb)] += 1
+        for s in range(len(self.stages)):
+            for mb in range(microbatches):
+                fused = done[("BW", s, mb)]
+                want = {"F": 1, "B": 1 - fused, "W": 1 - fused, "BW": fused}
+                if fused > 1:
+                    want["BW"] = 1
+                for kind, n in want.items():
+                    if done[(kind, s, mb)] != n:
+                        errors.append(
+                            f"plan: actions: {kind} of stage {s} microbatch {mb} runs "
+                            f"{done[(kind, s, mb)]} times, expected {n}"
+                        )
+                if len(errors) > 20:
+                    break
+        if errors:
+            raise SpecError("\n".join(errors[:20]))
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_none=True)
+
+
+def load_plan(path: str | Path) -> Plan:
+    p = Path(path)
+    try:
+        return Plan.model_validate(json.loads(p.read_text()))
+    except OSError as err:
+        raise SpecError(f"plan: cannot read {p}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise SpecError(f"plan: {p} is not valid JSON: {err}") from None
+    except ValidationError as err:
+        raise from_validation_error(err, what="plan") from None
+
+
+class StrategyResult(BaseModel):
+    """One row of ``adaptis plan --compare --json``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    feasible: bool
+    reason: str | None = None
+    iteration_time: float | None = None
+    bubble_ratio: float | None = None
+    peak_memory_bytes: list[float] | None = None
+    stages: int | None = None
+    placement: list[list[int]] | None = None
+    search_seconds: float | None = None
+
+
+class Comparison(BaseModel):
+    """The whole ``--compare --json`` document."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str | None = None
+    time_unit: str
+    lower_bound: float
+    strategies: dict[str, StrategyResult]
+
+    def payload(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)

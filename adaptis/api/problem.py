@@ -1,0 +1,224 @@
+"""The planning problem: the input contract of ``adaptis plan`` (see shared/planning-problem.md).
+
+A problem is a model (layers in pipeline order, each with profiled F/B/W times and bytes), a
+number of microbatches, a set of devices (identical, or a heterogeneous list) and the network
+between them. These models only parse and check; costs are derived in ``adaptis.planner``.
+
+Extend this contract with new optional keys only; never break it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, NewType, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    model_validator,
+)
+
+from adaptis.api.errors import SpecError, from_validation_error
+
+__all__ = [
+    "DeviceId",
+    "DeviceSpec",
+    "Devices",
+    "DeviceList",
+    "IdenticalDevices",
+    "Layer",
+    "Link",
+    "Network",
+    "Problem",
+    "RepeatBlock",
+    "TIME_UNIT_SECONDS",
+    "load_problem",
+    "parse_problem",
+]
+
+DeviceId = NewType("DeviceId", int)
+
+#: Seconds in one unit of each supported ``time_unit``.
+TIME_UNIT_SECONDS: dict[str, float] = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+
+NonNeg = Annotated[float, Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Layer(_Strict):
+    """One layer's profile: times on a device of speed 1, bytes per microbatch or in total."""
+
+    name: str = Field(description="Layer name; a repeat block suffixes it with the repeat index.")
+    kind: str | None = Field(
+        default=None,
+        description="Free-form kind; `embedding` and `head` are placed specially by the baselines.",
+    )
+    forward: float = Field(gt=0, description="F: forward time of one microbatch.")
+    backward: NonNeg = Field(default=0.0, description="B: input-gradient time of one microbatch.")
+    weight: NonNeg = Field(default=0.0, description="W: weight-gradient time of one microbatch.")
+    activation_bytes: NonNeg = Field(
+        default=0.0, description="Bytes held per microbatch from its F until its W (or fused B)."
+    )
+    param_bytes: NonNeg = Field(
+        default=0.0, description="Weights, gradients and optimizer state, held all iteration."
+    )
+    output_bytes: NonNeg = Field(
+        default=0.0, description="Activation sent to the next layer (its gradient comes back)."
+    )
+
+
+class RepeatBlock(_Strict):
+    """``repeat: n`` copies of ``layers`` in place; names get the copy index as a suffix."""
+
+    repeat: int = Field(ge=1, description="How many times the block repeats (at least 1).")
+    layers: list[LayerEntry] = Field(min_length=1)
+
+
+def _layer_tag(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "repeat-block" if "repeat" in value else "layer-entry"
+    return "repeat-block" if isinstance(value, RepeatBlock) else "layer-entry"
+
+
+LayerEntry = Annotated[
+    Union[Annotated[Layer, Tag("layer-entry")], Annotated[RepeatBlock, Tag("repeat-block")]],
+    Discriminator(_layer_tag),
+]
+RepeatBlock.model_rebuild()
+
+
+class IdenticalDevices(_Strict):
+    """``count`` identical devices, ``per_node`` of them in each node."""
+
+    count: int = Field(ge=1)
+    per_node: int = Field(default=8, ge=1)
+    memory_bytes: float | None = Field(default=None, gt=0, description="None: unbounded.")
+    speed: float = Field(default=1.0, gt=0)
+
+
+class DeviceSpec(_Strict):
+    """One device of a heterogeneous cluster."""
+
+    name: str | None = None
+    node: str = Field(description="Devices with the same node share the intra-node link.")
+    speed: float = Field(default=1.0, gt=0)
+    memory_bytes: float | None = Field(default=None, gt=0)
+
+
+class DeviceList(_Strict):
+    list: Annotated[list[DeviceSpec], Field(min_length=1)]
+
+
+def _devices_tag(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "device-list" if "list" in value else "identical-devices"
+    return "device-list" if isinstance(value, DeviceList) else "identical-devices"
+
+
+Devices = Annotated[
+    Union[Annotated[IdenticalDevices, Tag("identical-devices")], Annotated[DeviceList, Tag("device-list")]],
+    Discriminator(_devices_tag),
+]
+
+
+class Link(_Strict):
+    bandwidth_bytes_per_s: float = Field(gt=0)
+    latency_s: NonNeg = 0.0
+
+
+class Network(_Strict):
+    """Links between devices. A missing link is free (zero cost)."""
+
+    intra_node: Link | None = None
+    inter_node: Link | None = None
+
+
+class Problem(_Strict):
+    """A planning problem, parsed and checked. Use :meth:`expanded_layers` for the flat model."""
+
+    name: str | None = None
+    time_unit: Literal["s", "ms", "us"] = "ms"
+    microbatches: int = Field(ge=1)
+    layers: list[LayerEntry] = Field(min_length=1)
+    devices: Devices
+    network: Network = Network()
+
+    @model_validator(mode="after")
+    def _check_counts(self) -> Problem:
+        n_layers = sum(1 for _ in _expand(self.layers))
+        if n_layers > 100_000:
+            raise ValueError(f"layers expand to {n_layers} layers; at most 100000 are supported")
+        return self
+
+    # --- derived views (cheap, recomputed on demand) ---------------------------------------
+    def expanded_layers(self) -> list[Layer]:
+        """The model in pipeline order, repeat blocks expanded, names suffixed ``_<index>``."""
+        return list(_expand(self.layers))
+
+    def device_specs(self) -> list[DeviceSpec]:
+        """Every device as a :class:`DeviceSpec` (the identical form expanded)."""
+        d = self.devices
+        if isinstance(d, DeviceList):
+            return [
+                spec if spec.name else spec.model_copy(update={"name": f"device{i}"})
+                for i, spec in enumerate(d.list)
+            ]
+        return [
+            DeviceSpec(
+                name=f"device{i}",
+                node=f"node{i // d.per_node}",
+                speed=d.speed,
+                memory_bytes=d.memory_bytes,
+            )
+            for i in range(d.count)
+        ]
+
+    @property
+    def device_count(self) -> int:
+        d = self.devices
+        return len(d.list) if isinstance(d, DeviceList) else d.count
+
+
+def _expand(entries: list[Layer | RepeatBlock], suffix: str = "") -> Iterator[Layer]:
+    for entry in entries:
+        if isinstance(entry, RepeatBlock):
+            for i in range(entry.repeat):
+                yield from _expand(entry.layers, f"{suffix}_{i}")
+        elif suffix:
+            yield entry.model_copy(update={"name": f"{entry.name}{suffix}"})
+        else:
+            yield entry
+
+
+def parse_problem(data: Any) -> Problem:
+    """Validate a loaded document; raise :class:`SpecError` naming every bad key."""
+    if not isinstance(data, Mapping):
+        raise SpecError(f"problem: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return Problem.model_validate(data)
+    except ValidationError as err:
+        raise from_validation_error(err, what="problem") from None
+
+
+def load_problem(path: str | Path) -> Problem:
+    """Read a YAML or JSON problem file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise SpecError(f"problem: cannot read {p}: {err.strerror}") from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as err:
+        raise SpecError(f"problem: {p} is not valid YAML/JSON: {err}") from None
+    return parse_problem(data)

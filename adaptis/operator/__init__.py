@@ -1,0 +1,1 @@
+"""The operator layer: kopf handlers, node profiling, manifests, status (needs ``[operator]``)."""

@@ -1,0 +1,1 @@
+"""The planner layer: pure Python. Costs, performance model, baseline schedules, joint search."""

@@ -1,0 +1,1 @@
+"""The worker layer: torch models, stages, executor, profiler, metrics (needs ``[worker]``)."""
