@@ -25,7 +25,9 @@ __all__ = [
     "JobStatus",
     "KIND",
     "ModelSpec",
+    "RankAssignment",
     "TrainingSpec",
+    "WorkerConfig",
     "load_job",
     "parse_job",
 ]
@@ -50,6 +52,15 @@ BlockKind = Literal["attention", "mamba", "moe", "dense"]
 class BlockSpec(_Spec):
     """A run of identical blocks in pipeline order."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "!has(self.topK) || !has(self.experts) || self.topK <= self.experts",
+                 "message": "topK must not exceed experts", "fieldPath": ".topK"}
+            ]
+        }
+    )
+
     kind: BlockKind = Field(description="attention (+MLP), mamba (selective SSM), moe, dense MLP.")
     count: int = Field(default=1, ge=1, le=4096, description="How many such blocks in a row.")
     experts: int = Field(default=4, ge=1, le=256, description="MoE only: number of experts.")
@@ -59,10 +70,21 @@ class BlockSpec(_Spec):
 class ModelSpec(_Spec):
     """A small but real heterogeneous model: embedding, blocks, large-vocabulary head."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "!has(self.heads) || self.hidden % self.heads == 0",
+                 "message": "heads must divide hidden", "fieldPath": ".heads"}
+            ]
+        }
+    )
+
     vocab_size: int = Field(ge=2, le=4_194_304, description="Vocabulary of embedding and head.")
     hidden: int = Field(ge=8, le=65_536, description="Hidden size.")
     heads: int = Field(default=4, ge=1, le=512, description="Attention heads; divides hidden.")
-    blocks: list[BlockSpec] = Field(min_length=1, description="The layers between embedding and head.")
+    blocks: list[BlockSpec] = Field(
+        min_length=1, max_length=1024, description="The layers between embedding and head."
+    )
     tie_embeddings: bool = Field(default=False, description="Share embedding and head weights.")
 
     @model_validator(mode="after")
@@ -77,17 +99,34 @@ class ModelSpec(_Spec):
 
 
 class OptimizerSpec(_Spec):
-    name: Literal["adamw", "sgd"] = "adamw"
-    lr: float = Field(default=1e-3, gt=0, le=10)
-    weight_decay: float = Field(default=0.0, ge=0, le=1)
+    """The optimizer every stage runs on its own parameters."""
+
+    name: Literal["adamw", "sgd"] = Field(default="adamw", description="adamw or sgd.")
+    lr: float = Field(default=1e-3, gt=0, le=10, description="Learning rate.")
+    weight_decay: float = Field(default=0.0, ge=0, le=1, description="Decoupled weight decay.")
 
 
 class DataSpec(_Spec):
     """Synthetic tokens (seeded), or a flat file of uint16/uint32 token ids, memory-mapped."""
 
-    source: Literal["synthetic", "token-file"] = "synthetic"
-    path: str | None = Field(default=None, description="token-file only: path inside the pod.")
-    dtype: Literal["uint16", "uint32"] = "uint16"
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "!has(self.source) || self.source != 'token-file' || has(self.path)",
+                 "message": "path is required when source is token-file", "fieldPath": ".path"}
+            ]
+        }
+    )
+
+    source: Literal["synthetic", "token-file"] = Field(
+        default="synthetic", description="synthetic: seeded random tokens; token-file: a file."
+    )
+    path: str | None = Field(
+        default=None, max_length=4096, description="token-file only: path inside the pod."
+    )
+    dtype: Literal["uint16", "uint32"] = Field(
+        default="uint16", description="token-file only: integer type of the token ids."
+    )
 
     @model_validator(mode="after")
     def _path_for_file(self) -> DataSpec:
@@ -97,23 +136,34 @@ class DataSpec(_Spec):
 
 
 class TrainingSpec(_Spec):
-    steps: int = Field(default=10, ge=1, le=10_000_000)
+    """What one training run does: steps, batch shape, optimizer, data."""
+
+    steps: int = Field(default=10, ge=1, le=10_000_000, description="Optimizer steps to run.")
     microbatches: int = Field(default=8, ge=1, le=4096, description="Microbatches per step.")
     microbatch_size: int = Field(default=1, ge=1, le=4096, description="Sequences per microbatch.")
-    sequence_length: int = Field(default=64, ge=2, le=1_048_576)
-    optimizer: OptimizerSpec = OptimizerSpec()
+    sequence_length: int = Field(
+        default=64, ge=2, le=1_048_576, description="Tokens per sequence."
+    )
+    optimizer: OptimizerSpec = Field(default=OptimizerSpec(), description="The optimizer.")
     grad_clip: float | None = Field(default=1.0, gt=0, description="Max global grad norm; null: off.")
-    seed: int = Field(default=0, ge=0)
-    data: DataSpec = DataSpec()
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of weights and synthetic data.")
+    data: DataSpec = Field(default=DataSpec(), description="Where the tokens come from.")
 
 
 class ParallelismSpec(_Spec):
+    """How many pipeline ranks, and what each one gets."""
+
     workers: int = Field(default=2, ge=1, le=4096, description="Pipeline ranks (pods).")
     gpus_per_worker: int = Field(default=1, ge=0, le=16, description="0: CPU workers.")
 
 
 class PlannerSpec(_Spec):
-    strategy: Literal["adaptis", "gpipe", "1f1b", "i1f1b", "zb-h1", "zb-v", "balanced"] = "adaptis"
+    """How the operator chooses partition, placement and schedule."""
+
+    strategy: Literal["adaptis", "gpipe", "1f1b", "i1f1b", "zb-h1", "zb-v", "balanced"] = Field(
+        default="adaptis",
+        description="adaptis: joint search; the others are the fixed baselines it is compared with.",
+    )
     memory_headroom: float = Field(
         default=0.1, ge=0, lt=1, description="Fraction of device memory the plan keeps free."
     )
@@ -125,67 +175,159 @@ class PlannerSpec(_Spec):
 class WorkerTemplate(_Spec):
     """Overrides of the worker pods. Kubernetes objects pass through unchecked."""
 
-    image: str | None = None
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
-    resources: dict[str, Any] | None = None
-    env: list[dict[str, Any]] = Field(default_factory=list)
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    volumes: list[dict[str, Any]] = Field(default_factory=list)
-    volume_mounts: list[dict[str, Any]] = Field(default_factory=list)
+    image: str | None = Field(
+        default=None, max_length=1024, description="Worker image; default: the operator's."
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        default=None, description="Image pull policy of the worker container."
+    )
+    resources: dict[str, Any] | None = Field(
+        default=None,
+        description="Container resources (requests/limits); nvidia.com/gpu comes from "
+        "parallelism.gpusPerWorker.",
+    )
+    env: list[dict[str, Any]] = Field(
+        default_factory=list, description="Extra container environment (core/v1 EnvVar)."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Only nodes with these labels are candidates."
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, description="Pod tolerations (core/v1 Toleration)."
+    )
+    volumes: list[dict[str, Any]] = Field(
+        default_factory=list, description="Extra pod volumes (core/v1 Volume)."
+    )
+    volume_mounts: list[dict[str, Any]] = Field(
+        default_factory=list, description="Extra container volume mounts (core/v1 VolumeMount)."
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra labels of the worker pods."
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="Extra annotations of the worker pods."
+    )
+    priority_class_name: str | None = Field(
+        default=None, max_length=253, description="PriorityClass of the worker pods."
+    )
+    service_account_name: str | None = Field(
+        default=None, max_length=253, description="ServiceAccount of the worker pods."
+    )
 
 
 class CheckpointSpec(_Spec):
+    """Where and how often the gang saves a checkpoint to restart from."""
+
     every_steps: int = Field(default=0, ge=0, description="0: no periodic checkpoints.")
-    claim_name: str | None = Field(default=None, description="PVC mounted at path; none: emptyDir.")
-    path: str = Field(default="/checkpoints", pattern=r"^/")
+    claim_name: str | None = Field(
+        default=None, max_length=253, description="PVC mounted at path; none: emptyDir."
+    )
+    path: str = Field(
+        default="/checkpoints", pattern=r"^/", max_length=4096,
+        description="Mount path of the checkpoint volume in the worker pods.",
+    )
 
 
 class MetricsSpec(_Spec):
-    port: int = Field(default=9400, ge=1024, le=65535)
+    """The workers' Prometheus endpoint."""
+
+    port: int = Field(default=9400, ge=1024, le=65535, description="Container port named metrics.")
 
 
 class JobSpec(_Spec):
-    model: ModelSpec
-    training: TrainingSpec = TrainingSpec()
-    parallelism: ParallelismSpec = ParallelismSpec()
-    planner: PlannerSpec = PlannerSpec()
-    worker: WorkerTemplate = WorkerTemplate()
-    checkpoint: CheckpointSpec = CheckpointSpec()
-    metrics: MetricsSpec = MetricsSpec()
-    suspend: bool = False
-    backoff_limit: int = Field(default=3, ge=0, le=1000)
-    active_deadline_seconds: int | None = Field(default=None, ge=1)
-    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    """An AdaPtisJob: a model trained with a planned pipeline over a gang of worker pods."""
+
+    model: ModelSpec = Field(description="The model to train.")
+    training: TrainingSpec = Field(default=TrainingSpec(), description="The training run.")
+    parallelism: ParallelismSpec = Field(
+        default=ParallelismSpec(), description="Pipeline ranks and GPUs per rank."
+    )
+    planner: PlannerSpec = Field(default=PlannerSpec(), description="The planner's choices.")
+    worker: WorkerTemplate = Field(
+        default=WorkerTemplate(), description="Overrides of the worker pods."
+    )
+    checkpoint: CheckpointSpec = Field(
+        default=CheckpointSpec(), description="Checkpoints to restart the gang from."
+    )
+    metrics: MetricsSpec = Field(default=MetricsSpec(), description="Worker metrics.")
+    suspend: bool = Field(
+        default=False, description="true: remove the worker pods; false again: recreate them."
+    )
+    backoff_limit: int = Field(
+        default=3, ge=0, le=1000, description="Gang restarts after a failed pod before Failed."
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None, ge=1, description="Seconds from start after which the job fails."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="Seconds after Succeeded/Failed until the job is deleted."
+    )
+    queue_name: str | None = Field(
+        default=None, max_length=63,
+        description="Kueue LocalQueue; sets kueue.x-k8s.io/queue-name on the worker pods.",
+    )
 
 
 Phase = Literal[
     "Pending", "Profiling", "Planned", "Running", "Restarting", "Suspended", "Succeeded", "Failed"
 ]
+ConditionType = Literal[
+    "Profiling", "Planned", "Running", "Restarting", "Suspended", "Succeeded", "Failed"
+]
 
 
 class Condition(_Spec):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str = ""
-    message: str = ""
-    last_transition_time: str | None = None
+    """One observation of the job, as every Kubernetes condition."""
+
+    type: str = Field(description="Profiling, Planned, Running, Restarting, Suspended, ...")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", description="CamelCase reason of the last transition.")
+    message: str = Field(default="", description="Human-readable detail; names the field at fault.")
+    last_transition_time: str | None = Field(
+        default=None, description="RFC 3339 time the status last changed."
+    )
+
+
+class RankAssignment(_Spec):
+    """Where one pipeline rank runs and what it holds."""
+
+    rank: int = Field(ge=0, description="Pipeline rank (device index of the plan).")
+    node: str = Field(description="Node the plan places the rank on.")
+    gpu: str | None = Field(default=None, description="GPU product of that node (GFD label).")
+    stages: list[int] = Field(default_factory=list, description="Stage indices the rank holds.")
 
 
 class JobStatus(_Spec):
-    phase: Phase = "Pending"
-    conditions: list[Condition] = Field(default_factory=list)
+    """What the operator observed and decided; written only by the operator."""
+
+    phase: Phase = Field(default="Pending", description="Where the job is in its lifecycle.")
+    conditions: list[Condition] = Field(default_factory=list, description="Latest observations.")
     workers_ready: str | None = Field(default=None, description="ready/total, e.g. 3/4.")
-    stages: int | None = None
-    strategy: str | None = None
-    predicted_iteration_seconds: float | None = None
-    predicted_bubble_ratio: float | None = None
-    observed_bubble_ratio: float | None = None
-    predicted_speedup_over_i1f1b: float | None = None
-    restarts: int = 0
-    start_time: str | None = None
-    completion_time: str | None = None
-    message: str | None = None
+    stages: int | None = Field(default=None, description="Stages of the plan.")
+    strategy: str | None = Field(default=None, description="Strategy that made the plan.")
+    predicted_iteration_seconds: float | None = Field(
+        default=None, description="Iteration time the performance model predicts."
+    )
+    predicted_bubble_ratio: float | None = Field(
+        default=None, description="Idle fraction of device time the model predicts."
+    )
+    observed_bubble_ratio: float | None = Field(
+        default=None, description="Idle fraction the workers reported."
+    )
+    predicted_speedup_over_i1f1b: float | None = Field(
+        default=None, description="Predicted I-1F1B iteration time / this plan's."
+    )
+    restarts: int = Field(default=0, description="Gang restarts after failures.")
+    replans: int = Field(default=0, description="Re-plans after lost nodes or changed hardware.")
+    start_time: str | None = Field(default=None, description="When the worker pods were created.")
+    completion_time: str | None = Field(default=None, description="When the job finished.")
+    message: str | None = Field(default=None, description="Why the job is in its phase.")
+    placement: list[RankAssignment] = Field(
+        default_factory=list, description="Node and stages of every rank."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation the status reflects."
+    )
 
 
 class ObjectMeta(BaseModel):
@@ -220,3 +362,16 @@ def load_job(path: str | Path) -> AdaPtisJob:
     except (yaml.YAMLError, json.JSONDecodeError) as err:
         raise SpecError(f"AdaPtisJob: {p} is not valid YAML/JSON: {err}") from None
     return parse_job(data)
+
+
+class WorkerConfig(_Spec):
+    """The worker's whole input: its slice of the job plus the plan. Written by the operator
+    (ConfigMap ``worker.json``) or by ``adaptis run``; read by ``adaptis worker``."""
+
+    job_name: str = Field(default="local", description="Label value of the metrics.")
+    model: ModelSpec
+    training: TrainingSpec = TrainingSpec()
+    plan: Any = Field(description="An adaptis.api.plan.Plan document.")
+    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="None: off; 0: any.")
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = Field(default=0, ge=0)

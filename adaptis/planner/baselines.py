@@ -1,0 +1,462 @@
+"""The baseline strategies AdaPtis is measured against, written as data (per-device action lists).
+
+Sits in the planner layer next to the joint search: ``adaptis plan --compare`` scores every
+entry of :data:`BASELINES` with :mod:`adaptis.planner.simulator`. Each is the strategy of the
+contract's table (shared/planning-problem.md), written as its authors run it, because a weak
+yardstick would make our speedup a lie:
+
+- ``gpipe``: Megatron partition, one stage per device, all F then all (fused) backward;
+- ``1f1b``: PipeDream-flush: device ``d`` warms up with ``p-1-d`` forwards, then alternates;
+- ``i1f1b``: Megatron's interleaved 1F1B, looped chunks, the best chunk count ``v >= 2``;
+- ``zb-h1``: Zero Bubble H1: B/W split under 1F1B's peak memory (``p`` microbatches in
+  flight), W deferred into the cool-down gaps;
+- ``zb-v``: Zero Bubble V: ``2p`` stages, device ``d`` holds ``d`` and ``2p-1-d``, B/W split,
+  memory of 1F1B's first device (``p`` microbatches through a device's layers) everywhere;
+- ``balanced``: :func:`balanced_partition` by profiled cost and device speed, then 1F1B.
+
+The two Zero Bubble strategies take the fastest of the paper's handcrafted order and two
+memory-bounded greedy orders (:func:`zero_bubble_actions`): the handcrafted ones reach the
+closed forms on uniform stages, the greedy ones adapt to uneven stages and short memory,
+as the ZB authors' own automatic scheduler does.
+
+When the model has fewer layers than a strategy needs stages, it runs on the first
+``layers // chunks`` devices and the rest stay idle (as one would run Megatron there).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+
+from adaptis.api.plan import Action, Plan
+from adaptis.planner.costs import Costs
+from adaptis.planner.errors import PlannerError
+from adaptis.planner.partition import balanced_partition, megatron_partition
+from adaptis.planner.simulator import simulate
+
+__all__ = [
+    "BASELINES",
+    "Baseline",
+    "balanced",
+    "gpipe",
+    "gpipe_actions",
+    "interleaved_1f1b",
+    "interleaved_actions",
+    "one_f_one_b",
+    "one_f_one_b_actions",
+    "zb_h1",
+    "zb_h1_actions",
+    "zb_v",
+    "zb_v_actions",
+    "zero_bubble_actions",
+]
+
+log = logging.getLogger(__name__)
+
+Baseline = Callable[[Costs], Plan]
+Actions = list[list[Action]]
+
+# Megatron users pick small chunk counts: each chunk adds a pipeline hop per microbatch.
+_MAX_CHUNKS = 16
+
+
+def _pipeline_devices(costs: Costs, *, chunks: int, strategy: str) -> int:
+    """Devices a strategy can use: one ``chunks``-stage share per device, each stage >= 1 layer."""
+    p = min(costs.devices, costs.layers // chunks)
+    if p < 1:
+        raise PlannerError(
+            f"{strategy}: needs at least {chunks} layers ({chunks} chunks on a device), "
+            f"the model has {costs.layers}"
+        )
+    if p < costs.devices:
+        log.info("%s: %d layers fill only %d of %d devices", strategy, costs.layers, p, costs.devices)
+    return p
+
+
+def _placement(costs: Costs, owned: list[list[int]]) -> list[list[int]]:
+    """``owned`` for the used devices, then empty lists for the idle ones."""
+    return owned + [[] for _ in range(costs.devices - len(owned))]
+
+
+def _plan(
+    costs: Costs, *, stages: list[tuple[int, int]], owned: list[list[int]], actions: Actions, strategy: str
+) -> Plan:
+    return Plan(
+        stages=stages,
+        placement=_placement(costs, owned),
+        actions=actions + [[] for _ in range(costs.devices - len(actions))],
+        strategy=strategy,
+        microbatches=costs.microbatches,
+    )
+
+
+# --- schedules of one stage per device --------------------------------------------------------
+def gpipe_actions(*, devices: int, microbatches: int) -> Actions:
+    """Stage ``d`` on device ``d``: every forward, then every fused backward, in microbatch order."""
+    m = microbatches
+    return [[("F", d, i) for i in range(m)] + [("BW", d, i) for i in range(m)] for d in range(devices)]
+
+
+def one_f_one_b_actions(*, devices: int, microbatches: int, split: bool = False) -> Actions:
+    """PipeDream-flush: ``p-1-d`` warm-up forwards on device ``d``, then F/BW pairs, then drain.
+
+    ``split`` writes each BW as B then W, same order: the gradient leaves after B.
+    """
+    p, m = devices, microbatches
+
+    def back(d: int, i: int) -> list[Action]:
+        return [("B", d, i), ("W", d, i)] if split else [("BW", d, i)]
+
+    out: Actions = []
+    for d in range(p):
+        warm = min(p - 1 - d, m)
+        acts: list[Action] = [("F", d, i) for i in range(warm)]
+        for i in range(m - warm):
+            acts += [("F", d, warm + i), *back(d, i)]
+        for i in range(m - warm, m):
+            acts += back(d, i)
+        out.append(acts)
+    return out
+
+
+def gpipe(costs: Costs) -> Plan:
+    """GPipe with Megatron's partition: all forwards, then all (fused) backwards."""
+    p = _pipeline_devices(costs, chunks=1, strategy="gpipe")
+    stages = megatron_partition(costs, stages_count=p)
+    acts = gpipe_actions(devices=p, microbatches=costs.microbatches)
+    return _plan(costs, stages=stages, owned=[[d] for d in range(p)], actions=acts, strategy="gpipe")
+
+
+def one_f_one_b(costs: Costs) -> Plan:
+    """1F1B (PipeDream-flush) with Megatron's partition and a fused backward."""
+    p = _pipeline_devices(costs, chunks=1, strategy="1f1b")
+    stages = megatron_partition(costs, stages_count=p)
+    acts = one_f_one_b_actions(devices=p, microbatches=costs.microbatches)
+    return _plan(costs, stages=stages, owned=[[d] for d in range(p)], actions=acts, strategy="1f1b")
+
+
+def balanced(costs: Costs) -> Plan:
+    """1F1B on the partition that balances F+B+W per device speed (partition-only adaptation)."""
+    p = _pipeline_devices(costs, chunks=1, strategy="balanced")
+    stages = balanced_partition(costs, stages_count=p, speeds=costs.speed[:p])
+    acts = one_f_one_b_actions(devices=p, microbatches=costs.microbatches)
+    return _plan(costs, stages=stages, owned=[[d] for d in range(p)], actions=acts, strategy="balanced")
+
+
+def zb_h1_actions(*, devices: int, microbatches: int) -> Actions:
+    """The handcrafted ZB-H1 order: 1F1B with B/W split, device ``d``'s W lagging ``d`` steps.
+
+    Warm-up ``p-1-d`` forwards, then steps of F, B(i), W(i-d): deferring W lets B run down
+    the pipeline at B's speed, and the ``d`` deferred W fill device ``d``'s cool-down gaps.
+    In flight: at most ``p`` microbatches on every device, 1F1B's peak.
+    """
+    p, m = devices, microbatches
+    out: Actions = []
+    for d in range(p):
+        warm = min(p - 1 - d, m)
+        acts: list[Action] = [("F", d, i) for i in range(warm)]
+        for i in range(m):
+            if warm + i < m:
+                acts.append(("F", d, warm + i))
+            acts.append(("B", d, i))
+            if i >= d:
+                acts.append(("W", d, i - d))
+        acts += [("W", d, i) for i in range(max(0, m - d), m)]
+        out.append(acts)
+    return out
+
+
+def zb_v_actions(*, devices: int, microbatches: int) -> Actions:
+    """The handcrafted ZB-V order of the Zero Bubble paper (device ``d``: stages ``d``, ``2p-1-d``).
+
+    Phases on device ``d`` (chunk 0 is stage ``d``, chunk 1 is stage ``2p-1-d``): ``2(p-d)-1``
+    chunk-0 forwards; ``d`` pairs (F chunk 1, F chunk 0); ``p-d`` triples F, B, W on chunk 1;
+    then steady blocks F, B, W on chunk 0 and F, B, W on chunk 1 until every F ran; cool-down
+    ``d`` pairs (B chunk 0, B chunk 1), ``p-d`` pairs (B, W chunk 0), then the W left, chunk
+    1 first. The phases assume ``m >= 2p-1``: for fewer, the order is built for ``2p-1`` and
+    the missing microbatches dropped (nothing real depends on them, so it stays deadlock-free).
+    """
+    p, m = devices, microbatches
+    n = max(m, 2 * p - 1)
+    out: Actions = []
+    for d in range(p):
+        c0, c1 = d, 2 * p - 1 - d
+        nxt = {("F", c0): 0, ("F", c1): 0, ("B", c0): 0, ("B", c1): 0, ("W", c0): 0, ("W", c1): 0}
+        acts: list[Action] = []
+
+        def run(*ops: tuple[str, int], acts: list[Action] = acts, nxt: dict[tuple[str, int], int] = nxt) -> None:
+            for kind, s in ops:
+                acts.append((kind, s, nxt[(kind, s)]))  # type: ignore[arg-type]
+                nxt[(kind, s)] += 1
+
+        for _ in range(2 * (p - d) - 1):
+            run(("F", c0))
+        for _ in range(d):
+            run(("F", c1), ("F", c0))
+        for _ in range(p - d):
+            run(("F", c1), ("B", c1), ("W", c1))
+        while nxt[("F", c1)] < nxt[("F", c0)] or nxt[("F", c0)] < n:
+            if nxt[("F", c0)] < n:
+                run(("F", c0))
+            run(("B", c0), ("W", c0), ("F", c1), ("B", c1), ("W", c1))
+        for _ in range(d):
+            run(("B", c0), ("B", c1))
+        for _ in range(p - d):
+            run(("B", c0), ("W", c0))
+        while nxt[("W", c1)] < nxt[("B", c1)]:
+            run(("W", c1))
+        while nxt[("W", c0)] < nxt[("B", c0)]:
+            run(("W", c0))
+        out.append([a for a in acts if a[2] < m])
+    return out
+
+
+def _memory_caps(
+    costs: Costs, *, stages: list[tuple[int, int]], owned: list[list[int]], want: int, least: list[int]
+) -> list[int]:
+    """Chunk activations each device may hold: ``want``, fewer where memory is short.
+
+    Never below ``least[d]`` (what the strategy's textbook form needs there): a plan that
+    does not fit even so is left for the simulator to report infeasible.
+    """
+    sc = costs.stage_costs(stages)
+    caps = []
+    for d, mine in enumerate(owned):
+        room = costs.memory[d] - sum(sc.param_bytes[s] for s in mine)
+        unit = max(sc.activation_bytes[s] for s in mine)
+        fit = want if unit <= 0 or math.isinf(room) else max(0, int(room // unit))
+        caps.append(max(least[d], min(want, fit)))
+    return caps
+
+
+def _fastest(costs: Costs, plans: list[Plan]) -> Plan:
+    """The plan that fits in memory and runs fastest (the fastest overall if none fits)."""
+    sims = [simulate(costs, plan) for plan in plans]
+    best = min(range(len(plans)), key=lambda i: (not sims[i].feasible, sims[i].iteration_time))
+    return plans[best]
+
+
+def _greedy_orders(
+    costs: Costs, *, stages: list[tuple[int, int]], owned: list[list[int]], caps: list[int]
+) -> list[Actions]:
+    """The eager-W and lazy-W greedy orders: the ZB heuristics try both kinds of gap filling."""
+    return [
+        zero_bubble_actions(costs, stages=stages, owned=owned, caps=caps, lazy_w=lazy) for lazy in (False, True)
+    ]
+
+
+def zb_h1(costs: Costs) -> Plan:
+    """Zero Bubble H1: 1F1B's partition and peak memory (``p`` microbatches), B/W split.
+
+    The handcrafted order of :func:`zb_h1_actions` reaches the paper's bubble
+    ``(p-1)(F+B-W)`` on uniform stages; on uneven stages the memory-bounded greedy of
+    :func:`zero_bubble_actions` (``p`` microbatches per device, fewer where memory is short,
+    never fewer than 1F1B's ``p-d``) may do better, and 1F1B's own order with B/W split
+    (W right after its B) makes sure ZB-H1 is never slower than 1F1B. The fastest order
+    that fits is used.
+    """
+    p = _pipeline_devices(costs, chunks=1, strategy="zb-h1")
+    stages = megatron_partition(costs, stages_count=p)
+    owned = [[d] for d in range(p)]
+    caps = _memory_caps(costs, stages=stages, owned=owned, want=p, least=[p - d for d in range(p)])
+    m = costs.microbatches
+    orders = [zb_h1_actions(devices=p, microbatches=m), one_f_one_b_actions(devices=p, microbatches=m, split=True)]
+    orders += _greedy_orders(costs, stages=stages, owned=owned, caps=caps)
+    plans = [_plan(costs, stages=stages, owned=owned, actions=a, strategy="zb-h1") for a in orders]
+    return _fastest(costs, plans)
+
+
+def zb_v(costs: Costs) -> Plan:
+    """Zero Bubble V: V-shaped placement of ``2p`` Megatron stages, B/W split.
+
+    Every device may hold ``p`` microbatches through both its chunks (``2p`` chunk
+    activations, fewer where memory is short), the peak of 1F1B's first device, as in the
+    ZB-V paper. The order is the memory-bounded greedy of :func:`zero_bubble_actions`, which
+    with F = B = W settles into ZB-V's steady pattern and leaves only the unavoidable gap
+    before the first input reaches each device.
+    """
+    p = _pipeline_devices(costs, chunks=2, strategy="zb-v")
+    stages = megatron_partition(costs, stages_count=2 * p)
+    owned = [[d, 2 * p - 1 - d] for d in range(p)]
+    caps = _memory_caps(costs, stages=stages, owned=owned, want=2 * p, least=[2] * p)
+    orders = [zb_v_actions(devices=p, microbatches=costs.microbatches)]
+    orders += _greedy_orders(costs, stages=stages, owned=owned, caps=caps)
+    plans = [_plan(costs, stages=stages, owned=owned, actions=a, strategy="zb-v") for a in orders]
+    return _fastest(costs, plans)
+
+
+# --- Megatron interleaved 1F1B -----------------------------------------------------------------
+def interleaved_actions(*, devices: int, chunks: int, microbatches: int) -> Actions:
+    """Megatron's interleaved 1F1B on looped chunks (chunk ``k`` of device ``d`` is stage ``k*p+d``).
+
+    Forwards walk Megatron's schedule table: groups of ``p`` microbatches, each group through
+    chunk 0, then chunk 1, ...; backwards walk the same table with the chunks reversed.
+    Device ``d`` warms up with ``2(p-1-d) + (v-1)p`` forwards (Megatron's formula), then
+    alternates one forward and one fused backward, then drains.
+
+    Megatron requires ``m % p == 0``; its later table with a shorter last group deadlocks
+    here for some ``m`` (e.g. p=5, m=7). Otherwise we build the order for ``m`` rounded up to
+    a multiple of ``p`` and drop the microbatches that do not exist: no real action depends
+    on a dropped one, so the order stays deadlock-free, and the warm-up keeps Megatron's shape.
+    """
+    p, v, m = devices, chunks, microbatches
+    padded = -(-m // p) * p
+    table = [(mb, k) for lo in range(0, padded, p) for k in range(v) for mb in range(lo, lo + p)]
+    total = padded * v
+    out: Actions = []
+    for d in range(p):
+        fwd: list[Action] = [("F", k * p + d, mb) for mb, k in table]
+        bwd: list[Action] = [("BW", (v - 1 - k) * p + d, mb) for mb, k in table]
+        warm = min(2 * (p - 1 - d) + (v - 1) * p, total)
+        acts = fwd[:warm]
+        for i in range(total - warm):
+            acts += [fwd[warm + i], bwd[i]]
+        acts += bwd[total - warm:]
+        out.append([a for a in acts if a[2] < m])
+    return out
+
+
+def _chunk_candidates(costs: Costs, *, devices: int) -> list[int]:
+    """Chunk counts ``v >= 2`` that leave every stage a layer (at most :data:`_MAX_CHUNKS`)."""
+    return [v for v in range(2, _MAX_CHUNKS + 1) if v * devices <= costs.layers]
+
+
+def interleaved_1f1b(costs: Costs) -> Plan:
+    """Megatron interleaved 1F1B with the best chunk count ``v >= 2`` the layers allow.
+
+    "Best": every ``v`` that leaves each stage a layer (up to 16) is simulated, the fastest
+    plan that fits in memory wins (the fastest overall if none fits). Megatron itself wants
+    the layers per device to divide by ``v``; we also try the uneven ``v`` (split by
+    :func:`megatron_partition`'s remainder rule), which can only make the baseline stronger.
+    """
+    p = _pipeline_devices(costs, chunks=2, strategy="i1f1b")
+    plans = []
+    for v in _chunk_candidates(costs, devices=p):
+        stages = megatron_partition(costs, stages_count=v * p)
+        owned = [[k * p + d for k in range(v)] for d in range(p)]
+        acts = interleaved_actions(devices=p, chunks=v, microbatches=costs.microbatches)
+        plans.append(_plan(costs, stages=stages, owned=owned, actions=acts, strategy="i1f1b"))
+    return _fastest(costs, plans)
+
+
+# --- Zero Bubble: memory-bounded greedy order with B/W split --------------------------------
+def zero_bubble_actions(
+    costs: Costs,
+    *,
+    stages: list[tuple[int, int]],
+    owned: list[list[int]],
+    caps: list[int],
+    lazy_w: bool = False,
+) -> Actions:
+    """The F/B/W order of a Zero Bubble schedule, built by replaying time as the simulator does.
+
+    Whenever a device is free it runs, among its ready work: the oldest microbatch's B (the
+    critical path back to stage 0), else the oldest F it may admit, else the oldest W (the
+    deferrable weight gradient fills the gap). ``lazy_w`` runs a W only if it ends before
+    the next input it knows of arrives. Each stage runs its microbatches in order.
+
+    Memory is counted in chunk activations (one ``(stage, microbatch)`` between its F and its
+    W): device ``d`` holds at most ``caps[d]`` of them. A microbatch entering the device (F on
+    its first stage there) must leave one unit free when the device has later stages, so a
+    microbatch coming back through them always finds room: chunks drain towards the last
+    stage's device, which never waits on anyone, so the order cannot deadlock.
+    """
+    sc = costs.stage_costs(stages)
+    m = costs.microbatches
+    n_st = len(stages)
+    owner = [0] * n_st
+    for d, mine in enumerate(owned):
+        for s in mine:
+            owner[s] = d
+    speed = costs.speed
+    dur = {
+        "F": [sc.forward[s] / speed[owner[s]] for s in range(n_st)],
+        "B": [sc.backward[s] / speed[owner[s]] for s in range(n_st)],
+        "W": [sc.weight[s] / speed[owner[s]] for s in range(n_st)],
+    }
+    hop = [0.0] + [costs.transfer_time(owner[s - 1], owner[s], sc.output_bytes[s - 1]) for s in range(1, n_st)]
+    first = [min(mine) for mine in owned]
+    caps = [max(cap, 2 if len(mine) > 1 else 1) for cap, mine in zip(caps, owned)]
+    f_end = [[-1.0] * m for _ in range(n_st)]
+    b_end = [[-1.0] * m for _ in range(n_st)]
+    next_f = [0] * n_st
+    next_b = [0] * n_st
+    next_w = [0] * n_st
+    held = [0] * len(owned)
+    free = [0.0] * len(owned)
+    left = [3 * m * len(mine) for mine in owned]
+    out: Actions = [[] for _ in owned]
+
+    def decide(d: int) -> tuple[float, tuple[int, int, int], str, int] | None:
+        """(start, priority, kind, stage) of device d's next action; None if nothing is known."""
+        t_free = free[d]
+        cands: list[tuple[float, tuple[int, int, int], str, int]] = []
+        soonest = math.inf
+        for s in owned[d]:
+            mb = next_b[s]
+            if mb < m and f_end[s][mb] >= 0 and (s + 1 == n_st or b_end[s + 1][mb] >= 0):
+                r = f_end[s][mb] if s + 1 == n_st else max(f_end[s][mb], b_end[s + 1][mb] + hop[s + 1])
+                cands.append((r, (0, mb, -s), "B", s))
+            mb = next_f[s]
+            room = held[d] + (2 if s == first[d] and len(owned[d]) > 1 else 1) <= caps[d]
+            if mb < m and room and (s == 0 or f_end[s - 1][mb] >= 0):
+                r = 0.0 if s == 0 else f_end[s - 1][mb] + hop[s]
+                cands.append((r, (1, mb, -s), "F", s))
+            mb = next_w[s]
+            if mb < next_b[s]:
+                cands.append((b_end[s][mb], (2, mb, -s), "W", s))
+        if not cands:
+            return None
+        start = max(t_free, min(c[0] for c in cands))
+        soonest = min((c[0] for c in cands if c[0] > start), default=math.inf)
+        r, prio, kind, s = min((c for c in cands if c[0] <= start), key=lambda c: c[1])
+        if kind == "W" and lazy_w and start + dur["W"][s] > soonest:
+            return (soonest, (1, 0, 0), "wait", s)  # idle until that input is here
+        return (start, prio, kind, s)
+
+    plan: list[tuple[float, tuple[int, int, int], str, int] | None] = [decide(d) for d in range(len(owned))]
+    while any(left):
+        ready = [(c[0], d) for d, c in enumerate(plan) if c is not None and left[d]]
+        if not ready:
+            raise PlannerError("zero bubble schedule made no progress (internal error)")
+        _, d = min(ready)
+        start, _, kind, s = plan[d]  # type: ignore[misc]
+        touched = {d}
+        if kind == "wait":
+            free[d] = start
+        else:
+            end = start + dur[kind][s]
+            free[d] = end
+            if kind == "F":
+                mb = next_f[s]
+                f_end[s][mb] = end
+                next_f[s] += 1
+                held[d] += 1
+                if s + 1 < n_st:
+                    touched.add(owner[s + 1])
+            elif kind == "B":
+                mb = next_b[s]
+                b_end[s][mb] = end
+                next_b[s] += 1
+                if s > 0:
+                    touched.add(owner[s - 1])
+            else:
+                mb = next_w[s]
+                next_w[s] += 1
+                held[d] -= 1
+            out[d].append((kind, s, mb))
+            left[d] -= 1
+        for e in touched:
+            plan[e] = decide(e)
+    return out
+
+
+BASELINES: dict[str, Baseline] = {
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "i1f1b": interleaved_1f1b,
+    "zb-h1": zb_h1,
+    "zb-v": zb_v,
+    "balanced": balanced,
+}

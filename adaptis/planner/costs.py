@@ -1,0 +1,117 @@
+"""Costs: the planning problem flattened into plain tuples the planner's hot loops can use.
+
+Sits between ``adaptis.api.problem`` (parsed, validated, user-facing) and the simulator and
+search (which evaluate thousands of candidate plans and must not touch pydantic objects).
+Times stay in the problem's ``time_unit``; link latency and bandwidth are converted to it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import accumulate
+
+from adaptis.api.problem import TIME_UNIT_SECONDS, Link, Problem
+
+__all__ = ["Costs", "StageCosts"]
+
+
+@dataclass(frozen=True, slots=True)
+class StageCosts:
+    """Per-stage sums for one partition (speed-1 times; bytes)."""
+
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    weight: tuple[float, ...]
+    activation_bytes: tuple[float, ...]
+    param_bytes: tuple[float, ...]
+    output_bytes: tuple[float, ...]  # what the stage's last layer sends on
+
+
+@dataclass(frozen=True, slots=True)
+class Costs:
+    """Everything the planner needs, as tuples indexed by layer or by device."""
+
+    time_unit: str
+    microbatches: int
+    names: tuple[str, ...]
+    kinds: tuple[str | None, ...]
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    weight: tuple[float, ...]
+    activation_bytes: tuple[float, ...]
+    param_bytes: tuple[float, ...]
+    output_bytes: tuple[float, ...]
+    speed: tuple[float, ...]
+    memory: tuple[float, ...]  # math.inf when unbounded
+    node: tuple[int, ...]
+    # (latency, time per byte) in time_unit; None: free.
+    intra: tuple[float, float] | None
+    inter: tuple[float, float] | None
+
+    @classmethod
+    def from_problem(cls, problem: Problem) -> Costs:
+        layers = problem.expanded_layers()
+        devices = problem.device_specs()
+        nodes: dict[str, int] = {}
+        unit = TIME_UNIT_SECONDS[problem.time_unit]
+
+        def link(spec: Link | None) -> tuple[float, float] | None:
+            if spec is None:
+                return None
+            return (spec.latency_s / unit, 1.0 / (spec.bandwidth_bytes_per_s * unit))
+
+        return cls(
+            time_unit=problem.time_unit,
+            microbatches=problem.microbatches,
+            names=tuple(lay.name for lay in layers),
+            kinds=tuple(lay.kind for lay in layers),
+            forward=tuple(lay.forward for lay in layers),
+            backward=tuple(lay.backward for lay in layers),
+            weight=tuple(lay.weight for lay in layers),
+            activation_bytes=tuple(lay.activation_bytes for lay in layers),
+            param_bytes=tuple(lay.param_bytes for lay in layers),
+            output_bytes=tuple(lay.output_bytes for lay in layers),
+            speed=tuple(dev.speed for dev in devices),
+            memory=tuple(math.inf if dev.memory_bytes is None else dev.memory_bytes for dev in devices),
+            node=tuple(nodes.setdefault(dev.node, len(nodes)) for dev in devices),
+            intra=link(problem.network.intra_node),
+            inter=link(problem.network.inter_node),
+        )
+
+    @property
+    def layers(self) -> int:
+        return len(self.forward)
+
+    @property
+    def devices(self) -> int:
+        return len(self.speed)
+
+    def transfer_time(self, src: int, dst: int, nbytes: float) -> float:
+        """latency + bytes / bandwidth of the link between two devices; 0 on the same one."""
+        if src == dst:
+            return 0.0
+        lk = self.intra if self.node[src] == self.node[dst] else self.inter
+        if lk is None:
+            return 0.0
+        return lk[0] + nbytes * lk[1]
+
+    def stage_costs(self, stages: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> StageCosts:
+        """Sum layer costs over each ``[lo, hi)`` stage (prefix sums: O(layers + stages))."""
+
+        def sums(values: tuple[float, ...]) -> tuple[float, ...]:
+            pre = [0.0, *accumulate(values)]
+            return tuple(pre[hi] - pre[lo] for lo, hi in stages)
+
+        return StageCosts(
+            forward=sums(self.forward),
+            backward=sums(self.backward),
+            weight=sums(self.weight),
+            activation_bytes=sums(self.activation_bytes),
+            param_bytes=sums(self.param_bytes),
+            output_bytes=tuple(self.output_bytes[hi - 1] for _, hi in stages),
+        )
+
+    def layer_work(self) -> tuple[float, ...]:
+        """F + B + W of each layer: the balancing weight of partitions."""
+        return tuple(f + b + w for f, b, w in zip(self.forward, self.backward, self.weight))

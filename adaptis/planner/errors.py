@@ -1,0 +1,20 @@
+"""The planner layer's error vocabulary."""
+
+from __future__ import annotations
+
+__all__ = ["DeadlockError", "PlannerError"]
+
+
+class PlannerError(Exception):
+    """The planner cannot do what was asked (an unknown strategy, an impossible request)."""
+
+
+class DeadlockError(PlannerError):
+    """A plan's action lists wait on each other: no device can make progress.
+
+    ``waiting[d]`` is the action device ``d`` is blocked on (or None when it has finished).
+    """
+
+    def __init__(self, message: str, *, waiting: tuple[object, ...] = ()) -> None:
+        super().__init__(message)
+        self.waiting = waiting

@@ -1,0 +1,244 @@
+"""The joint search: partition x placement x schedule, guided by the performance model.
+
+Sits at the top of the planner layer: it builds candidate structures (a placement pattern and
+a stage count), balances each one's partition, schedules it with the memory-aware list
+scheduler (:mod:`adaptis.planner.scheduler`) and keeps the best; then it tunes phase by phase
+as the AdaPtis paper does: move a layer boundary off the bottleneck device (partition), try
+the other schedule policies (scheduling), keep a move only if the simulated iteration time
+improves, roll back otherwise. It is not brute force: each candidate costs one list-schedule,
+and the number of candidates is bounded (``max_evaluations``).
+
+Placement patterns (device sequences over the stages, in model order):
+``looped`` (Megatron: s mod p), ``vshape`` (rounds alternate direction, as ZB-V), and
+``isolated`` variants whose last stage (the head) has a device of its own, the fastest, while
+the other devices loop over the rest — what a model with a huge vocabulary head needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from adaptis.planner.costs import Costs
+from adaptis.planner.scheduler import Policy, Schedule, list_schedule
+
+__all__ = ["SearchResult", "joint_search"]
+
+log = logging.getLogger(__name__)
+
+POLICIES = (Policy(), Policy(fill_with_w=False), Policy(split_backward=False))
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    stages: list[tuple[int, int]]
+    owner: list[int]
+    schedule: Schedule
+    policy: Policy
+    evaluations: int
+    pattern: str
+
+
+@dataclass(slots=True)
+class _Candidate:
+    pattern: str
+    owner: list[int]
+    stages: list[tuple[int, int]]
+    schedule: Schedule
+    policy: Policy
+
+    @property
+    def time(self) -> float:
+        return self.schedule.iteration_time if self.schedule.feasible else math.inf
+
+
+def _patterns(costs: Costs) -> list[tuple[str, list[int]]]:
+    """Device sequences (owner of each stage) to try; each keeps stages <= layers."""
+    p = costs.devices
+    n = costs.layers
+    order = list(range(p))
+    fastest = max(order, key=lambda d: (costs.speed[d], d))
+    rest = [d for d in order if d != fastest]
+    out: list[tuple[str, list[int]]] = []
+    for v in range(1, 7):
+        if p * v <= n:
+            out.append((f"looped-v{v}", [order[s % p] for s in range(p * v)]))
+        if v >= 2 and p * v <= n:
+            seq = [order[i] if r % 2 == 0 else order[p - 1 - i] for r in range(v) for i in range(p)]
+            out.append((f"vshape-v{v}", seq))
+        if p >= 2 and (p - 1) * v + 1 <= n:
+            seq = [rest[s % (p - 1)] for s in range((p - 1) * v)] + [fastest]
+            out.append((f"isolated-head-v{v}", seq))
+    return out
+
+
+def _balanced_cuts(costs: Costs, owner: list[int]) -> list[tuple[int, int]]:
+    """Contiguous stages whose per-device load (work / speed) is as even as a greedy cut can
+    make it, then polished by single-layer boundary moves that lower the max device load."""
+    work = costs.layer_work()
+    n = len(work)
+    n_st = len(owner)
+    pre = [0.0]
+    for w in work:
+        pre.append(pre[-1] + w)
+    share = [0.0] * costs.devices
+    count = [0] * costs.devices
+    for d in owner:
+        count[d] += 1
+    total_speed = sum(costs.speed[d] for d in set(owner))
+    for d in set(owner):
+        share[d] = pre[-1] * costs.speed[d] / total_speed
+    cuts = [0]
+    target = 0.0
+    for s in range(n_st - 1):
+        target += share[owner[s]] / count[owner[s]]
+        lo = cuts[-1] + 1
+        hi = n - (n_st - 1 - s)
+        # The boundary whose prefix work is nearest the cumulative target.
+        k = max(lo, min(hi, _nearest(pre, target, lo, hi)))
+        cuts.append(k)
+        target = pre[k] + (target - pre[k]) * 0.5  # absorb half the rounding error
+    cuts.append(n)
+    return _polish(costs, owner=owner, cuts=cuts, pre=pre)
+
+
+def _nearest(pre: list[float], target: float, lo: int, hi: int) -> int:
+    a, b = lo, hi
+    while a < b:
+        mid = (a + b) // 2
+        if pre[mid] < target:
+            a = mid + 1
+        else:
+            b = mid
+    if a > lo and abs(pre[a - 1] - target) <= abs(pre[a] - target):
+        return a - 1
+    return a
+
+
+def _loads(costs: Costs, owner: list[int], cuts: list[int], pre: list[float]) -> list[float]:
+    load = [0.0] * costs.devices
+    for s, d in enumerate(owner):
+        load[d] += (pre[cuts[s + 1]] - pre[cuts[s]]) / costs.speed[d]
+    return load
+
+
+def _polish(costs: Costs, *, owner: list[int], cuts: list[int], pre: list[float]) -> list[tuple[int, int]]:
+    def score(c: list[int]) -> tuple[float, float]:
+        ld = _loads(costs, owner, c, pre)
+        return (max(ld), sum(x * x for x in ld))
+
+    best = score(cuts)
+    for _ in range(4 * len(cuts)):
+        improved = False
+        for i in range(1, len(cuts) - 1):
+            for step in (-1, 1):
+                k = cuts[i] + step
+                if cuts[i - 1] < k < cuts[i + 1]:
+                    trial = cuts[:i] + [k] + cuts[i + 1 :]
+                    sc = score(trial)
+                    if sc < best:
+                        best, cuts, improved = sc, trial, True
+        if not improved:
+            break
+    return [(cuts[s], cuts[s + 1]) for s in range(len(cuts) - 1)]
+
+
+def joint_search(
+    costs: Costs,
+    *,
+    incumbent: float = math.inf,
+    max_evaluations: int | None = None,
+    memory_fraction: float = 1.0,
+    on_progress: Callable[[int, int, float], None] | None = None,
+) -> SearchResult | None:
+    """Best partition, placement and schedule found; None if no candidate fits in memory.
+
+    ``incumbent`` is the best baseline's iteration time: only logged against, the caller keeps
+    whichever is better.
+    """
+    patterns = _patterns(costs)
+    budget = max_evaluations or (len(patterns) + 40)
+    evals = 0
+
+    def run(pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy) -> _Candidate:
+        nonlocal evals
+        evals += 1
+        sched = list_schedule(
+            costs, stages=stages, owner=owner, policy=policy, memory_fraction=memory_fraction
+        )
+        best_t = min(best.time if best else math.inf, sched.iteration_time if sched.feasible else math.inf)
+        if on_progress:
+            on_progress(evals, budget, best_t)
+        return _Candidate(pattern, owner, stages, sched, policy)
+
+    best: _Candidate | None = None
+    # Phase 1: structure (placement pattern x stage count) with balanced partitions.
+    ranked: list[_Candidate] = []
+    for name, owner in patterns:
+        cand = run(name, owner, _balanced_cuts(costs, owner), POLICIES[0])
+        ranked.append(cand)
+        if best is None or cand.time < best.time:
+            best = cand
+    ranked.sort(key=lambda c: c.time)
+    # Phase 2: scheduling policies on the three best structures.
+    for cand in ranked[:3]:
+        for policy in POLICIES[1:]:
+            if evals >= budget:
+                break
+            trial = run(cand.pattern, cand.owner, cand.stages, policy)
+            if best is None or trial.time < best.time:
+                best = trial
+    if best is None or best.time == math.inf:
+        return None
+    # Phase 3: partition moves off the bottleneck, kept only when the simulation improves.
+    best = _refine(costs, best=best, run=run, budget=budget, evals=lambda: evals)
+    log.debug("search: %s, %d stages, %.4g (baseline %.4g), %d evaluations",
+              best.pattern, len(best.stages), best.time, incumbent, evals)
+    return SearchResult(best.stages, best.owner, best.schedule, best.policy, evals, best.pattern)
+
+
+def _refine(
+    costs: Costs,
+    *,
+    best: _Candidate,
+    run: Callable[[str, list[int], list[tuple[int, int]], Policy], _Candidate],
+    budget: int,
+    evals: Callable[[], int],
+) -> _Candidate:
+    work = costs.layer_work()
+    pre = [0.0]
+    for w in work:
+        pre.append(pre[-1] + w)
+    tried: set[tuple[int, ...]] = set()
+    while evals() < budget:
+        cuts = [lo for lo, _ in best.stages] + [best.stages[-1][1]]
+        load = _loads(costs, best.owner, cuts, pre)
+        hot = max(range(len(load)), key=load.__getitem__)
+        moves: list[list[int]] = []
+        # Shrink each stage of the bottleneck device by one layer, towards the cooler side.
+        for s, d in enumerate(best.owner):
+            if d != hot or cuts[s + 1] - cuts[s] < 2:
+                continue
+            if s > 0:
+                moves.append(cuts[:s] + [cuts[s] + 1] + cuts[s + 1 :])
+            if s + 1 < len(best.owner):
+                moves.append(cuts[: s + 1] + [cuts[s + 1] - 1] + cuts[s + 2 :])
+        moves = [mv for mv in moves if tuple(mv) not in tried]
+        if not moves:
+            break
+        moves.sort(key=lambda mv: max(_loads(costs, best.owner, mv, pre)))
+        improved = False
+        for mv in moves[:2]:
+            if evals() >= budget:
+                break
+            tried.add(tuple(mv))
+            stages = [(mv[s], mv[s + 1]) for s in range(len(mv) - 1)]
+            trial = run(best.pattern, best.owner, stages, best.policy)
+            if trial.time < best.time * (1 - 1e-9):
+                best, improved = trial, True
+                break
+        if not improved:
+            break
+    return best

@@ -1,0 +1,186 @@
+"""The pipeline performance model: replay a plan's per-device action lists in simulated time.
+
+Sits in the planner layer, above :mod:`adaptis.planner.costs`. Every strategy (baselines and
+the joint search) is scored here, so the figures ``adaptis plan`` prints for one plan are the
+same whoever produced it. The model, per method.md:
+
+- an action starts when its device is free and its inputs have arrived: F(s, mb) needs
+  F(s-1, mb) plus the transfer of stage s-1's output between the two devices; B(s, mb) needs
+  F(s, mb) and B(s+1, mb) plus the gradient transfer back; W(s, mb) needs B(s, mb); a fused
+  BW is B then W in one action, its input gradient leaves when it ends;
+- transfers cost ``latency + bytes / bandwidth`` of the link (none on one device) and overlap
+  with compute: sends are asynchronous, only the receiver waits;
+- a device of speed ``v`` runs an action in ``time / v``;
+- memory of a device = parameters of its stages + activations held from each F's start until
+  the matching W (or BW) ends. torch's pipelining runtime keeps a microbatch's saved tensors
+  until W even on its B/W split, so this rule is the executor's too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from adaptis.api.plan import Plan
+from adaptis.planner.costs import Costs
+from adaptis.planner.errors import DeadlockError, PlannerError
+
+__all__ = ["Simulation", "TimedAction", "simulate"]
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class TimedAction:
+    kind: str
+    stage: int
+    microbatch: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class Simulation:
+    """The performance model's verdict on one plan (times in the problem's ``time_unit``)."""
+
+    iteration_time: float
+    bubble_ratio: float
+    busy: tuple[float, ...]
+    bubble: tuple[float, ...]
+    warmup_bubble: tuple[float, ...]
+    steady_bubble: tuple[float, ...]
+    cooldown_bubble: tuple[float, ...]
+    peak_memory: tuple[float, ...]
+    feasible: bool
+    reason: str | None
+    timeline: tuple[tuple[TimedAction, ...], ...]
+
+
+def simulate(costs: Costs, plan: Plan) -> Simulation:
+    """Replay ``plan`` on ``costs``; raise :class:`DeadlockError` if the lists wait on each other."""
+    plan.check(layers=costs.layers, microbatches=costs.microbatches, devices=costs.devices)
+    sc = costs.stage_costs(plan.stages)
+    owner = plan.stage_device()
+    m = costs.microbatches
+    n_stages = len(plan.stages)
+    speed = costs.speed
+    # Transfer time into stage s from stage s-1 (forward) equals the one back (gradient).
+    hop = [0.0] + [
+        costs.transfer_time(owner[s - 1], owner[s], sc.output_bytes[s - 1]) for s in range(1, n_stages)
+    ]
+    f_end = [-1.0] * (n_stages * m)
+    b_end = [-1.0] * (n_stages * m)
+    lists = plan.actions
+    n_dev = len(lists)
+    pos = [0] * n_dev
+    free = [0.0] * n_dev
+    done: list[list[TimedAction]] = [[] for _ in range(n_dev)]
+
+    def ready_time(kind: str, s: int, mb: int) -> float | None:
+        """When the inputs of an action are there; None if a producer has not run yet."""
+        i = s * m + mb
+        if kind == "F":
+            if s == 0:
+                return 0.0
+            t = f_end[i - m]
+            return None if t < 0 else t + hop[s]
+        if kind in ("B", "BW"):
+            t = f_end[i]
+            if t < 0:
+                return None
+            if s + 1 < n_stages:
+                tb = b_end[i + m]
+                if tb < 0:
+                    return None
+                t = max(t, tb + hop[s + 1])
+            return t
+        t = b_end[i]  # W
+        return None if t < 0 else t
+
+    remaining = sum(len(a) for a in lists)
+    while remaining:
+        progressed = False
+        for d in range(n_dev):
+            acts = lists[d]
+            while pos[d] < len(acts):
+                kind, s, mb = acts[pos[d]]
+                ready = ready_time(kind, s, mb)
+                if ready is None:
+                    break
+                if kind == "F":
+                    dur = sc.forward[s]
+                elif kind == "B":
+                    dur = sc.backward[s]
+                elif kind == "W":
+                    dur = sc.weight[s]
+                else:
+                    dur = sc.backward[s] + sc.weight[s]
+                start = max(free[d], ready)
+                end = start + dur / speed[d]
+                free[d] = end
+                i = s * m + mb
+                if kind == "F":
+                    f_end[i] = end
+                elif kind != "W":
+                    b_end[i] = end
+                done[d].append(TimedAction(kind, s, mb, start, end))
+                pos[d] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            waiting = tuple(lists[d][pos[d]] if pos[d] < len(lists[d]) else None for d in range(n_dev))
+            blocked = ", ".join(f"device {d} waits on {w}" for d, w in enumerate(waiting) if w)
+            raise DeadlockError(f"plan deadlocks: {blocked}", waiting=waiting)
+    return _summarise(costs=costs, plan=plan, timeline=done, act=sc.activation_bytes, params=sc.param_bytes)
+
+
+def _summarise(
+    *,
+    costs: Costs,
+    plan: Plan,
+    timeline: list[list[TimedAction]],
+    act: tuple[float, ...],
+    params: tuple[float, ...],
+) -> Simulation:
+    n_dev = len(timeline)
+    end = max((t[-1].end for t in timeline if t), default=0.0)
+    if end <= 0:
+        raise PlannerError("plan has no work")
+    busy, bubble, warm, steady, cool, peaks = [], [], [], [], [], []
+    reasons: list[str] = []
+    for d in range(n_dev):
+        acts = timeline[d]
+        b = sum(a.end - a.start for a in acts)
+        first = acts[0].start if acts else end
+        last = acts[-1].end if acts else end
+        busy.append(b)
+        bubble.append(end - b)
+        warm.append(first)
+        cool.append(end - last)
+        steady.append(max(0.0, end - b - first - (end - last)))
+        # Memory walks the device's own order: allocations and frees happen at its boundaries.
+        base = sum(params[s] for s in plan.placement[d])
+        cur = peak = 0.0
+        for a in acts:
+            if a.kind == "F":
+                cur += act[a.stage]
+                peak = max(peak, cur)
+            elif a.kind in ("W", "BW"):
+                cur -= act[a.stage]
+        peaks.append(base + peak)
+        cap = costs.memory[d]
+        if base + peak > cap * (1 + _EPS):
+            reasons.append(f"device {d} needs {base + peak:.4g} bytes, has {cap:.4g}")
+    ratio = 1.0 - sum(busy) / (n_dev * end)
+    return Simulation(
+        iteration_time=end,
+        bubble_ratio=max(0.0, ratio),
+        busy=tuple(busy),
+        bubble=tuple(bubble),
+        warmup_bubble=tuple(warm),
+        steady_bubble=tuple(steady),
+        cooldown_bubble=tuple(cool),
+        peak_memory=tuple(peaks),
+        feasible=not reasons,
+        reason="; ".join(reasons) or None,
+        timeline=tuple(tuple(t) for t in timeline),
+    )

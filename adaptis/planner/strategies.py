@@ -1,0 +1,142 @@
+"""Strategies by name: the planner's entry point for the CLI, the operator and the benchmarks.
+
+``plan_strategy(problem, name)`` returns the plan and its simulated figures for one of the
+contract's strategy names; ``compare(problem)`` runs them all. ``adaptis`` starts from the best
+baseline and never returns a plan slower than it or one that exceeds a device's memory.
+
+The lower bound (``lower_bound``) is the largest of three limits no plan can beat:
+1. all work spread perfectly: sum of F+B+W over layers x microbatches / sum of device speeds;
+2. the heaviest layer on the fastest device: its F+B+W x microbatches / max speed (a layer
+   cannot be split, so its device does at least that);
+3. one microbatch's critical path: sum of F and B over all layers on the fastest device, plus
+   the smallest W (the last W of the iteration runs after the last B).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from adaptis.api.plan import STRATEGY_NAMES, Comparison, Plan, Predicted, StrategyResult
+from adaptis.api.problem import Problem
+from adaptis.planner.baselines import BASELINES
+from adaptis.planner.costs import Costs
+from adaptis.planner.errors import DeadlockError, PlannerError
+from adaptis.planner.search import joint_search
+from adaptis.planner.simulator import Simulation, simulate
+
+__all__ = ["Outcome", "compare", "lower_bound", "plan_strategy"]
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int, float], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    name: str
+    plan: Plan | None
+    simulation: Simulation | None
+    result: StrategyResult
+
+
+def lower_bound(costs: Costs) -> float:
+    m = costs.microbatches
+    work = costs.layer_work()
+    vmax = max(costs.speed)
+    spread = sum(work) * m / sum(costs.speed)
+    heaviest = max(work) * m / vmax
+    chain = (sum(costs.forward) + sum(costs.backward) + min(costs.weight)) / vmax
+    return max(spread, heaviest, chain)
+
+
+def _outcome(name: str, costs: Costs, plan: Plan, seconds: float) -> Outcome:
+    try:
+        sim = simulate(costs, plan)
+    except DeadlockError as err:  # a baseline must never deadlock: report, don't crash
+        log.error("%s: %s", name, err)
+        return Outcome(name, None, None, StrategyResult(feasible=False, reason=str(err)))
+    result = StrategyResult(
+        feasible=sim.feasible,
+        reason=sim.reason,
+        iteration_time=sim.iteration_time,
+        bubble_ratio=sim.bubble_ratio,
+        peak_memory_bytes=list(sim.peak_memory),
+        stages=len(plan.stages),
+        placement=[list(p) for p in plan.placement],
+        search_seconds=seconds,
+    )
+    predicted = Predicted(
+        iteration_time=sim.iteration_time,
+        bubble_ratio=min(1.0, sim.bubble_ratio),
+        time_unit=costs.time_unit,
+        peak_memory_bytes=list(sim.peak_memory),
+    )
+    plan = plan.model_copy(update={"strategy": name, "microbatches": costs.microbatches,
+                                   "predicted": predicted})
+    return Outcome(name, plan, sim, result)
+
+
+def _baselines(costs: Costs) -> dict[str, Outcome]:
+    out = {}
+    for name, make in BASELINES.items():
+        t0 = time.perf_counter()
+        out[name] = _outcome(name, costs, make(costs), time.perf_counter() - t0)
+    return out
+
+
+def _adaptis(costs: Costs, baselines: dict[str, Outcome], on_progress: Progress | None) -> Outcome:
+    t0 = time.perf_counter()
+    feasible = [o for o in baselines.values() if o.result.feasible and o.plan is not None]
+    incumbent = min(feasible, key=lambda o: o.result.iteration_time or 0.0, default=None)
+    found = joint_search(
+        costs,
+        incumbent=incumbent.result.iteration_time if incumbent else float("inf"),
+        on_progress=on_progress,
+    )
+    best = incumbent
+    if found is not None:
+        placement = [[s for s, d in enumerate(found.owner) if d == dev] for dev in range(costs.devices)]
+        plan = Plan(stages=found.stages, placement=placement, actions=[list(a) for a in found.schedule.actions])
+        cand = _outcome("adaptis", costs, plan, 0.0)
+        if cand.result.feasible and (
+            best is None or (cand.result.iteration_time or 0.0) < (best.result.iteration_time or 0.0)
+        ):
+            best = cand
+    seconds = time.perf_counter() - t0
+    if best is None:
+        return Outcome("adaptis", None, None, StrategyResult(
+            feasible=False, reason="no partition fits in device memory", search_seconds=seconds))
+    assert best.plan is not None and best.simulation is not None  # invariant, not user input
+    plan = best.plan.model_copy(update={"strategy": "adaptis"})
+    result = best.result.model_copy(update={"search_seconds": seconds})
+    return Outcome("adaptis", plan, best.simulation, result)
+
+
+def plan_strategy(problem: Problem, name: str, *, on_progress: Progress | None = None) -> Outcome:
+    """Plan ``problem`` with strategy ``name`` (one of the contract's names)."""
+    if name not in STRATEGY_NAMES:
+        raise PlannerError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGY_NAMES)}")
+    costs = Costs.from_problem(problem)
+    if name == "adaptis":
+        return _adaptis(costs, _baselines(costs), on_progress)
+    t0 = time.perf_counter()
+    return _outcome(name, costs, BASELINES[name](costs), time.perf_counter() - t0)
+
+
+def compare(
+    problem: Problem, *, on_progress: Progress | None = None
+) -> tuple[Comparison, dict[str, Outcome]]:
+    """Every strategy of the contract, ``adaptis`` first."""
+    costs = Costs.from_problem(problem)
+    baselines = _baselines(costs)
+    outcomes = {"adaptis": _adaptis(costs, baselines, on_progress), **baselines}
+    comparison = Comparison(
+        name=problem.name,
+        time_unit=problem.time_unit,
+        lower_bound=lower_bound(costs),
+        strategies={name: o.result for name, o in outcomes.items()},
+    )
+    return comparison, outcomes
