@@ -15,7 +15,9 @@ deadlock on it.
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from adaptis.planner.costs import Costs
@@ -91,22 +93,34 @@ def list_schedule(
     b_end = [-1.0] * (n_st * m)
     next_f = [0] * n_st
     next_b = [0] * n_st
-    wq: list[list[int]] = [[] for _ in range(n_st)]
+    wq: list[deque[int]] = [deque() for _ in range(n_st)]
     free = [0.0] * n_dev
     left = [len(dev_stages[d]) * m * (3 if policy.split_backward else 2) for d in range(n_dev)]
     out: list[list[tuple[str, int, int]]] = [[] for _ in range(n_dev)]
-    active = [d for d in range(n_dev) if left[d]]
-    waiting: list[int] = []
     split = policy.split_backward
     fill_w = policy.fill_with_w
-    stall = (math.inf, -1)  # earliest known arrival among devices parked at the same instant
+    head_dev = owner[0]
+    # Discrete events (time, device): "look at this device then". A device looks when it
+    # becomes free and when an input of one of its stages arrives; nothing else can make
+    # new work ready, so no other instant needs a look.
+    events: list[tuple[float, int]] = [(0.0, d) for d in range(n_dev) if left[d]]
+    heapq.heapify(events)
+    remaining = sum(left)
+    push = heapq.heappush
+    pop = heapq.heappop
 
-    while active:
-        d = min(active, key=free.__getitem__)
-        t = free[d]
-        best: tuple[tuple[int, int], str, int, int] | None = None
+    while remaining:
+        if not events:
+            raise PlannerError("list scheduler made no progress (internal error)")
+        t, d = pop(events)
+        if free[d] > t or not left[d]:
+            continue  # busy (it will look again when free) or done
+        best_kind = ""
+        best_key = (9, 0)
+        best_s = best_mb = -1
         soonest = math.inf
-        w_pick: tuple[int, int] | None = None  # (microbatch, stage) of the oldest pending W
+        w_mb = m
+        w_s = -1
         for s in dev_stages[d]:
             mb = next_b[s]
             if mb < m:
@@ -117,8 +131,8 @@ def list_schedule(
                     r = -1.0 if rb < 0 else max(r, rb + hop[s + 1])
                 if r >= 0:
                     if r <= t:
-                        if best is None or (0, mb) < best[0]:
-                            best = ((0, mb), "B" if split else "BW", s, mb)
+                        if (0, mb) < best_key:
+                            best_key, best_kind, best_s, best_mb = (0, mb), "B" if split else "BW", s, mb
                     elif r < soonest:
                         soonest = r
             mb = next_f[s]
@@ -131,70 +145,53 @@ def list_schedule(
                         r += hop[s]
                 if r >= 0:
                     if r <= t:
-                        if best is None or (1, mb) < best[0]:
-                            best = ((1, mb), "F", s, mb)
+                        if (1, mb) < best_key:
+                            best_key, best_kind, best_s, best_mb = (1, mb), "F", s, mb
                     elif r < soonest:
                         soonest = r
-            if wq[s] and (w_pick is None or wq[s][0] < w_pick[0]):
-                w_pick = (wq[s][0], s)
-        if best is None and w_pick is not None:
+            q = wq[s]
+            if q and q[0] < w_mb:
+                w_mb, w_s = q[0], s
+        if not best_kind and w_s >= 0:
             # W fills the gap: always, or only where it ends before the next known arrival.
-            if fill_w or t + wgt[w_pick[1]] <= soonest or soonest == math.inf:
-                best = ((2, w_pick[0]), "W", w_pick[1], w_pick[0])
-        if best is None:
-            others = [free[e] for e in active if e != d]
-            later = [x for x in others if x > t]
-            if len(later) < len(others):
-                # Another device is idle at the same instant: let it look first.
-                if soonest < stall[0]:
-                    stall = (soonest, d)
-                active.remove(d)
-                waiting.append(d)
-                continue
-            nxt = min(soonest, min(later, default=math.inf))
-            if nxt < math.inf:
-                free[d] = nxt
-            elif stall[0] < math.inf:
-                # Every device idle at t was tried: wake the one whose input comes first.
-                free[stall[1]] = max(free[stall[1]], stall[0])
-            else:
-                raise PlannerError("list scheduler made no progress (internal error)")
-            stall = (math.inf, -1)
-            active.extend(waiting)
-            waiting.clear()
-            continue
-        _, kind, s, mb = best
+            if fill_w or soonest == math.inf or t + wgt[w_s] <= soonest:
+                best_kind, best_s, best_mb = "W", w_s, w_mb
+        if not best_kind:
+            if soonest < math.inf:
+                push(events, (soonest, d))
+            continue  # an arrival or a release will push a new look
+        s, mb = best_s, best_mb
         i = s * m + mb
-        if kind == "F":
+        if best_kind == "F":
             end = t + fwd[s]
             f_end[i] = end
             next_f[s] += 1
             if s == 0:
                 inflight += 1
-        elif kind == "B":
-            end = t + bwd[s]
-            b_end[i] = end
-            next_b[s] += 1
-            wq[s].append(mb)
-        elif kind == "BW":
-            end = t + bwd[s] + wgt[s]
-            b_end[i] = end
-            next_b[s] += 1
-        else:
+            if s + 1 < n_st:
+                push(events, (end + hop[s + 1], owner[s + 1]))
+            else:
+                push(events, (end, d))
+        elif best_kind == "W":
             end = t + wgt[s]
-            wq[s].pop(0)
-        if kind in ("W", "BW"):
+            wq[s].popleft()
+        else:
+            end = t + bwd[s] + (0.0 if split else wgt[s])
+            b_end[i] = end
+            next_b[s] += 1
+            if split:
+                wq[s].append(mb)
+            if s > 0:
+                push(events, (end + hop[s], owner[s - 1]))
+        if best_kind != "B":
             pending_release[mb] -= 1
             if pending_release[mb] == 0:
                 inflight -= 1
+                push(events, (end, head_dev))  # memory freed: stage 0 may admit a microbatch
         free[d] = end
-        out[d].append((kind, s, mb))
+        out[d].append((best_kind, s, mb))
         left[d] -= 1
-        if not left[d]:
-            active.remove(d)
-        if waiting:
-            active.extend(waiting)
-            waiting.clear()
-        stall = (math.inf, -1)
+        remaining -= 1
+        push(events, (end, d))
     iteration = max(free)
     return Schedule(tuple(tuple(a) for a in out), iteration, True, None)

@@ -159,7 +159,7 @@ def joint_search(
     whichever is better.
     """
     patterns = _patterns(costs)
-    budget = max_evaluations or (len(patterns) + 40)
+    budget = max_evaluations or (len(patterns) + 24)
     evals = 0
 
     def run(pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy) -> _Candidate:
@@ -176,9 +176,27 @@ def joint_search(
     best: _Candidate | None = None
     # Phase 1: structure (placement pattern x stage count) with balanced partitions.
     ranked: list[_Candidate] = []
+    pre = [0.0]
+    for w in costs.layer_work():
+        pre.append(pre[-1] + w)
+    stalled: set[str] = set()  # pattern families whose last stage count did not help
+    last: dict[str, float] = {}
     for name, owner in patterns:
-        cand = run(name, owner, _balanced_cuts(costs, owner), POLICIES[0])
+        family = name.rsplit("-v", 1)[0]
+        if family in stalled:
+            continue
+        stages = _balanced_cuts(costs, owner)
+        cuts = [lo for lo, _ in stages] + [stages[-1][1]]
+        # Busiest device's own work is a bound on the iteration: skip hopeless structures.
+        bound = max(_loads(costs, owner, cuts, pre)) * costs.microbatches
+        if best is not None and bound >= best.time:
+            stalled.add(family)
+            continue
+        cand = run(name, owner, stages, POLICIES[0])
         ranked.append(cand)
+        if cand.time >= last.get(family, math.inf):
+            stalled.add(family)  # more stages per device only adds hops from here on
+        last[family] = cand.time
         if best is None or cand.time < best.time:
             best = cand
     ranked.sort(key=lambda c: c.time)
