@@ -183,7 +183,7 @@ def list_schedule(
                 wq[s].append(mb)
             if s > 0:
                 push(events, (end + hop[s], owner[s - 1]))
-        if best_kind != "B":
+        if best_kind == "W" or best_kind == "BW":
             pending_release[mb] -= 1
             if pending_release[mb] == 0:
                 inflight -= 1
