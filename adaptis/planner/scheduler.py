@@ -83,12 +83,15 @@ def list_schedule(
             return Schedule((), math.inf, False, f"device {d}: parameters and one microbatch "
                             f"need {params[d] + need[d]:.4g} bytes, it has {costs.memory[d]:.4g}")
         cap_mb.append(m if need[d] <= 0 or room == math.inf else int(room // need[d]))
-    limit = min([m, *cap_mb, policy.max_inflight or m])
-    limit = max(limit, 1)
-    inflight = 0
-    # Remaining W/BW per microbatch before its activations are released everywhere.
-    pending_release = [n_st] * m
-
+    if policy.max_inflight:
+        cap_mb = [min(c, policy.max_inflight) for c in cap_mb]
+    # count[d]: admitted microbatches whose activations device d has not released yet;
+    # rel[d*m + mb]: stages of d that still owe a W (or BW) for mb. A microbatch is admitted
+    # only if every device can hold one more: the future of everything admitted always fits.
+    count = [0] * n_dev
+    rel = [len(dev_stages[d]) for d in range(n_dev) for _ in range(m)]
+    mem_dev = [d for d in range(n_dev) if dev_stages[d]]
+    tight = [False] * n_dev  # the device that blocks admission: it runs W before F
     f_end = [-1.0] * (n_st * m)
     b_end = [-1.0] * (n_st * m)
     next_f = [0] * n_st
@@ -138,7 +141,11 @@ def list_schedule(
             mb = next_f[s]
             if mb < m:
                 if s == 0:
-                    r = 0.0 if inflight < limit else -1.0
+                    r = 0.0
+                    for e in mem_dev:
+                        if count[e] >= cap_mb[e]:
+                            tight[e] = True
+                            r = -1.0
                 else:
                     r = f_end[s * m + mb - m]
                     if r >= 0:
@@ -152,7 +159,9 @@ def list_schedule(
             q = wq[s]
             if q and q[0] < w_mb:
                 w_mb, w_s = q[0], s
-        if not best_kind and w_s >= 0:
+        if w_s >= 0 and tight[d] and best_key[0] >= 1:
+            best_kind, best_s, best_mb = "W", w_s, w_mb  # free memory before more forwards
+        elif not best_kind and w_s >= 0:
             # W fills the gap: always, or only where it ends before the next known arrival.
             if fill_w or soonest == math.inf or t + wgt[w_s] <= soonest:
                 best_kind, best_s, best_mb = "W", w_s, w_mb
@@ -167,7 +176,8 @@ def list_schedule(
             f_end[i] = end
             next_f[s] += 1
             if s == 0:
-                inflight += 1
+                for e in mem_dev:
+                    count[e] += 1
             if s + 1 < n_st:
                 push(events, (end + hop[s + 1], owner[s + 1]))
             else:
@@ -184,9 +194,11 @@ def list_schedule(
             if s > 0:
                 push(events, (end + hop[s], owner[s - 1]))
         if best_kind == "W" or best_kind == "BW":
-            pending_release[mb] -= 1
-            if pending_release[mb] == 0:
-                inflight -= 1
+            k = d * m + mb
+            rel[k] -= 1
+            if rel[k] == 0:
+                count[d] -= 1
+                tight[d] = False
                 push(events, (end, head_dev))  # memory freed: stage 0 may admit a microbatch
         free[d] = end
         out[d].append((best_kind, s, mb))
