@@ -106,28 +106,31 @@ class Plan(BaseModel):
         if errors:
             raise SpecError("\n".join(errors))
         owner = self.stage_device()
-        done: Counter[tuple[str, int, int]] = Counter()
+        n_st = len(self.stages)
+        slots = {"F": 0, "B": 1, "W": 2, "BW": 3}
+        # counts[(s * microbatches + mb) * 4 + slot]: how often each action appears.
+        counts = [0] * (n_st * microbatches * 4)
         for d, acts in enumerate(self.actions):
             for i, (kind, s, mb) in enumerate(acts):
-                if s >= len(self.stages) or owner[s] != d:
+                if s >= n_st or owner[s] != d:
                     errors.append(f"plan: actions[{d}][{i}]: stage {s} is not on device {d}")
-                if mb >= microbatches:
+                elif mb >= microbatches:
                     errors.append(f"plan: actions[{d}][{i}]: microbatch {mb} >= {microbatches}")
-                done[(kind, s, mb)] += 1
-        for s in range(len(self.stages)):
-            for mb in range(microbatches):
-                fused = done[("BW", s, mb)]
-                want = {"F": 1, "B": 1 - fused, "W": 1 - fused, "BW": fused}
-                if fused > 1:
-                    want["BW"] = 1
-                for kind, n in want.items():
-                    if done[(kind, s, mb)] != n:
-                        errors.append(
-                            f"plan: actions: {kind} of stage {s} microbatch {mb} runs "
-                            f"{done[(kind, s, mb)]} times, expected {n}"
-                        )
+                else:
+                    counts[(s * microbatches + mb) * 4 + slots[kind]] += 1
                 if len(errors) > 20:
                     break
+        for k in range(0, len(counts), 4):
+            f, b, w, bw = counts[k : k + 4]
+            if f == 1 and ((bw == 1 and b == w == 0) or (bw == 0 and b == w == 1)):
+                continue
+            s, mb = divmod(k // 4, microbatches)
+            errors.append(
+                f"plan: actions: stage {s} microbatch {mb} runs F x{f}, B x{b}, W x{w}, BW x{bw}; "
+                "expected F once and either B and W once or BW once"
+            )
+            if len(errors) > 20:
+                break
         if errors:
             raise SpecError("\n".join(errors[:20]))
 

@@ -96,41 +96,59 @@ def simulate(costs: Costs, plan: Plan) -> Simulation:
         t = b_end[i]  # W
         return None if t < 0 else t
 
-    remaining = sum(len(a) for a in lists)
-    while remaining:
-        progressed = False
-        for d in range(n_dev):
-            acts = lists[d]
-            while pos[d] < len(acts):
-                kind, s, mb = acts[pos[d]]
-                ready = ready_time(kind, s, mb)
-                if ready is None:
-                    break
-                if kind == "F":
-                    dur = sc.forward[s]
-                elif kind == "B":
-                    dur = sc.backward[s]
-                elif kind == "W":
-                    dur = sc.weight[s]
-                else:
-                    dur = sc.backward[s] + sc.weight[s]
-                start = max(free[d], ready)
-                end = start + dur / speed[d]
-                free[d] = end
-                i = s * m + mb
-                if kind == "F":
-                    f_end[i] = end
-                elif kind != "W":
-                    b_end[i] = end
-                done[d].append(TimedAction(kind, s, mb, start, end))
-                pos[d] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            waiting = tuple(lists[d][pos[d]] if pos[d] < len(lists[d]) else None for d in range(n_dev))
-            blocked = ", ".join(f"device {d} waits on {w}" for d, w in enumerate(waiting) if w)
-            raise DeadlockError(f"plan deadlocks: {blocked}", waiting=waiting)
+    # Each device runs its list until an input is missing, then waits on the producer's key
+    # (a stage's F or B end, i.e. the index into f_end or b_end); finishing it wakes the device.
+    runnable = list(range(n_dev))
+    waiters: dict[tuple[bool, int], list[int]] = {}
+    while runnable:
+        d = runnable.pop()
+        acts = lists[d]
+        while pos[d] < len(acts):
+            kind, s, mb = acts[pos[d]]
+            ready = ready_time(kind, s, mb)
+            if ready is None:
+                waiters.setdefault(_producer(kind, s, mb, m=m, f_end=f_end, n_stages=n_stages), []).append(d)
+                break
+            if kind == "F":
+                dur = sc.forward[s]
+            elif kind == "B":
+                dur = sc.backward[s]
+            elif kind == "W":
+                dur = sc.weight[s]
+            else:
+                dur = sc.backward[s] + sc.weight[s]
+            start = max(free[d], ready)
+            end = start + dur / speed[d]
+            free[d] = end
+            i = s * m + mb
+            if kind == "F":
+                f_end[i] = end
+                runnable.extend(waiters.pop((True, i), ()))
+            elif kind != "W":
+                b_end[i] = end
+                runnable.extend(waiters.pop((False, i), ()))
+            done[d].append(TimedAction(kind, s, mb, start, end))
+            pos[d] += 1
+    stuck = [d for d in range(n_dev) if pos[d] < len(lists[d])]
+    if stuck:
+        waiting = tuple(lists[d][pos[d]] if pos[d] < len(lists[d]) else None for d in range(n_dev))
+        blocked = ", ".join(f"device {d} waits on {tuple(waiting[d])}" for d in stuck)
+        raise DeadlockError(f"plan deadlocks: {blocked}", waiting=waiting)
     return _summarise(costs=costs, plan=plan, timeline=done, act=sc.activation_bytes, params=sc.param_bytes)
+
+
+def _producer(
+    kind: str, s: int, mb: int, *, m: int, f_end: list[float], n_stages: int
+) -> tuple[bool, int]:
+    """The key (is-forward, index) of the first missing input of an action."""
+    i = s * m + mb
+    if kind == "F":
+        return (True, i - m)
+    if kind == "W":
+        return (False, i)
+    if f_end[i] < 0:
+        return (True, i)
+    return (False, i + m)
 
 
 def _summarise(

@@ -83,7 +83,13 @@ def _baselines(costs: Costs) -> dict[str, Outcome]:
     out = {}
     for name, make in BASELINES.items():
         t0 = time.perf_counter()
-        out[name] = _outcome(name, costs, make(costs), time.perf_counter() - t0)
+        try:
+            plan = make(costs)
+        except PlannerError as err:  # e.g. i1f1b on a 1-layer model: infeasible, not a crash
+            log.info("%s: %s", name, err)
+            out[name] = Outcome(name, None, None, StrategyResult(feasible=False, reason=str(err)))
+            continue
+        out[name] = _outcome(name, costs, plan, time.perf_counter() - t0)
     return out
 
 
@@ -99,7 +105,9 @@ def _adaptis(costs: Costs, baselines: dict[str, Outcome], on_progress: Progress 
     best = incumbent
     if found is not None:
         placement = [[s for s, d in enumerate(found.owner) if d == dev] for dev in range(costs.devices)]
-        plan = Plan(stages=found.stages, placement=placement, actions=[list(a) for a in found.schedule.actions])
+        plan = Plan.model_construct(  # generated: the simulator checks it below
+            stages=found.stages, placement=placement, actions=[list(a) for a in found.schedule.actions]
+        )
         cand = _outcome("adaptis", costs, plan, 0.0)
         if cand.result.feasible and (
             best is None or (cand.result.iteration_time or 0.0) < (best.result.iteration_time or 0.0)
