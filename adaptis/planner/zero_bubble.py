@@ -1,0 +1,131 @@
+"""The Zero Bubble greedy order: F/B/W lists built by replaying time under a memory cap.
+
+Sits in the planner layer beside :mod:`adaptis.planner.baselines`, whose ``zb-h1`` and
+``zb-v`` take it as one of their candidate orders (as the Zero Bubble authors' automatic
+scheduler does). It reads a :class:`~adaptis.planner.costs.Costs` and the stages, placement
+and per-device memory caps it is given, and returns per-device action lists; scoring them
+is the simulator's job.
+"""
+
+from __future__ import annotations
+
+import math
+
+from adaptis.api.plan import Action
+from adaptis.planner.costs import Costs
+from adaptis.planner.errors import PlannerError
+
+__all__ = ["Actions", "zero_bubble_actions"]
+
+Actions = list[list[Action]]
+
+
+def zero_bubble_actions(
+    costs: Costs,
+    *,
+    stages: list[tuple[int, int]],
+    owned: list[list[int]],
+    caps: list[int],
+    lazy_w: bool = False,
+) -> Actions:
+    """The F/B/W order of a Zero Bubble schedule, built by replaying time as the simulator does.
+
+    Whenever a device is free it runs, among its ready work: the oldest microbatch's B (the
+    critical path back to stage 0), else the oldest F it may admit, else the oldest W (the
+    deferrable weight gradient fills the gap). ``lazy_w`` runs a W only if it ends before
+    the next input it knows of arrives. Each stage runs its microbatches in order.
+
+    Memory is counted in chunk activations (one ``(stage, microbatch)`` between its F and its
+    W): device ``d`` holds at most ``caps[d]`` of them. A microbatch entering the device (F on
+    its first stage there) must leave one unit free when the device has later stages, so a
+    microbatch coming back through them always finds room: chunks drain towards the last
+    stage's device, which never waits on anyone, so the order cannot deadlock.
+    """
+    sc = costs.stage_costs(stages)
+    m = costs.microbatches
+    n_st = len(stages)
+    owner = [0] * n_st
+    for d, mine in enumerate(owned):
+        for s in mine:
+            owner[s] = d
+    speed = costs.speed
+    dur = {
+        "F": [sc.forward[s] / speed[owner[s]] for s in range(n_st)],
+        "B": [sc.backward[s] / speed[owner[s]] for s in range(n_st)],
+        "W": [sc.weight[s] / speed[owner[s]] for s in range(n_st)],
+    }
+    hop = [0.0] + [costs.transfer_time(owner[s - 1], owner[s], sc.output_bytes[s - 1]) for s in range(1, n_st)]
+    first = [min(mine) for mine in owned]
+    caps = [max(cap, 2 if len(mine) > 1 else 1) for cap, mine in zip(caps, owned)]
+    f_end = [[-1.0] * m for _ in range(n_st)]
+    b_end = [[-1.0] * m for _ in range(n_st)]
+    next_f = [0] * n_st
+    next_b = [0] * n_st
+    next_w = [0] * n_st
+    held = [0] * len(owned)
+    free = [0.0] * len(owned)
+    left = [3 * m * len(mine) for mine in owned]
+    out: Actions = [[] for _ in owned]
+
+    def decide(d: int) -> tuple[float, tuple[int, int, int], str, int] | None:
+        """(start, priority, kind, stage) of device d's next action; None if nothing is known."""
+        t_free = free[d]
+        cands: list[tuple[float, tuple[int, int, int], str, int]] = []
+        soonest = math.inf
+        for s in owned[d]:
+            mb = next_b[s]
+            if mb < m and f_end[s][mb] >= 0 and (s + 1 == n_st or b_end[s + 1][mb] >= 0):
+                r = f_end[s][mb] if s + 1 == n_st else max(f_end[s][mb], b_end[s + 1][mb] + hop[s + 1])
+                cands.append((r, (0, mb, -s), "B", s))
+            mb = next_f[s]
+            room = held[d] + (2 if s == first[d] and len(owned[d]) > 1 else 1) <= caps[d]
+            if mb < m and room and (s == 0 or f_end[s - 1][mb] >= 0):
+                r = 0.0 if s == 0 else f_end[s - 1][mb] + hop[s]
+                cands.append((r, (1, mb, -s), "F", s))
+            mb = next_w[s]
+            if mb < next_b[s]:
+                cands.append((b_end[s][mb], (2, mb, -s), "W", s))
+        if not cands:
+            return None
+        start = max(t_free, min(c[0] for c in cands))
+        soonest = min((c[0] for c in cands if c[0] > start), default=math.inf)
+        r, prio, kind, s = min((c for c in cands if c[0] <= start), key=lambda c: c[1])
+        if kind == "W" and lazy_w and start + dur["W"][s] > soonest:
+            return (soonest, (1, 0, 0), "wait", s)  # idle until that input is here
+        return (start, prio, kind, s)
+
+    plan: list[tuple[float, tuple[int, int, int], str, int] | None] = [decide(d) for d in range(len(owned))]
+    while any(left):
+        ready = [(c[0], d) for d, c in enumerate(plan) if c is not None and left[d]]
+        if not ready:
+            raise PlannerError("zero bubble schedule made no progress (internal error)")
+        _, d = min(ready)
+        start, _, kind, s = plan[d]  # type: ignore[misc]
+        touched = {d}
+        if kind == "wait":
+            free[d] = start
+        else:
+            end = start + dur[kind][s]
+            free[d] = end
+            if kind == "F":
+                mb = next_f[s]
+                f_end[s][mb] = end
+                next_f[s] += 1
+                held[d] += 1
+                if s + 1 < n_st:
+                    touched.add(owner[s + 1])
+            elif kind == "B":
+                mb = next_b[s]
+                b_end[s][mb] = end
+                next_b[s] += 1
+                if s > 0:
+                    touched.add(owner[s - 1])
+            else:
+                mb = next_w[s]
+                next_w[s] += 1
+                held[d] -= 1
+            out[d].append((kind, s, mb))
+            left[d] -= 1
+        for e in touched:
+            plan[e] = decide(e)
+    return out
