@@ -1,0 +1,16 @@
+# The two commands of the README. Both set up everything first (idempotent, fast when done).
+VENV ?= $(HOME)/.cache/adaptis/venv
+export ADAPTIS_VENV := $(VENV)
+
+.PHONY: run test bench
+run:  ## set up, then train the embedded default job locally
+	bash scripts/setup.sh
+	$(VENV)/bin/adaptis run examples/tiny-heterogeneous.yaml
+
+test:  ## set up (Python env, control-plane binaries, Prometheus), then run every test
+	bash scripts/setup.sh --test
+	$(VENV)/bin/python -m pytest
+
+bench:  ## the planner benchmark on the paper's workloads (writes bench/RESULTS.md)
+	bash scripts/setup.sh
+	$(VENV)/bin/python bench/planner_bench.py
