@@ -9,7 +9,11 @@ The lower bound (``lower_bound``) is the largest of three limits no plan can bea
 2. the heaviest layer on the fastest device: its F+B+W x microbatches / max speed (a layer
    cannot be split, so its device does at least that);
 3. one microbatch's critical path: sum of F and B over all layers on the fastest device, plus
-   the smallest W (the last W of the iteration runs after the last B).
+   the smallest W (the last W of the iteration runs after the last B);
+4. for every layer L, on the fastest device: its first F cannot start before one microbatch's
+   forward through the layers before L; its device then runs m of its F and B; after the
+   last of those B, that microbatch's backward still has to cross every layer before L:
+   sum F(<L) + m (F_L + B_L) + sum B(<L). (Likewise sum F(<L) + m (F_L + B_L + W_L).)
 """
 
 from __future__ import annotations
@@ -49,7 +53,13 @@ def lower_bound(costs: Costs) -> float:
     spread = sum(work) * m / sum(costs.speed)
     heaviest = max(work) * m / vmax
     chain = (sum(costs.forward) + sum(costs.backward) + min(costs.weight)) / vmax
-    return max(spread, heaviest, chain)
+    per_layer = 0.0
+    f_before = b_before = 0.0
+    for f, b, w in zip(costs.forward, costs.backward, costs.weight):
+        per_layer = max(per_layer, f_before + m * (f + b) + b_before, f_before + m * (f + b + w))
+        f_before += f
+        b_before += b
+    return max(spread, heaviest, chain, per_layer / vmax)
 
 
 def _outcome(name: str, costs: Costs, plan: Plan, seconds: float) -> Outcome:
