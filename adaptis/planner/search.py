@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from adaptis.planner.costs import Costs
+from adaptis.planner.partition import balanced_partition
 from adaptis.planner.scheduler import Policy, Schedule, list_schedule
 
 __all__ = ["SearchResult", "joint_search"]
@@ -145,6 +146,23 @@ def _polish(costs: Costs, *, owner: list[int], cuts: list[int], pre: list[float]
     return [(cuts[s], cuts[s + 1]) for s in range(len(cuts) - 1)]
 
 
+def _pack(costs: Costs, *, stages: list[tuple[int, int]], pre: list[float]) -> list[int]:
+    """LPT bin packing of stages onto devices by time; ties go to the device holding the
+    previous stage (no transfer), so neighbours stay together when it costs nothing."""
+    load = [0.0] * costs.devices
+    owner = [-1] * len(stages)
+    work = [pre[hi] - pre[lo] for lo, hi in stages]
+    for s in sorted(range(len(stages)), key=lambda i: -work[i]):
+        def cost(d: int) -> tuple[float, int]:
+            near = (s > 0 and owner[s - 1] == d) or (s + 1 < len(stages) and owner[s + 1] == d)
+            return ((load[d] + work[s]) / costs.speed[d], 0 if near else 1)
+
+        d = min(range(costs.devices), key=cost)
+        owner[s] = d
+        load[d] += work[s]
+    return owner
+
+
 def joint_search(
     costs: Costs,
     *,
@@ -159,7 +177,7 @@ def joint_search(
     whichever is better.
     """
     patterns = _patterns(costs)
-    budget = max_evaluations or (len(patterns) + 24)
+    budget = max_evaluations or (len(patterns) + 27)
     evals = 0
 
     def run(pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy) -> _Candidate:
@@ -197,6 +215,17 @@ def joint_search(
         if cand.time >= last.get(family, math.inf):
             stalled.add(family)  # more stages per device only adds hops from here on
         last[family] = cand.time
+        if best is None or cand.time < best.time:
+            best = cand
+    # Packed structures: balanced stages first, then any placement (longest stage first onto
+    # the least loaded device, by time): non-contiguous, uneven stage counts per device.
+    for k in range(2, 5):
+        if k * costs.devices > costs.layers or evals >= budget:
+            break
+        stages = balanced_partition(costs, stages_count=k * costs.devices)
+        owner = _pack(costs, stages=stages, pre=pre)
+        cand = run(f"packed-v{k}", owner, stages, POLICIES[0])
+        ranked.append(cand)
         if best is None or cand.time < best.time:
             best = cand
     ranked.sort(key=lambda c: c.time)
