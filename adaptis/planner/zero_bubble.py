@@ -19,6 +19,41 @@ __all__ = ["Actions", "zero_bubble_actions"]
 
 Actions = list[list[Action]]
 
+_EPS = 1e-9  # sizes are ratios of byte counts: sums of them may miss a whole number by a hair
+
+
+def _budgets(
+    costs: Costs, *, stages: list[tuple[int, int]], owned: list[list[int]], caps: list[int]
+) -> tuple[list[float], list[float], list[float]]:
+    """Per stage the size of one chunk activation, per device the reserve and the budget.
+
+    Sizes are in units of the device's largest chunk activation, the unit ``caps`` counts
+    in. Where a device's chunks are equal (one stage per device, uniform stages) every size
+    is 1 and the budget is ``caps[d]``: a count of chunks, as the ZB schedules define it.
+    Where they differ (ZB-V's first device holds the embedding stage beside the head) a
+    count would charge a small chunk as a large one and starve the pipeline, so sizes are
+    the true byte ratios and the budget is the bytes of ``caps[d]`` large chunks, cut to
+    the device's free memory (``caps`` may have been raised to a strategy's minimum). The
+    budget never drops below one entering chunk plus the reserve (progress).
+    """
+    sc = costs.stage_costs(stages)
+    size = [1.0] * len(stages)
+    reserve: list[float] = []
+    budget: list[float] = []
+    for d, mine in enumerate(owned):
+        unit = max(sc.activation_bytes[s] for s in mine)
+        if unit > 0 and any(sc.activation_bytes[s] < unit for s in mine):
+            for s in mine:
+                size[s] = sc.activation_bytes[s] / unit
+        later = max((size[s] for s in mine if s != min(mine)), default=0.0)
+        room = costs.memory[d] - sum(sc.param_bytes[s] for s in mine)
+        cap = float(caps[d])
+        if any(size[s] < 1.0 for s in mine) and not math.isinf(room):
+            cap = min(cap, room / unit)
+        reserve.append(later)
+        budget.append(max(cap, size[min(mine)] + later))
+    return size, reserve, budget
+
 
 def zero_bubble_actions(
     costs: Costs,
@@ -37,9 +72,10 @@ def zero_bubble_actions(
 
     Memory is counted in chunk activations (one ``(stage, microbatch)`` between its F and its
     W): device ``d`` holds at most ``caps[d]`` of them. A microbatch entering the device (F on
-    its first stage there) must leave one unit free when the device has later stages, so a
+    its first stage there) must leave room for one chunk of its later stages, so a
     microbatch coming back through them always finds room: chunks drain towards the last
-    stage's device, which never waits on anyone, so the order cannot deadlock.
+    stage's device, which never waits on anyone, so the order cannot deadlock. Where a
+    device's chunks differ in size (see :func:`_budgets`) the count is in bytes instead.
     """
     sc = costs.stage_costs(stages)
     m = costs.microbatches
@@ -56,13 +92,13 @@ def zero_bubble_actions(
     }
     hop = [0.0] + [costs.transfer_time(owner[s - 1], owner[s], sc.output_bytes[s - 1]) for s in range(1, n_st)]
     first = [min(mine) for mine in owned]
-    caps = [max(cap, 2 if len(mine) > 1 else 1) for cap, mine in zip(caps, owned)]
+    size, reserve, budget = _budgets(costs, stages=stages, owned=owned, caps=caps)
     f_end = [[-1.0] * m for _ in range(n_st)]
     b_end = [[-1.0] * m for _ in range(n_st)]
     next_f = [0] * n_st
     next_b = [0] * n_st
     next_w = [0] * n_st
-    held = [0] * len(owned)
+    held = [0.0] * len(owned)
     free = [0.0] * len(owned)
     left = [3 * m * len(mine) for mine in owned]
     out: Actions = [[] for _ in owned]
@@ -78,7 +114,7 @@ def zero_bubble_actions(
                 r = f_end[s][mb] if s + 1 == n_st else max(f_end[s][mb], b_end[s + 1][mb] + hop[s + 1])
                 cands.append((r, (0, mb, -s), "B", s))
             mb = next_f[s]
-            room = held[d] + (2 if s == first[d] and len(owned[d]) > 1 else 1) <= caps[d]
+            room = held[d] + size[s] + (reserve[d] if s == first[d] else 0.0) <= budget[d] + _EPS
             if mb < m and room and (s == 0 or f_end[s - 1][mb] >= 0):
                 r = 0.0 if s == 0 else f_end[s - 1][mb] + hop[s]
                 cands.append((r, (1, mb, -s), "F", s))
@@ -111,7 +147,7 @@ def zero_bubble_actions(
                 mb = next_f[s]
                 f_end[s][mb] = end
                 next_f[s] += 1
-                held[d] += 1
+                held[d] += size[s]
                 if s + 1 < n_st:
                     touched.add(owner[s + 1])
             elif kind == "B":
@@ -123,7 +159,7 @@ def zero_bubble_actions(
             else:
                 mb = next_w[s]
                 next_w[s] += 1
-                held[d] -= 1
+                held[d] -= size[s]
             out[d].append((kind, s, mb))
             left[d] -= 1
         for e in touched:
