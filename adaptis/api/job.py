@@ -360,7 +360,7 @@ def load_job(path: str | Path) -> AdaPtisJob:
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as err:
-        raise SpecError(f"AdaPtisJob: {p} is not valid YAML/JSON: {err}") from None
+        raise SpecError(f"AdaPtisJob: {p} is not valid YAML/JSON: {' '.join(str(err).split())}") from None
     return parse_job(data)
 
 

@@ -220,5 +220,5 @@ def load_problem(path: str | Path) -> Problem:
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as err:
-        raise SpecError(f"problem: {p} is not valid YAML/JSON: {err}") from None
+        raise SpecError(f"problem: {p} is not valid YAML/JSON: {' '.join(str(err).split())}") from None
     return parse_problem(data)
