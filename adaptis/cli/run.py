@@ -1,0 +1,208 @@
+"""``adaptis run JOB.yaml``: train an AdaPtisJob manifest locally (the embedded default).
+
+Takes the manifest a user would apply to a cluster, builds the planning problem (a profile
+file with ``--problem``, else a quick profile of this machine, or the analytic estimate),
+plans with the job's strategy, launches one local process per worker, shows progress (step,
+loss, tokens/s, measured vs predicted bubble ratio) and a final summary (``--json``: the
+summary as one JSON document, nothing else on stdout). Ctrl-C stops every rank; a crashed
+rank stops the others and the error names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from adaptis.api.job import AdaPtisJob, WorkerConfig, load_job
+from adaptis.api.plan import STRATEGY_NAMES, Plan
+from adaptis.api.problem import TIME_UNIT_SECONDS, Problem, load_problem
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser("run", help="train an AdaPtisJob manifest locally",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("manifest", help="AdaPtisJob YAML/JSON (e.g. examples/tiny-heterogeneous.yaml)")
+    p.add_argument("--json", action="store_true", help="print only the final summary, as JSON")
+    p.add_argument("--strategy", choices=STRATEGY_NAMES, help="override spec.planner.strategy")
+    p.add_argument("--workers", type=int, help="override spec.parallelism.workers")
+    p.add_argument("--steps", type=int, help="override spec.training.steps")
+    p.add_argument("--problem", help="planning problem (profile) file instead of profiling here")
+    p.add_argument("--profile", choices=("measure", "estimate"),
+                   help="how to get layer costs without --problem (default: spec.planner.profile)")
+    p.add_argument("--workdir", help="logs, worker.json and checkpoints (default .adaptis/<job>)")
+    p.add_argument("--checkpoint-every", type=int, help="override spec.checkpoint.everySteps")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from this job's last complete checkpoint (default: start fresh)")
+    p.add_argument("--metrics-port", type=int,
+                   help="first rank's metrics port (rank r: +r); default: spec.metrics.port, 0: off")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    p.set_defaults(func=run)
+
+
+def _problem(args: argparse.Namespace, job: AdaPtisJob, *, workers: int) -> Problem:
+    from adaptis.worker.problem import estimate_problem, measure_problem
+
+    from adaptis.cli import CLIError
+    from adaptis.worker.models import model_layers
+
+    if args.problem:
+        problem = load_problem(args.problem)
+        want, got = len(model_layers(job.spec.model)), len(problem.expanded_layers())
+        if want != got:
+            raise CLIError(f"{args.problem} profiles {got} layers; the job's model has {want} "
+                           f"(embedding, {want - 2} blocks, head)")
+        if problem.device_count != workers:
+            raise CLIError(f"{args.problem} describes {problem.device_count} devices; the run has "
+                           f"{workers} workers (set --workers or spec.parallelism.workers)")
+        doc = problem.model_dump(mode="json", exclude_none=True)
+        return Problem.model_validate({**doc, "microbatches": job.spec.training.microbatches})
+    if (args.profile or job.spec.planner.profile) == "estimate":
+        return estimate_problem(job.spec, devices=workers)
+    import torch
+
+    torch.set_num_threads(max(1, args.threads))  # profile as the ranks will run
+    return measure_problem(job.spec, devices=workers)
+
+
+def _plan(problem: Problem, strategy: str) -> Plan:
+    from adaptis.cli import CLIError
+    from adaptis.planner.strategies import plan_strategy
+
+    outcome = plan_strategy(problem, strategy)
+    if outcome.plan is None:
+        raise CLIError(f"strategy {strategy} has no feasible plan: {outcome.result.reason}")
+    return outcome.plan
+
+
+def _say(args: argparse.Namespace, text: str) -> None:
+    print(text, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from adaptis.cli import CLIError
+    from adaptis.worker.checkpoint import clear_checkpoints
+    from adaptis.worker.errors import RankFailedError
+    from adaptis.worker.launcher import LocalLauncher
+
+    job = load_job(args.manifest)
+    spec = job.spec
+    workers = args.workers or spec.parallelism.workers
+    training = spec.training
+    if args.steps:
+        training = training.model_copy(update={"steps": args.steps})
+    strategy = args.strategy or spec.planner.strategy
+    workdir = Path(args.workdir or Path(".adaptis") / job.metadata.name)
+    ckpt_every = spec.checkpoint.every_steps if args.checkpoint_every is None else args.checkpoint_every
+    ckpt_dir = workdir / "checkpoints"
+    if not args.resume:
+        # Locally, running the command again means training again; the pods always resume.
+        clear_checkpoints(ckpt_dir)
+
+    t0 = time.perf_counter()
+    problem = _problem(args, job, workers=workers)
+    plan = _plan(problem, strategy)
+    pred = plan.predicted
+    pred_bubble = pred.bubble_ratio if pred else None
+    pred_iter = pred.iteration_time * TIME_UNIT_SECONDS[pred.time_unit] if pred else None
+    _say(args, f"planned {strategy}: {len(plan.stages)} stages on {workers} workers, placement "
+               f"{plan.placement}; predicted iteration {_fmt(pred_iter, 's')}, bubble {_pct(pred_bubble)} "
+               f"({time.perf_counter() - t0:.1f} s to profile and plan)")
+    port = spec.metrics.port if args.metrics_port is None else args.metrics_port
+    config = WorkerConfig(
+        job_name=job.metadata.name, model=spec.model, training=training,
+        plan=plan.model_dump(mode="json", exclude_none=True),
+        metrics_port=None if port == 0 else port, checkpoint_dir=str(ckpt_dir.resolve()) if ckpt_every else None,
+        checkpoint_every=ckpt_every,
+    )
+    steps: list[dict[str, Any]] = []
+    starts: dict[int, dict[str, Any]] = {}
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event["event"] == "start":
+            starts[event["rank"]] = event
+            if event["rank"] == 0 and event["resumed_step"]:
+                done = " (already complete: drop --resume to train again)" \
+                    if event["resumed_step"] >= training.steps else ""
+                _say(args, f"resumed from the checkpoint of step {event['resumed_step']}{done}")
+        elif event["event"] == "step" and event["rank"] == 0:
+            steps.append(event)
+            _say(args, f"step {event['step']:>4}/{training.steps}  loss {event['loss']:.4f}  "
+                       f"{event['tokens_per_second']:>8.0f} tokens/s  bubble {_pct(event['bubble_ratio'])} "
+                       f"(predicted {_pct(pred_bubble)})")
+
+    # Local ranks share one host: rank r serves metrics on port + r (pods all use the port).
+    launcher = LocalLauncher(config, world_size=workers, workdir=workdir, threads=args.threads,
+                             metrics_base=None if port == 0 else port,
+                             device=_device(spec.parallelism.gpus_per_worker, workers=workers))
+    started = time.perf_counter()
+    try:
+        launcher.run(on_event)
+    except RankFailedError as err:
+        raise CLIError(str(err)) from None
+    except KeyboardInterrupt:
+        print("adaptis run: interrupted; all ranks stopped", file=sys.stderr)
+        return 130
+    summary = _summary(job.metadata.name, strategy=strategy, plan=plan, workers=workers, steps=steps,
+                       pred=(pred_bubble, pred_iter), seconds=time.perf_counter() - started,
+                       workdir=workdir, ports=[starts[r].get("metrics_port") for r in sorted(starts)])
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_summary(summary)
+    return 0
+
+
+def _device(gpus_per_worker: int, *, workers: int) -> str:
+    """GPUs only when the job asks for them and every local rank gets its own (NCCL)."""
+    if gpus_per_worker == 0:
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.device_count() >= workers else "cpu"
+
+
+def _summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[dict[str, Any]],
+             pred: tuple[float | None, float | None], seconds: float, workdir: Path,
+             ports: list[Any]) -> dict[str, Any]:
+    steady = steps[1:] or steps  # the first step pays one-off costs (allocator, threads)
+    return {
+        "job": name, "strategy": strategy, "workers": workers,
+        "stages": len(plan.stages), "placement": plan.placement,
+        "steps": steps[-1]["step"] if steps else 0,
+        "first_loss": steps[0]["loss"] if steps else None,
+        "final_loss": steps[-1]["loss"] if steps else None,
+        "tokens_per_second": statistics.mean(s["tokens_per_second"] for s in steady) if steady else None,
+        "measured_bubble_ratio": statistics.mean(s["bubble_ratio"] for s in steady) if steady else None,
+        "predicted_bubble_ratio": pred[0],
+        "measured_iteration_seconds": statistics.mean(s["iteration_seconds"] for s in steady) if steady else None,
+        "predicted_iteration_seconds": pred[1],
+        "train_seconds": seconds,
+        "metrics_ports": ports,
+        "workdir": str(workdir),
+    }
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    print(f"done: {s['steps']} steps of {s['job']} with {s['strategy']} on {s['workers']} workers "
+          f"in {s['train_seconds']:.1f} s")
+    print(f"  loss            {s['first_loss']:.4f} -> {s['final_loss']:.4f}" if s["steps"] else "  no steps run")
+    print(f"  tokens/s        {s['tokens_per_second'] or 0:.0f}")
+    print(f"  bubble ratio    measured {_pct(s['measured_bubble_ratio'])}, predicted {_pct(s['predicted_bubble_ratio'])}")
+    print(f"  iteration       measured {_fmt(s['measured_iteration_seconds'], 's')}, "
+          f"predicted {_fmt(s['predicted_iteration_seconds'], 's')}")
+    print(f"  logs            {s['workdir']}/rank-*.log")
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _fmt(x: float | None, unit: str) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x * 1e3:.1f} m{unit}" if abs(x) < 1 else f"{x:.3f} {unit}"

@@ -1,0 +1,70 @@
+"""``adaptis worker --config worker.json``: run one pipeline rank (the worker pods' entry point).
+
+The rank comes from the environment as torch's launchers set it (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT, LOCAL_RANK); the operator renders this command into the pods and
+``adaptis run`` starts it once per local rank. Progress goes to stdout as ``ADAPTIS_EVENT``
+JSON lines, logs to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from adaptis.api.errors import SpecError
+from adaptis.api.job import WorkerConfig
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser("worker", help="run one pipeline rank (the worker pods' entry point)",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="worker.json (a WorkerConfig document)")
+    p.add_argument("--threads", type=int, default=int(os.environ.get("ADAPTIS_TORCH_THREADS", "1")),
+                   help="torch intra-op threads of this rank (default: $ADAPTIS_TORCH_THREADS or 1)")
+    p.add_argument("--linger-seconds", type=float, default=0.0,
+                   help="keep serving metrics this long after the last step")
+    p.set_defaults(func=run)
+
+
+def _load(path: str) -> WorkerConfig:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise SpecError(f"worker: cannot read {path}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise SpecError(f"worker: {path} is not valid JSON: {err}") from None
+    try:
+        return WorkerConfig.model_validate(doc)
+    except ValueError as err:
+        raise SpecError(f"worker: {path}: {err}") from None
+
+
+def _terminate(signum: int, _frame: FrameType | None) -> None:
+    # SIGTERM (the launcher, Kubernetes) ends the rank like Ctrl-C does: clean, no traceback.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    import torch
+
+    from adaptis.worker.errors import WorkerError
+    from adaptis.worker.runner import RankEnv, print_events, run_worker
+
+    torch.set_num_threads(max(1, args.threads))
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        env = RankEnv.from_environ()
+    except ValueError as err:
+        raise SpecError(f"worker: {err}") from None
+    try:
+        run_worker(config, env=env, emit=print_events(sys.stdout), linger_s=args.linger_seconds)
+    except WorkerError as err:
+        print(f"adaptis worker: rank {env.rank}: {err}", file=sys.stderr)
+        return 1
+    return 0

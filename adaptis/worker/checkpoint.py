@@ -1,0 +1,136 @@
+"""Periodic per-rank checkpoints and the resume that finds the last complete one.
+
+Sits beside the run loop (:mod:`adaptis.worker.runner`). Each rank writes its own file
+``<dir>/step-<n>/rank-<r>.pt`` (model weights by global layer name, optimizer state, data
+position, step, counters), atomically: a temporary file, fsync, then ``os.replace``. A step's
+checkpoint is *complete* when every rank has its file; resuming picks the newest step complete
+on every rank (agreed with one all-gather, so it works whether the ranks share the directory,
+as a PVC does, or each sees only its own). When the plan changed since (a replan after a
+restart), weights are still restored by layer name from whichever rank files are visible, and
+the optimizer starts fresh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from adaptis.api.plan import Plan
+from adaptis.worker.errors import CheckpointError
+from adaptis.worker.executor import Executor
+
+__all__ = ["Resumed", "clear_checkpoints", "latest_common_step", "load_checkpoint", "plan_fingerprint", "save_checkpoint"]
+
+log = logging.getLogger(__name__)
+
+_KEEP = 2  # checkpoints kept per rank: the newest may be incomplete on another rank
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """Where a resumed run continues: the next step, data position and counter totals."""
+
+    step: int
+    position: int
+    tokens: int
+    samples: int
+    exact: bool  # optimizer state restored too (same plan)
+
+
+def plan_fingerprint(plan: Plan) -> str:
+    doc = json.dumps({"stages": plan.stages, "placement": plan.placement}, sort_keys=True)
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+def _rank_file(directory: Path, *, step: int, rank: int) -> Path:
+    return directory / f"step-{step:08d}" / f"rank-{rank}.pt"
+
+
+def save_checkpoint(directory: str | Path, *, executor: Executor, step: int, position: int,
+                    tokens: int, samples: int) -> Path:
+    """Write this rank's checkpoint after ``step`` steps; prune this rank's older ones."""
+    root = Path(directory)
+    path = _rank_file(root, step=step, rank=executor.rank)
+    state: dict[str, Any] = {
+        "step": step, "position": position, "tokens": tokens, "samples": samples,
+        "fingerprint": plan_fingerprint(executor.plan), "world_size": executor.world_size,
+        "model": {k: p.detach().cpu() for k, p in executor.named_parameters().items()},
+        "optimizer": executor.optimizer.state_dict(),
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        with open(tmp, "wb") as fh:
+            torch.save(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        raise CheckpointError(f"cannot write checkpoint {path}: {err}") from err
+    for old in _own_steps(root, rank=executor.rank)[:-_KEEP]:
+        _rank_file(root, step=old, rank=executor.rank).unlink(missing_ok=True)
+        try:
+            (root / f"step-{old:08d}").rmdir()  # only once every rank removed its file
+        except OSError:
+            pass
+    return path
+
+
+def _own_steps(root: Path, *, rank: int) -> list[int]:
+    if not root.is_dir():
+        return []
+    steps = []
+    for d in root.glob("step-*"):
+        if (d / f"rank-{rank}.pt").is_file() and d.name[5:].isdigit():
+            steps.append(int(d.name[5:]))
+    return sorted(steps)
+
+
+def latest_common_step(directory: str | Path, *, rank: int) -> int | None:
+    """Collective: the newest step every rank has a checkpoint of (None: start fresh)."""
+    mine = _own_steps(Path(directory), rank=rank)
+    every: list[list[int] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    common = set(mine)
+    for other in every:
+        common &= set(other or [])
+    return max(common) if common else None
+
+
+def load_checkpoint(directory: str | Path, *, executor: Executor, step: int) -> Resumed:
+    """Restore this rank from the checkpoint of ``step`` (see :func:`latest_common_step`)."""
+    root = Path(directory)
+    own = torch.load(_rank_file(root, step=step, rank=executor.rank), weights_only=False)
+    params = executor.named_parameters()
+    exact = own["fingerprint"] == plan_fingerprint(executor.plan)
+    weights: dict[str, torch.Tensor] = dict(own["model"])
+    if not exact:
+        log.warning("checkpoint of step %d was taken under another plan: restoring weights by "
+                    "layer name, optimizer state starts fresh", step)
+        for other in sorted((root / f"step-{step:08d}").glob("rank-*.pt")):
+            weights.update(torch.load(other, weights_only=False)["model"])
+    missing = sorted(set(params) - set(weights))
+    if missing:
+        raise CheckpointError(f"checkpoint of step {step} lacks parameters {missing[:5]} "
+                              f"(the model changed, or the other ranks' files are not visible)")
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(weights[name].to(p.device))
+    if exact:
+        executor.optimizer.load_state_dict(own["optimizer"])
+    return Resumed(step=int(own["step"]), position=int(own["position"]), tokens=int(own["tokens"]),
+                   samples=int(own["samples"]), exact=exact)
+
+
+def clear_checkpoints(directory: str | Path) -> None:
+    """Remove every checkpoint under ``directory`` (a fresh run)."""
+    shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,103 @@
+"""Training data for the workers: seeded synthetic tokens or a memory-mapped token file.
+
+Sits under :mod:`adaptis.worker.executor`. A source is addressed by a *position* (the number of
+sequences consumed so far), which is all a checkpoint needs to resume the data stream exactly.
+Each step takes ``microbatches * microbatch_size`` sequences of ``sequence_length + 1`` tokens;
+inputs are the first ``sequence_length`` tokens and targets the last ``sequence_length``.
+
+The synthetic stream is learnable on purpose (a progress bar that shows a falling loss is a
+better smoke test than noise): a seeded Markov chain over a small active vocabulary, where
+each token is followed by its fixed successor three times out of four.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from adaptis.api.job import DataSpec
+from adaptis.worker.errors import DataError
+
+__all__ = ["Batch", "DataSource", "SyntheticTokens", "TokenFile", "open_source"]
+
+_ACTIVE_VOCAB = 512
+_FOLLOW = 0.75
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One step's sequences: ``inputs`` and ``targets`` are int64 ``[sequences, seq_len]``."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+
+
+class DataSource(Protocol):
+    def batch(self, *, position: int, sequences: int) -> Batch: ...
+
+
+class SyntheticTokens:
+    """Seeded Markov tokens; a batch depends only on (seed, position, sequences)."""
+
+    def __init__(self, *, vocab_size: int, sequence_length: int, seed: int) -> None:
+        self.vocab_size = vocab_size
+        self.sequence_length = sequence_length
+        self.seed = seed
+        gen = torch.Generator().manual_seed(seed)
+        n = min(_ACTIVE_VOCAB, vocab_size)
+        self._active = torch.randperm(vocab_size, generator=gen)[:n]
+        self._successor = torch.randperm(n, generator=gen)
+
+    def batch(self, *, position: int, sequences: int) -> Batch:
+        gen = torch.Generator().manual_seed(self.seed * 7_919 + position)
+        n = self._active.numel()
+        steps = self.sequence_length + 1
+        idx = torch.empty(sequences, steps, dtype=torch.long)
+        idx[:, 0] = torch.randint(n, (sequences,), generator=gen)
+        jump = torch.randint(n, (sequences, steps), generator=gen)
+        follow = torch.rand(sequences, steps, generator=gen) < _FOLLOW
+        for t in range(1, steps):
+            idx[:, t] = torch.where(follow[:, t], self._successor[idx[:, t - 1]], jump[:, t])
+        tokens = self._active[idx]
+        return Batch(inputs=tokens[:, :-1].contiguous(), targets=tokens[:, 1:].contiguous())
+
+
+class TokenFile:
+    """A flat file of token ids, memory-mapped; sequence ``i`` starts at ``i * seq_len`` and the
+    stream wraps around at the end of the file."""
+
+    def __init__(self, *, path: str, dtype: str, vocab_size: int, sequence_length: int) -> None:
+        p = Path(path)
+        if not p.is_file():
+            raise DataError(f"token file {p} does not exist")
+        self._tokens = np.memmap(p, dtype=np.dtype(dtype), mode="r")
+        self.sequence_length = sequence_length
+        self.vocab_size = vocab_size
+        self._count = (len(self._tokens) - 1) // sequence_length
+        if self._count < 1:
+            raise DataError(f"token file {p} holds {len(self._tokens)} tokens; "
+                            f"need at least {sequence_length + 1}")
+
+    def batch(self, *, position: int, sequences: int) -> Batch:
+        rows = []
+        for i in range(position, position + sequences):
+            start = (i % self._count) * self.sequence_length
+            rows.append(np.asarray(self._tokens[start : start + self.sequence_length + 1], dtype=np.int64))
+        tokens = torch.from_numpy(np.stack(rows))
+        if int(tokens.max()) >= self.vocab_size:
+            raise DataError(f"token file holds id {int(tokens.max())} >= vocab_size {self.vocab_size}")
+        return Batch(inputs=tokens[:, :-1].contiguous(), targets=tokens[:, 1:].contiguous())
+
+
+def open_source(spec: DataSpec, *, vocab_size: int, sequence_length: int, seed: int) -> DataSource:
+    """The data source a job's ``training.data`` describes."""
+    if spec.source == "token-file":
+        if spec.path is None:
+            raise DataError("training.data.path is required for a token file")
+        return TokenFile(path=spec.path, dtype=spec.dtype, vocab_size=vocab_size,
+                         sequence_length=sequence_length)
+    return SyntheticTokens(vocab_size=vocab_size, sequence_length=sequence_length, seed=seed)

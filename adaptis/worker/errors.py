@@ -1,0 +1,30 @@
+"""The worker layer's error vocabulary (models, executor, checkpoints, the local launcher)."""
+
+from __future__ import annotations
+
+__all__ = ["CheckpointError", "DataError", "PlanMismatchError", "RankFailedError", "WorkerError"]
+
+
+class WorkerError(Exception):
+    """The worker cannot do what its configuration asks."""
+
+
+class PlanMismatchError(WorkerError):
+    """The plan does not fit the model or the world (layer count, devices, microbatches)."""
+
+
+class DataError(WorkerError):
+    """The data source cannot deliver a batch (missing or too small token file)."""
+
+
+class CheckpointError(WorkerError):
+    """A checkpoint cannot be written or does not match the job it is loaded into."""
+
+
+class RankFailedError(WorkerError):
+    """A rank of a local run exited abnormally; ``rank`` and ``cause`` say which and why."""
+
+    def __init__(self, message: str, *, rank: int, cause: str) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.cause = cause

@@ -1,0 +1,142 @@
+"""Prometheus metrics of one worker rank, served over HTTP (prometheus-client).
+
+Sits beside the run loop (:mod:`adaptis.worker.runner`), which calls :meth:`WorkerMetrics.record`
+after every step. The names are a contract with the Helm chart and the Grafana dashboard; do
+not rename them. Labels are exactly ``adaptis_job`` and ``rank``: no per-step or per-microbatch
+labels. Base units, ``_total`` counters, ratios in 0-1.
+
+``adaptis_bubble_ratio`` is this rank's idle share of the last iteration; since every rank
+shares one iteration time, the job's bubble ratio is the mean over ranks, which is what the
+plan's ``adaptis_predicted_bubble_ratio`` predicts.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from adaptis.worker.executor import StepStats
+
+__all__ = ["METRIC_NAMES", "WorkerMetrics"]
+
+log = logging.getLogger(__name__)
+
+LABELS = ("adaptis_job", "rank")
+
+#: Every metric family this module exports (the contract with charts/ and Grafana).
+METRIC_NAMES: tuple[str, ...] = (
+    "adaptis_busy_seconds_total",
+    "adaptis_idle_seconds_total",
+    "adaptis_bubble_ratio",
+    "adaptis_predicted_bubble_ratio",
+    "adaptis_predicted_iteration_seconds",
+    "adaptis_step_duration_seconds",
+    "adaptis_tokens_total",
+    "adaptis_samples_total",
+    "adaptis_steps_total",
+    "adaptis_loss",
+    "adaptis_peak_memory_bytes",
+    "adaptis_sent_bytes_total",
+    "adaptis_received_bytes_total",
+)
+
+_STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Families:
+    busy: Counter
+    idle: Counter
+    bubble: Gauge
+    predicted_bubble: Gauge
+    predicted_iteration: Gauge
+    step_duration: Histogram
+    tokens: Counter
+    samples: Counter
+    steps: Counter
+    loss: Gauge
+    peak_memory: Gauge
+    sent: Counter
+    received: Counter
+
+
+class WorkerMetrics:
+    """This rank's metric families in their own registry (no process-global state)."""
+
+    def __init__(self, *, job: str, rank: int) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        # prometheus-client appends _total to counters itself: name them without it.
+        f = _Families(
+            busy=Counter("adaptis_busy_seconds", "Compute time of this rank (F, B, W actions).", LABELS, registry=r),
+            idle=Counter("adaptis_idle_seconds", "Idle time of this rank within iterations (pipeline bubble).",
+                         LABELS, registry=r),
+            bubble=Gauge("adaptis_bubble_ratio", "Idle share of this rank in the last iteration (0-1).",
+                         LABELS, registry=r),
+            predicted_bubble=Gauge("adaptis_predicted_bubble_ratio",
+                                   "Bubble ratio the planner predicts for the plan (0-1).", LABELS, registry=r),
+            predicted_iteration=Gauge("adaptis_predicted_iteration_seconds",
+                                      "Iteration time the planner predicts for the plan.", LABELS, registry=r),
+            step_duration=Histogram("adaptis_step_duration_seconds",
+                                    "Wall time of a training step on this rank, optimizer included.",
+                                    LABELS, registry=r, buckets=_STEP_BUCKETS),
+            tokens=Counter("adaptis_tokens", "Tokens trained.", LABELS, registry=r),
+            samples=Counter("adaptis_samples", "Sequences trained.", LABELS, registry=r),
+            steps=Counter("adaptis_steps", "Training steps completed.", LABELS, registry=r),
+            loss=Gauge("adaptis_loss", "Training loss of the last step (mean over its batch).", LABELS, registry=r),
+            peak_memory=Gauge("adaptis_peak_memory_bytes",
+                              "Peak memory of this rank (device allocator on GPU, RSS on CPU).", LABELS, registry=r),
+            sent=Counter("adaptis_sent_bytes", "Bytes this rank sent to other ranks.", LABELS, registry=r),
+            received=Counter("adaptis_received_bytes", "Bytes this rank received from other ranks.",
+                             LABELS, registry=r),
+        )
+        self._f = f
+        self._labels = {"adaptis_job": job, "rank": str(rank)}
+        for fam in (f.busy, f.idle, f.bubble, f.predicted_bubble, f.predicted_iteration, f.step_duration,
+                    f.tokens, f.samples, f.steps, f.loss, f.peak_memory, f.sent, f.received):
+            fam.labels(**self._labels)  # export zeros before the first step
+        self._server: WSGIServer | None = None
+
+    def set_prediction(self, *, bubble_ratio: float | None, iteration_seconds: float | None) -> None:
+        if bubble_ratio is not None:
+            self._f.predicted_bubble.labels(**self._labels).set(bubble_ratio)
+        if iteration_seconds is not None:
+            self._f.predicted_iteration.labels(**self._labels).set(iteration_seconds)
+
+    def record(self, stats: StepStats, *, tokens: int, samples: int) -> None:
+        f, lab = self._f, self._labels
+        f.busy.labels(**lab).inc(stats.busy_seconds[stats.rank])
+        f.idle.labels(**lab).inc(stats.idle_seconds)
+        f.bubble.labels(**lab).set(stats.rank_bubble_ratio)
+        f.step_duration.labels(**lab).observe(stats.step_seconds)
+        f.tokens.labels(**lab).inc(tokens)
+        f.samples.labels(**lab).inc(samples)
+        f.steps.labels(**lab).inc()
+        f.loss.labels(**lab).set(stats.loss)
+        f.peak_memory.labels(**lab).set(stats.peak_memory_bytes)
+        f.sent.labels(**lab).inc(stats.sent_bytes)
+        f.received.labels(**lab).inc(stats.received_bytes)
+
+    def restore(self, *, steps: int, tokens: int, samples: int) -> None:
+        """After a resume, counters continue from the checkpoint's totals (not from zero)."""
+        f, lab = self._f, self._labels
+        f.steps.labels(**lab).inc(steps)
+        f.tokens.labels(**lab).inc(tokens)
+        f.samples.labels(**lab).inc(samples)
+
+    def serve(self, *, port: int, addr: str = "0.0.0.0") -> int:
+        """Serve ``/metrics`` on ``port`` (0: any free port); returns the bound port."""
+        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        self._server = server
+        bound = int(server.server_address[1])
+        log.info("metrics on http://%s:%d/metrics", addr, bound)
+        return bound
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,270 @@
+"""The ONE adapter over torch.distributed.pipelining's private runtime (torch 2.11 and 2.13).
+
+Sits under :mod:`adaptis.worker.executor`; nothing else in AdaPtis imports a private torch
+name. It hands torch's ``_PipelineScheduleRuntime`` one process's stages and *every* rank's
+action list; torch infers the stage-to-rank placement from the lists, inserts the sends and
+receives, and runs them. Why torch's runtime and not our own: it already runs arbitrary,
+uneven and non-contiguous placements with any number of stages per rank, and its B/W split
+(``I`` then ``W``) reuses the autograd graph instead of recomputing it. Its limits are ones our
+plans respect: it only talks between consecutive stages (ours are contiguous layer ranges) and
+every stage runs every microbatch. Known deviations, which the performance model must know:
+on the first stage ``I`` computes nothing and ``W`` does the whole backward, and a split
+microbatch keeps its saved activations until its ``W``.
+
+Kinds map as: plan ``F`` -> torch ``F``; ``B`` (input gradient) -> ``I``; ``W`` -> ``W``;
+``BW`` (fused) -> ``B``. Each compute call is timed through a :class:`ActionTimer` so busy and
+idle time per rank are measured, not inferred.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining import schedules as _schedules
+
+from adaptis.worker.errors import PlanMismatchError
+
+__all__ = ["ActionTimer", "CudaActionTimer", "PipelineRuntime", "StageShapes", "TORCH_KIND", "WallActionTimer"]
+
+log = logging.getLogger(__name__)
+
+#: Plan action kind -> torch computation type.
+TORCH_KIND: dict[str, str] = {"F": "F", "B": "I", "W": "W", "BW": "B"}
+
+
+class ActionTimer:
+    """Accumulates busy seconds per action kind over one step."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.counts.clear()
+
+    @contextmanager
+    def measure(self, kind: str) -> Iterator[None]:
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+    def collect(self) -> dict[str, float]:
+        """Busy seconds per kind since the last reset (waits for the device where needed)."""
+        return dict(self.seconds)
+
+    @property
+    def busy(self) -> float:
+        return sum(self.collect().values())
+
+
+class WallActionTimer(ActionTimer):
+    """Wall-clock timing: exact on CPU, where compute is synchronous."""
+
+    @contextmanager
+    def measure(self, kind: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - start
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+
+
+class CudaActionTimer(ActionTimer):
+    """CUDA events around each action; summed at :meth:`collect` without per-action syncs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+
+    def reset(self) -> None:
+        super().reset()
+        self._events.clear()
+
+    @contextmanager
+    def measure(self, kind: str) -> Iterator[None]:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        try:
+            yield
+        finally:
+            end.record()
+            self._events.append((kind, start, end))
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+
+    def collect(self) -> dict[str, float]:
+        if self._events:
+            self._events[-1][2].synchronize()
+            for kind, start, end in self._events:
+                self.seconds[kind] = self.seconds.get(kind, 0.0) + start.elapsed_time(end) / 1e3
+            self._events.clear()
+        return dict(self.seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class StageShapes:
+    """Static shapes of every microbatch boundary, so no shape-inference step is needed."""
+
+    microbatch_size: int
+    sequence_length: int
+    hidden: int
+    vocab_size: int
+    dtype: torch.dtype = torch.float32
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def example_input(self, *, first: bool) -> torch.Tensor:
+        b, s = self.microbatch_size, self.sequence_length
+        if first:
+            return torch.zeros(b, s, dtype=torch.long, device=self.device)
+        # requires_grad matters (inputs and outputs): without it torch silently skips the
+        # gradient transfer of that boundary.
+        return torch.zeros(b, s, self.hidden, dtype=self.dtype, device=self.device, requires_grad=True)
+
+    def example_output(self, *, last: bool) -> torch.Tensor:
+        width = self.vocab_size if last else self.hidden
+        return torch.zeros(self.microbatch_size, self.sequence_length, width, dtype=self.dtype,
+                           device=self.device, requires_grad=True)
+
+
+class _Runtime(_schedules._PipelineScheduleRuntime):
+    """torch's runtime with losses kept per microbatch index: torch's own list assumes the
+    last stage runs its forwards in microbatch order, which a plan need not do."""
+
+    def __init__(self, *args: Any, loss_by_mb: dict[int, torch.Tensor], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._loss_by_mb = loss_by_mb
+
+    def _maybe_compute_loss(self, stage: Any, output: Any, target_mbs: Any, mb_index: int,
+                            *_rest: Any, **_kw: Any) -> None:
+        if stage.is_last and self._loss_fn is not None:
+            self._loss_by_mb[mb_index] = self._loss_fn(output, target_mbs[mb_index])
+
+    def _maybe_get_loss(self, stage: Any, mb_index: int) -> torch.Tensor | None:
+        if stage.is_last and self._loss_fn is not None:
+            return self._loss_by_mb[mb_index]
+        return None
+
+
+def _skip_self_warmup(stage: PipelineStage) -> None:
+    """torch 2.11 warms up the neighbours of every stage with a send and a receive, also when
+    the neighbour stage sits on this very rank (looped and V placements), and gloo has no
+    connection to itself. Drop the ops whose peer is this rank; both ends of such a pair are
+    local, so the warm-up stays matched. torch 2.13's vote protocol never calls this."""
+    original = stage._get_init_p2p_neighbors_ops
+    me = dist.get_rank()
+
+    def filtered() -> list[dist.P2POp]:
+        return [op for op in original() if getattr(op, "peer", None) != me]
+
+    stage._get_init_p2p_neighbors_ops = filtered  # type: ignore[method-assign]
+
+
+def _timed(fn: Callable[..., Any], timer: ActionTimer, kind_of: Callable[..., str]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with timer.measure(kind_of(*args, **kwargs)):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+class PipelineRuntime:
+    """One rank's share of a plan, runnable step after step.
+
+    ``stage_ids`` are the global stage indices of ``modules`` (this rank's stages);
+    ``actions[r]`` every rank's list of ``(kind, stage, microbatch)`` with plan kinds.
+    """
+
+    def __init__(
+        self,
+        *,
+        modules: Sequence[nn.Module],
+        stage_ids: Sequence[int],
+        num_stages: int,
+        actions: Sequence[Sequence[tuple[str, int, int]]],
+        microbatches: int,
+        shapes: StageShapes,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        timer: ActionTimer,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        self.timer = timer
+        self.losses: dict[int, torch.Tensor] = {}
+        self.holds_first = 0 in stage_ids
+        self.holds_last = num_stages - 1 in stage_ids
+        self._stages: list[PipelineStage] = []
+        for module, sid in zip(modules, stage_ids, strict=True):
+            stage = PipelineStage(
+                module, sid, num_stages, shapes.device,
+                input_args=shapes.example_input(first=sid == 0),
+                output_args=shapes.example_output(last=sid == num_stages - 1),
+                group=group,
+            )
+            self._instrument(stage)
+            _skip_self_warmup(stage)
+            self._stages.append(stage)
+
+        def timed_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            # The loss belongs to the head's forward: count it as F time.
+            with timer.measure("F"):
+                return loss_fn(output, target)
+
+        self._schedule = _Runtime(
+            self._stages, microbatches, loss_fn=timed_loss, scale_grads=False,
+            loss_by_mb=self.losses,
+        )
+        lists: dict[int, list[Any]] = {}
+        for rank, acts in enumerate(actions):
+            try:
+                lists[rank] = [
+                    _schedules._Action(int(s), _schedules._ComputationType(TORCH_KIND[k]), int(mb))
+                    for k, s, mb in acts
+                ]
+            except KeyError as err:
+                raise PlanMismatchError(f"plan: rank {rank}: unknown action kind {err}") from None
+        try:
+            self._schedule._prepare_schedule_with_comms(lists)
+        except (AssertionError, RuntimeError, ValueError) as err:
+            raise PlanMismatchError(f"torch pipelining rejected the plan: {err}") from err
+        self._step_accepts_return_outputs = (
+            "return_outputs" in inspect.signature(self._schedule.step).parameters
+        )
+
+    def _instrument(self, stage: PipelineStage) -> None:
+        t = self.timer
+        stage.forward_one_chunk = _timed(stage.forward_one_chunk, t, lambda *a, **k: "F")  # type: ignore[method-assign]
+        stage.backward_one_chunk = _timed(  # type: ignore[method-assign]
+            stage.backward_one_chunk, t,
+            lambda *a, **k: "BW" if k.get("full_backward", a[2] if len(a) > 2 else True) else "B",
+        )
+        stage.backward_weight_one_chunk = _timed(  # type: ignore[method-assign]
+            stage.backward_weight_one_chunk, t, lambda *a, **k: "W"
+        )
+
+    def step(self, *, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> None:
+        """Run every action of this rank for one batch; gradients accumulate in ``.grad``.
+
+        ``inputs`` (token ids of the whole batch) only on the rank holding stage 0, ``targets``
+        only on the rank holding the last stage; the others pass None.
+        """
+        self.losses.clear()
+        args = (inputs,) if self.holds_first and inputs is not None else ()
+        kwargs: dict[str, Any] = {}
+        if self.holds_last:
+            kwargs["target"] = targets
+        if self._step_accepts_return_outputs:
+            kwargs["return_outputs"] = False
+        self._schedule.step(*args, **kwargs)
+
+    def loss_sum(self) -> float:
+        """Sum of this step's (scaled) microbatch losses; 0 on ranks without the last stage."""
+        return float(sum(loss.detach().float().item() for loss in self.losses.values()))

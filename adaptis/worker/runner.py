@@ -1,0 +1,162 @@
+"""One rank's whole run: process group, executor, metrics server, checkpoints, the step loop.
+
+Sits between the CLI (``adaptis worker``, the pods' entry point, and the ranks ``adaptis run``
+launches) and the executor. It reports progress as events: one JSON object per line on stdout,
+prefixed ``ADAPTIS_EVENT`` (``start`` with the metrics port and the resumed step, ``step`` with
+the step's loss, times and bubble ratios, ``done`` with the totals), which the local launcher
+parses and a pod's log keeps.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TextIO
+
+import torch
+import torch.distributed as dist
+
+from adaptis.api.job import WorkerConfig
+from adaptis.api.problem import TIME_UNIT_SECONDS
+from adaptis.worker.checkpoint import latest_common_step, load_checkpoint, save_checkpoint
+from adaptis.worker.data import open_source
+from adaptis.worker.executor import Executor, StepStats
+from adaptis.worker.metrics import WorkerMetrics
+
+__all__ = ["EVENT_PREFIX", "Emit", "RankEnv", "print_events", "run_worker"]
+
+log = logging.getLogger(__name__)
+
+EVENT_PREFIX = "ADAPTIS_EVENT "
+Emit = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RankEnv:
+    """Where this rank sits, as torch's launchers describe it (RANK, WORLD_SIZE, MASTER_*)."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    local_rank: int = 0
+    timeout_s: float = 300.0
+    metrics_port: int | None = None  # overrides the config's (local ranks share one host)
+    device: str | None = None  # "cpu" or "cuda"; None: CUDA when available
+
+    @classmethod
+    def from_environ(cls, env: dict[str, str] | None = None) -> RankEnv:
+        e = dict(os.environ if env is None else env)
+        try:
+            return cls(rank=int(e.get("RANK", "0")), world_size=int(e.get("WORLD_SIZE", "1")),
+                       master_addr=e.get("MASTER_ADDR", "127.0.0.1"),
+                       master_port=int(e.get("MASTER_PORT", "29500")),
+                       local_rank=int(e.get("LOCAL_RANK", "0")),
+                       timeout_s=float(e.get("ADAPTIS_PG_TIMEOUT", "300")),
+                       metrics_port=int(e["ADAPTIS_METRICS_PORT"]) if e.get("ADAPTIS_METRICS_PORT") else None,
+                       device=e.get("ADAPTIS_DEVICE") or None)
+        except ValueError as err:
+            raise ValueError(f"bad rank environment (RANK, WORLD_SIZE, MASTER_PORT): {err}") from None
+
+
+def print_events(stream: TextIO = sys.stdout) -> Emit:
+    def emit(event: dict[str, Any]) -> None:
+        stream.write(EVENT_PREFIX + json.dumps(event) + "\n")
+        stream.flush()
+
+    return emit
+
+
+def _device(env: RankEnv) -> torch.device:
+    if env.device == "cpu":
+        return torch.device("cpu")
+    if env.device == "cuda" or torch.cuda.is_available():
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank)
+    return torch.device("cpu")
+
+
+def run_worker(config: WorkerConfig, *, env: RankEnv, emit: Emit, linger_s: float = 0.0) -> dict[str, Any]:
+    """Train this rank to ``config.training.steps``; returns the final ``done`` event.
+
+    ``linger_s``: keep serving metrics that long after the last step, so a scrape (Prometheus,
+    a test) sees the final values before the process exits."""
+    device = _device(env)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        init_method=f"tcp://{env.master_addr}:{env.master_port}",
+        rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=env.timeout_s),
+    )
+    metrics: WorkerMetrics | None = None
+    try:
+        executor = Executor(config, rank=env.rank, world_size=env.world_size, device=device)
+        metrics = WorkerMetrics(job=config.job_name, rank=env.rank)
+        predicted = executor.plan.predicted
+        pred_bubble = predicted.bubble_ratio if predicted else None
+        pred_iter = predicted.iteration_time * TIME_UNIT_SECONDS[predicted.time_unit] if predicted else None
+        metrics.set_prediction(bubble_ratio=pred_bubble, iteration_seconds=pred_iter)
+        want = env.metrics_port if env.metrics_port is not None else config.metrics_port
+        port = metrics.serve(port=want) if want is not None else None
+        done = _loop(config, env=env, executor=executor, metrics=metrics, emit=emit, port=port,
+                     predicted=(pred_bubble, pred_iter))
+        if linger_s > 0 and port is not None:
+            time.sleep(linger_s)
+        return done
+    finally:
+        if metrics is not None:
+            metrics.close()
+        dist.destroy_process_group()
+
+
+def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: WorkerMetrics,
+          emit: Emit, port: int | None, predicted: tuple[float | None, float | None]) -> dict[str, Any]:
+    t = config.training
+    per_step = t.microbatches * t.microbatch_size
+    tokens_per_step = per_step * t.sequence_length
+    step = position = tokens = samples = 0
+    ckpt = config.checkpoint_dir
+    if ckpt:
+        found = latest_common_step(ckpt, rank=env.rank)
+        if found is not None:
+            resumed = load_checkpoint(ckpt, executor=executor, step=found)
+            step, position, tokens, samples = resumed.step, resumed.position, resumed.tokens, resumed.samples
+            metrics.restore(steps=step, tokens=tokens, samples=samples)
+            log.info("rank %d resumed from the checkpoint of step %d", env.rank, step)
+    needs_data = executor.holds_first or executor.holds_last
+    source = open_source(t.data, vocab_size=config.model.vocab_size, sequence_length=t.sequence_length,
+                         seed=t.seed) if needs_data else None
+    emit({"event": "start", "rank": env.rank, "world_size": env.world_size, "pid": os.getpid(),
+          "metrics_port": port, "resumed_step": step, "stages": executor.stage_ids,
+          "predicted_bubble_ratio": predicted[0], "predicted_iteration_seconds": predicted[1]})
+    started = time.perf_counter()
+    last: StepStats | None = None
+    while step < t.steps:
+        batch = source.batch(position=position, sequences=per_step) if source is not None else None
+        last = executor.step(batch)
+        step += 1
+        position += per_step
+        tokens += tokens_per_step
+        samples += per_step
+        metrics.record(last, tokens=tokens_per_step, samples=per_step)
+        emit({"event": "step", "rank": env.rank, "step": step, "loss": last.loss,
+              "tokens_per_second": tokens_per_step / last.step_seconds,
+              "step_seconds": last.step_seconds, "iteration_seconds": last.iteration_seconds,
+              "bubble_ratio": last.bubble_ratio, "rank_bubble_ratio": last.rank_bubble_ratio,
+              "busy_seconds": last.busy_seconds[env.rank], "idle_seconds": last.idle_seconds,
+              "grad_norm": last.grad_norm, "tokens": tokens, "samples": samples,
+              "sent_bytes": last.sent_bytes, "received_bytes": last.received_bytes,
+              "peak_memory_bytes": last.peak_memory_bytes,
+              "predicted_bubble_ratio": predicted[0], "predicted_iteration_seconds": predicted[1]})
+        if ckpt and config.checkpoint_every and step % config.checkpoint_every == 0:
+            save_checkpoint(ckpt, executor=executor, step=step, position=position, tokens=tokens,
+                            samples=samples)
+    done = {"event": "done", "rank": env.rank, "steps": step, "tokens": tokens, "samples": samples,
+            "seconds": time.perf_counter() - started, "loss": last.loss if last else None}
+    emit(done)
+    return done

@@ -1,0 +1,99 @@
+"""Executor in one process (a real 1-rank gloo group): plan checks, several stages on one rank
+with split B/W against the reference, clipping and the optimizer step, transfer accounting."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from worker_harness import SMALL_MODEL, free_port
+
+from adaptis.api.job import TrainingSpec, WorkerConfig
+from adaptis.api.plan import Plan
+from adaptis.worker.data import SyntheticTokens
+from adaptis.worker.errors import PlanMismatchError
+from adaptis.worker.executor import Executor, transfer_bytes
+from adaptis.worker.reference import reference_step
+
+TRAIN = TrainingSpec(microbatches=3, microbatch_size=2, sequence_length=8, grad_clip=None, seed=5)
+N_LAYERS = 5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_rank_group() -> Iterator[None]:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=30))
+    yield
+    dist.destroy_process_group()
+
+
+def _config(plan: Plan, training: TrainingSpec = TRAIN) -> WorkerConfig:
+    return WorkerConfig(model=SMALL_MODEL, training=training, plan=plan.model_dump(mode="json"))
+
+
+def _three_stages_split() -> Plan:
+    m = TRAIN.microbatches
+    acts = [(k, s, mb) for mb in range(m) for k, s in (("F", 0), ("F", 1), ("F", 2))]
+    acts += [(k, s, mb) for mb in reversed(range(m)) for k, s in (("B", 2), ("B", 1), ("B", 0))]
+    acts += [("W", s, mb) for mb in range(m) for s in range(3)]
+    return Plan(stages=[(0, 2), (2, 3), (3, 5)], placement=[[0, 1, 2]], actions=[acts])
+
+
+def test_three_stages_on_one_rank_match_the_reference() -> None:
+    ex = Executor(_config(_three_stages_split()), rank=0, world_size=1, device=torch.device("cpu"))
+    batch = SyntheticTokens(vocab_size=SMALL_MODEL.vocab_size, sequence_length=8, seed=5).batch(
+        position=0, sequences=6)
+    stats = ex.step(batch)
+    ref = reference_step(SMALL_MODEL, TRAIN, batch=batch)
+    assert stats.loss == pytest.approx(ref.loss, rel=1e-6)
+    grads = {k: p.grad for k, p in ex.named_parameters().items()}
+    for name, g in ref.grads.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-7)
+    assert set(stats.busy_by_kind) == {"F", "B", "W"} and stats.busy_seconds[0] > 0
+    assert stats.sent_bytes == stats.received_bytes == 0  # one rank: nothing crosses
+    assert 0.0 <= stats.bubble_ratio < 1.0
+
+
+def test_clipping_bounds_the_update_and_training_lowers_the_loss() -> None:
+    clipped = TRAIN.model_copy(update={"grad_clip": 1e-3})
+    ex = Executor(_config(_three_stages_split(), clipped), rank=0, world_size=1, device=torch.device("cpu"))
+    src = SyntheticTokens(vocab_size=SMALL_MODEL.vocab_size, sequence_length=8, seed=5)
+    before = {k: p.detach().clone() for k, p in ex.named_parameters().items()}
+    stats = ex.step(src.batch(position=0, sequences=6))
+    assert stats.grad_norm > 1e-3
+    total = sum(float(p.grad.double().pow(2).sum()) for p in ex.params if p.grad is not None) ** 0.5
+    assert total == pytest.approx(1e-3, rel=1e-3)  # the gradients were scaled to the bound
+    assert any(not torch.equal(before[k], p) for k, p in ex.named_parameters().items())
+    free = Executor(_config(_three_stages_split(), TRAIN.model_copy(update={"grad_clip": 1.0})), rank=0,
+                    world_size=1, device=torch.device("cpu"))
+    losses = [free.step(src.batch(position=0, sequences=6)).loss for _ in range(6)]
+    assert losses[-1] < losses[0]
+
+
+def test_plans_that_do_not_fit_the_model_or_world_are_rejected() -> None:
+    short = Plan(stages=[(0, 4)], placement=[[0]],
+                 actions=[[(k, 0, mb) for k in ("F", "BW") for mb in range(3)]])
+    with pytest.raises(PlanMismatchError, match="model has 5"):
+        Executor(_config(short), rank=0, world_size=1, device=torch.device("cpu"))
+    two = Plan(stages=[(0, 2), (2, 5)], placement=[[0], [1]],
+               actions=[[("F", 0, mb) for mb in range(3)] + [("BW", 0, mb) for mb in range(3)],
+                        [("F", 1, mb) for mb in range(3)] + [("BW", 1, mb) for mb in range(3)]])
+    with pytest.raises(PlanMismatchError, match="devices"):
+        Executor(_config(two), rank=0, world_size=1, device=torch.device("cpu"))
+    with pytest.raises(PlanMismatchError):
+        Executor(WorkerConfig(model=SMALL_MODEL, training=TRAIN, plan={"stages": "nonsense"}),
+                 rank=0, world_size=1, device=torch.device("cpu"))
+
+
+def test_transfer_bytes_count_cross_rank_boundaries_only() -> None:
+    plan = Plan(stages=[(0, 1), (1, 3), (3, 4), (4, 5)], placement=[[0, 3], [1, 2]],
+                actions=[[("F", 0, 0), ("F", 3, 0), ("BW", 3, 0), ("BW", 0, 0)],
+                         [("F", 1, 0), ("F", 2, 0), ("B", 2, 0), ("W", 2, 0), ("B", 1, 0), ("W", 1, 0)]])
+    # rank 0: F0 sends, F3 receives, BW3 sends a gradient back, BW0 receives one.
+    assert transfer_bytes(plan, rank=0, activation_bytes=10) == (20, 20)
+    # rank 1: F1 receives, F2 sends; B2 receives, B1 sends (1->2 stays on the rank).
+    assert transfer_bytes(plan, rank=1, activation_bytes=10) == (20, 20)

@@ -1,0 +1,143 @@
+"""Helpers of the worker tests: real gloo process groups in spawned processes, fail-fast.
+
+Not a test module. ``run_ranks`` spawns one process per rank (torch.multiprocessing, spawn),
+joins them with a deadline and kills them all when one fails or the deadline passes, so a
+pipeline that deadlocks fails the test in seconds instead of hanging the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, TrainingSpec, WorkerConfig
+from adaptis.api.plan import Plan
+
+PARITY_MODEL = ModelSpec(
+    vocab_size=512, hidden=32, heads=4, tie_embeddings=True,
+    blocks=[BlockSpec(kind="mamba", count=3), BlockSpec(kind="attention", count=2),
+            BlockSpec(kind="moe", count=2, experts=4, top_k=2), BlockSpec(kind="dense", count=1)],
+)
+PARITY_TRAINING = TrainingSpec(microbatches=8, microbatch_size=2, sequence_length=16, grad_clip=None, seed=3)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_gloo(rank: int, world: int, port: int, *, timeout_s: float = 60.0) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=timeout_s))
+
+
+def run_ranks(fn: Any, *, world: int, args: tuple[Any, ...], timeout_s: float) -> None:
+    """Run ``fn(rank, world, port, *args)`` on ``world`` spawned processes; raise on any failure
+    or when the deadline passes (all processes are killed either way)."""
+    port = free_port()
+    ctx = mp.start_processes(fn, args=(world, port, *args), nprocs=world, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ctx.join(timeout=0.5):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{world} ranks did not finish within {timeout_s:.0f} s (hang?)")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+        for p in ctx.processes:
+            p.join(5)
+
+
+def parity_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: str) -> None:
+    """Every case of ``cases_file`` through the executor: one step, grads dumped per rank."""
+    from adaptis.worker.data import SyntheticTokens
+    from adaptis.worker.executor import Executor
+
+    init_gloo(rank, world, port)
+    for case in json.loads(Path(cases_file).read_text()):
+        cfg = WorkerConfig.model_validate(case["config"])
+        t = cfg.training
+        ex = Executor(cfg, rank=rank, world_size=world, device=torch.device("cpu"))
+        data = SyntheticTokens(vocab_size=cfg.model.vocab_size, sequence_length=t.sequence_length, seed=t.seed)
+        stats = ex.step(data.batch(position=0, sequences=t.microbatches * t.microbatch_size))
+        grads = {k: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
+                 for k, p in ex.named_parameters().items()}
+        torch.save({"loss": stats.loss, "norm": stats.grad_norm, "grads": grads,
+                    "busy": stats.busy_seconds, "iteration": stats.iteration_seconds},
+                   Path(out_dir) / f"{case['name']}-{rank}.pt")
+    dist.destroy_process_group()
+
+
+def write_cases(path: Path, cases: dict[str, Plan], *, model: ModelSpec = PARITY_MODEL,
+                training: TrainingSpec = PARITY_TRAINING) -> None:
+    docs = [{"name": name, "config": WorkerConfig(model=model, training=training,
+                                                 plan=plan.model_dump(mode="json")).model_dump(mode="json")}
+            for name, plan in cases.items()]
+    path.write_text(json.dumps(docs))
+
+
+def job_spec(model: ModelSpec = PARITY_MODEL, training: TrainingSpec = PARITY_TRAINING) -> JobSpec:
+    return JobSpec(model=model, training=training)
+
+
+def topological_plan(*, stages: list[tuple[int, int]], placement: list[list[int]], microbatches: int,
+                     split: bool, defer_w: bool, lag: int | None = None) -> Plan:
+    """A hand-written plan for any placement: each rank runs its share of one global order (all
+    F by microbatch then stage, then backward by microbatch and reverse stage), which cannot
+    deadlock; ``split`` uses B then W, ``defer_w`` pushes every W to the end of its rank;
+    ``lag`` interleaves instead: the backward of microbatch ``t - lag`` follows the forward of
+    ``t`` (a 1F1B-like order for any placement)."""
+    owner = {s: d for d, mine in enumerate(placement) for s in mine}
+    acts: list[list[tuple[str, int, int]]] = [[] for _ in placement]
+    late: list[list[tuple[str, int, int]]] = [[] for _ in placement]
+    lag = microbatches if lag is None else lag
+    for t in range(microbatches + lag):
+        if t < microbatches:
+            for s in range(len(stages)):
+                acts[owner[s]].append(("F", s, t))
+        mb = t - lag
+        if mb < 0:
+            continue
+        for s in reversed(range(len(stages))):
+            d = owner[s]
+            if not split:
+                acts[d].append(("BW", s, mb))
+                continue
+            acts[d].append(("B", s, mb))
+            (late[d] if defer_w else acts[d]).append(("W", s, mb))
+    return Plan(stages=stages, placement=placement,
+                actions=[a + w for a, w in zip(acts, late, strict=True)])
+
+
+SMALL_MODEL = ModelSpec(
+    vocab_size=256, hidden=16, heads=2, tie_embeddings=True,
+    blocks=[BlockSpec(kind="mamba"), BlockSpec(kind="attention"), BlockSpec(kind="moe", experts=2, top_k=1)],
+)
+
+
+def small_config(*, steps: int, strategy: str = "1f1b", world: int = 2, checkpoint_dir: str | None = None,
+                 checkpoint_every: int = 0, metrics_port: int | None = None, job: str = "test") -> WorkerConfig:
+    """A tiny model, planned by the planner for ``world`` ranks: steps take tens of ms."""
+    from adaptis.planner.strategies import plan_strategy
+    from adaptis.worker.problem import estimate_problem
+
+    training = TrainingSpec(steps=steps, microbatches=4, microbatch_size=1, sequence_length=16, seed=1)
+    outcome = plan_strategy(estimate_problem(JobSpec(model=SMALL_MODEL, training=training), devices=world),
+                            strategy)
+    assert outcome.plan is not None
+    return WorkerConfig(job_name=job, model=SMALL_MODEL, training=training,
+                        plan=outcome.plan.model_dump(mode="json", exclude_none=True),
+                        metrics_port=metrics_port, checkpoint_dir=checkpoint_dir,
+                        checkpoint_every=checkpoint_every)
