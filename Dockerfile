@@ -1,0 +1,49 @@
+# syntax=docker/dockerfile:1
+# AdaPtis images, two targets from one file:
+#   docker build --target operator -t adaptis/operator:0.1.0 .   # kopf + Kubernetes client, no torch
+#   docker build --target worker   -t adaptis/worker:0.1.0 .     # torch (constraints.txt's pin)
+# Both install into /opt/adaptis with deploy/install-venv.sh and every package pinned in
+# deploy/constraints/<target>.txt; both run as the unprivileged user 10001 (the chart's
+# runAsUser) with `adaptis` as the entry point.
+# Pin the base by digest in a release pipeline (python:3.11.13-slim-bookworm@sha256:...).
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS base
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/adaptis \
+    PATH=/opt/adaptis/bin:$PATH
+RUN groupadd --system --gid 10001 adaptis \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin adaptis
+
+# The build stages see only what the package needs (.dockerignore keeps the rest out).
+FROM base AS source
+WORKDIR /src
+COPY pyproject.toml constraints.txt README.md ./
+COPY deploy/install-venv.sh deploy/install-venv.sh
+COPY deploy/constraints/ deploy/constraints/
+COPY adaptis/ adaptis/
+
+FROM source AS build-operator
+RUN sh deploy/install-venv.sh /opt/adaptis operator /src
+
+FROM source AS build-worker
+RUN sh deploy/install-venv.sh /opt/adaptis worker /src
+
+FROM base AS operator
+COPY --from=build-operator /opt/adaptis /opt/adaptis
+USER 10001:10001
+# 8080: kopf's liveness endpoint (/healthz); 8000: the operator's metrics, when enabled.
+EXPOSE 8080 8000
+ENTRYPOINT ["adaptis"]
+CMD ["operator", "--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz"]
+
+FROM base AS worker
+COPY --from=build-worker /opt/adaptis /opt/adaptis
+USER 10001:10001
+# 9400: Prometheus metrics (/metrics); 29500: torch.distributed rendezvous (MASTER_PORT).
+EXPOSE 9400 29500
+ENTRYPOINT ["adaptis"]
+CMD ["worker", "--config", "/etc/adaptis/worker.json"]

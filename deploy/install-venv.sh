@@ -1,0 +1,22 @@
+#!/bin/sh
+# Make the virtual environment of an AdaPtis image, the one way both the Dockerfile and the
+# tests (tests/charts/test_charts_image_venv.py, where no container engine runs) make it.
+#
+#   deploy/install-venv.sh VENV EXTRA [SOURCE]
+#
+# EXTRA is `operator` (kopf and the Kubernetes client, no torch) or `worker` (torch); every
+# package comes pinned from deploy/constraints/EXTRA.txt. SOURCE: the checkout (default `.`).
+set -eu
+venv=$1
+extra=$2
+src=${3:-.}
+case "$extra" in
+  operator|worker) ;;
+  *) echo "install-venv: EXTRA must be operator or worker, not '$extra'" >&2; exit 2 ;;
+esac
+python3 -m venv "$venv"
+# A non-editable install: the image holds a built copy of the package, not the source tree.
+"$venv/bin/pip" install --no-cache-dir --quiet \
+  --constraint "$src/deploy/constraints/$extra.txt" "$src[$extra]"
+# Nothing in the image needs pip at run time; leaving it out makes the operator image smaller.
+"$venv/bin/pip" uninstall --quiet --yes pip

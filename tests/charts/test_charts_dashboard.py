@@ -1,0 +1,72 @@
+"""The Grafana dashboard: datasource as a variable, and queries of exported metrics only.
+
+The exported names come from a real worker metrics registry (adaptis.worker.metrics, rendered in
+the Prometheus text format); tests/integration/test_prometheus_scrape.py also checks the
+dashboard against a running worker's /metrics and runs every query against real data.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import chartkit
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@cache
+def worker_samples() -> frozenset[str]:
+    """Sample names a worker's /metrics serves (counters with _total, histogram series)."""
+    from adaptis.worker.metrics import WorkerMetrics
+
+    text = generate_latest(WorkerMetrics(job="j", rank=0).registry).decode()
+    return frozenset(s.name for fam in text_string_to_metric_families(text) for s in fam.samples)
+
+
+def test_datasource_is_a_variable_used_by_every_panel() -> None:
+    board = chartkit.dashboard()
+    (ds,) = [v for v in board["templating"]["list"] if v["type"] == "datasource"]
+    assert ds["query"] == "prometheus"
+    ref = {"type": "prometheus", "uid": f"${{{ds['name']}}}"}
+    panels = [p for p in board["panels"] if p["type"] != "row"]
+    assert panels
+    for panel in panels:
+        assert panel["datasource"] == ref, panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == ref, panel["title"]
+
+
+def test_queries_read_only_exported_or_recorded_metrics() -> None:
+    queries = chartkit.dashboard_queries(chartkit.dashboard())
+    used: set[str] = set()
+    for title, expr in queries:
+        names = chartkit.promql_metric_names(expr)
+        assert names, f"{title}: no metric found in {expr!r}"
+        unknown = names - worker_samples() - chartkit.RECORDED
+        assert not unknown, f"{title}: {sorted(unknown)} is neither exported nor recorded"
+        used |= names
+    # The panels the issue asks for: bubble ratio observed (recorded) vs predicted, tokens/s,
+    # step time, memory; per job and per rank.
+    assert {"adaptis:job_bubble_ratio:rate5m", "adaptis:bubble_ratio:rate5m",
+            "adaptis_predicted_bubble_ratio", "adaptis_tokens_total",
+            "adaptis_step_duration_seconds_bucket", "adaptis_peak_memory_bytes"} <= used
+
+
+def test_panels_filter_by_job_and_rank() -> None:
+    board = chartkit.dashboard()
+    names = {v["name"] for v in board["templating"]["list"]}
+    assert {"datasource", "namespace", "job", "rank"} <= names
+    for title, expr in chartkit.dashboard_queries(board):
+        if not title.startswith("variable"):
+            assert 'adaptis_job=~"$job"' in expr, title
+    per_rank = [p for p in board["panels"] if p["type"] != "row"
+                and all('rank=~"$rank"' in t["expr"] for t in p["targets"])]
+    assert len(per_rank) >= 4
+
+
+def test_metric_name_parser() -> None:
+    expr = ('histogram_quantile(0.9, sum by (namespace, adaptis_job, le) '
+            '(rate(adaptis_step_duration_seconds_bucket{adaptis_job=~"$job"}[$__rate_interval])))'
+            ' / on (adaptis_job) adaptis:job_bubble_ratio:rate5m')
+    assert chartkit.promql_metric_names(expr) == {"adaptis_step_duration_seconds_bucket",
+                                                  "adaptis:job_bubble_ratio:rate5m"}
