@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sub.add_parser(name, help=help_, add_help=False)
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO,
+        level=logging.WARNING - 10 * min(args.verbose, 2),  # -v: info, -vv: debug
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
