@@ -1,0 +1,83 @@
+"""``adaptis operator``: run the AdaPtisJob operator against the current cluster.
+
+Credentials come from the pod's service account in a cluster, else from ``$KUBECONFIG`` (or
+``--kubeconfig``). The Helm chart runs ``adaptis operator --all-namespaces --liveness
+http://0.0.0.0:8080/healthz``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "operator",
+        help="run the operator (kopf) against the current cluster",
+        description="Reconcile AdaPtisJobs: profile nodes, plan, run one worker pod per rank.",
+    )
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
+                       help="watch this namespace (repeatable; glob patterns allowed)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true",
+                       help="watch every namespace")
+    parser.add_argument("--liveness", metavar="URL",
+                        help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: $KUBECONFIG)")
+    parser.add_argument("--worker-image", help="default image of the worker pods")
+    parser.add_argument("--topology-keys", metavar="K1,K2,...",
+                        help="node label keys from the widest topology domain to the narrowest")
+    parser.add_argument("--inter-node-bandwidth", type=float, metavar="BYTES_PER_S",
+                        help="bandwidth between nodes assumed by the planner (default 25e9)")
+    parser.add_argument("--reconcile-workers", type=int, default=2, metavar="N",
+                        help="jobs reconciled in parallel (default 2)")
+    parser.add_argument("--resync-seconds", type=float, default=30.0, metavar="S",
+                        help="look at every job at least this often (default 30)")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from adaptis.api.problem import Link
+    from adaptis.operator.app import OperatorOptions, run_operator
+    from adaptis.operator.errors import OperatorError
+    from adaptis.operator.manifests import ManifestSettings
+    from adaptis.operator.planning import DEFAULT_INTER_NODE
+    from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS
+    from adaptis.operator.reconcile import ReconcileSettings
+
+    # A long-running service logs its decisions (plans, restarts, failures) by default; kopf
+    # logs every handled watch event at INFO, which only -v shows.
+    if not args.verbose:
+        logging.getLogger("adaptis").setLevel(logging.INFO)
+    logging.getLogger("kopf.objects").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+    if args.kubeconfig is not None:
+        # kopf's login and the reconciler's client both read it from the environment.
+        os.environ["KUBECONFIG"] = str(args.kubeconfig)
+    manifests = ManifestSettings(image=args.worker_image) if args.worker_image \
+        else ManifestSettings()
+    topology = (tuple(k.strip() for k in args.topology_keys.split(",") if k.strip())
+                if args.topology_keys else DEFAULT_TOPOLOGY_KEYS)
+    inter = (Link(bandwidth_bytes_per_s=args.inter_node_bandwidth,
+                  latency_s=DEFAULT_INTER_NODE.latency_s)
+             if args.inter_node_bandwidth else DEFAULT_INTER_NODE)
+    options = OperatorOptions(
+        namespaces=tuple(args.namespace),
+        all_namespaces=args.all_namespaces,
+        liveness_endpoint=args.liveness,
+        reconcile_workers=max(1, args.reconcile_workers),
+        resync_seconds=max(1.0, args.resync_seconds),
+        reconcile=ReconcileSettings(topology_keys=topology, manifests=manifests,
+                                    inter_node=inter),
+    )
+    try:
+        run_operator(options)
+    except OperatorError as err:
+        print(f"adaptis operator: {err}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,81 @@
+"""The operator process: Kubernetes client, reconciler, work queue and kopf, wired together.
+
+Sits at the top of the operator layer; ``adaptis operator`` (``adaptis.cli.operator``) parses
+the command line into :class:`OperatorOptions` and calls :func:`run_operator`. kopf owns the
+event loop and the watch streams; the reconciler runs in the work queue's threads, so a slow
+plan never blocks a watch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass, field
+
+import kopf
+
+from adaptis.operator.handlers import JobKey, build_registry
+from adaptis.operator.kube import KubeCluster
+from adaptis.operator.reconcile import ReconcileSettings, Reconciler
+from adaptis.operator.workqueue import WorkQueue
+
+__all__ = ["OperatorOptions", "run_operator"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    """What ``adaptis operator`` was asked to do."""
+
+    namespaces: tuple[str, ...] = ()
+    all_namespaces: bool = False
+    liveness_endpoint: str | None = None
+    reconcile_workers: int = 2
+    resync_seconds: float = 30.0
+    reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
+
+
+def _kopf_settings() -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    # Nothing of kopf's own bookkeeping goes into status (the schema would prune it anyway).
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix="operator.adaptis.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="operator.adaptis.io")
+    # The reconciler posts its own Events; kopf's would duplicate them at INFO level.
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.scanning.disabled = True
+    return settings
+
+
+def run_operator(options: OperatorOptions, *, stop_flag: threading.Event | None = None) -> None:
+    """Run until stopped (a signal, or ``stop_flag`` when embedded in another program)."""
+    cluster = KubeCluster()
+    reconciler = Reconciler(cluster, settings=options.reconcile)
+
+    def process(key: JobKey) -> float | None:
+        return reconciler.reconcile(*key).requeue_after
+
+    queue: WorkQueue[JobKey] = WorkQueue(process, workers=options.reconcile_workers,
+                                         resync_s=options.resync_seconds)
+    registry = build_registry(queue)
+    queue.start()
+    log.info("adaptis operator: %s", "all namespaces" if options.all_namespaces
+             else f"namespaces {', '.join(options.namespaces) or 'default'}")
+    try:
+        coroutine = kopf.operator(
+            registry=registry,
+            settings=_kopf_settings(),
+            standalone=True,
+            clusterwide=options.all_namespaces,
+            namespaces=() if options.all_namespaces else (options.namespaces or ("default",)),
+            liveness_endpoint=options.liveness_endpoint,
+            stop_flag=stop_flag,
+        )
+        asyncio.run(coroutine)
+    finally:
+        queue.stop()

@@ -1,0 +1,144 @@
+"""Layer costs estimated from the model's sizes: the planning problem's ``layers`` without torch.
+
+Sits under :mod:`adaptis.operator.planning`. The operator image carries no torch, so it cannot
+profile layers the way the worker's profiler does; instead it counts FLOPs and bytes from
+:class:`~adaptis.api.job.ModelSpec` and :class:`~adaptis.api.job.TrainingSpec` (pure Python,
+the same arithmetic the paper's cost ratios follow). Times are milliseconds on a device of
+speed 1, which by convention sustains :data:`REFERENCE_TFLOPS`; :func:`device_speed` turns a
+GPU's peak into that scale.
+
+Per microbatch of ``T = microbatch_size * sequence_length`` tokens and a layer with ``P``
+matmul parameters: forward ``2TP``, input gradient ``2TP``, weight gradient ``2TP``; attention's
+score and value products add ``4Ts h`` forward and ``8Ts h`` to the input gradient and have no
+weights. Activation bytes follow method.md (``34 b s h + 5 b s^2 a`` for an attention block in
+16-bit); parameters hold 16 bytes each with AdamW (weights, gradients, two moments, master
+copy in mixed precision), 8 with SGD.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from adaptis.api.job import BlockSpec, ModelSpec, TrainingSpec
+from adaptis.api.problem import Layer
+
+__all__ = ["MFU", "REFERENCE_TFLOPS", "device_speed", "estimate_layers"]
+
+#: Sustained TFLOP/s of a device of speed 1.
+REFERENCE_TFLOPS = 100.0
+#: Fraction of peak that dense training sustains (model FLOPs utilisation).
+MFU = 0.4
+
+_ACT_BYTES = 2  # 16-bit activations
+_MS = 1e3
+# No layer is free: the smallest time keeps Layer.forward > 0 for tiny models.
+_MIN_MS = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class _Flops:
+    forward: float
+    backward: float
+    weight: float
+    params: float
+    activation_bytes: float
+
+
+def device_speed(peak_tflops: float) -> float:
+    """Speed of a device of this peak, relative to the reference device."""
+    return peak_tflops * MFU / REFERENCE_TFLOPS
+
+
+def _attention(*, tokens: float, seq: int, hidden: int, heads: int, batch: int) -> _Flops:
+    params = 4.0 * hidden * hidden
+    core = 4.0 * tokens * seq * hidden  # QK^T and AV
+    act = 10.0 * batch * seq * hidden + 5.0 * batch * seq * seq * heads
+    return _Flops(2 * tokens * params + core, 2 * tokens * params + 2 * core,
+                  2 * tokens * params, params, act)
+
+
+def _mlp(*, tokens: float, hidden: int, batch: int, seq: int, width: int = 4) -> _Flops:
+    params = 2.0 * width * hidden * hidden
+    act = 24.0 * batch * seq * hidden
+    return _Flops(2 * tokens * params, 2 * tokens * params, 2 * tokens * params, params, act)
+
+
+def _block(block: BlockSpec, *, model: ModelSpec, training: TrainingSpec) -> _Flops:
+    batch, seq, h = training.microbatch_size, training.sequence_length, model.hidden
+    tokens = float(batch * seq)
+    if block.kind == "dense":
+        return _mlp(tokens=tokens, hidden=h, batch=batch, seq=seq)
+    if block.kind == "mamba":
+        # in/out projections of an expand-2 SSM (about 6h^2) plus the selective scan, which is
+        # elementwise over a 16-wide state and has no weight gradient to speak of.
+        params = 6.0 * h * h
+        scan = 2.0 * tokens * 2 * h * 16 * 6
+        act = 34.0 * batch * seq * h
+        return _Flops(2 * tokens * params + scan, 2 * tokens * params + 2 * scan,
+                      2 * tokens * params, params, act)
+    attn = _attention(tokens=tokens, seq=seq, hidden=h, heads=model.heads, batch=batch)
+    if block.kind == "attention":
+        mlp = _mlp(tokens=tokens, hidden=h, batch=batch, seq=seq)
+        return _sum(attn, mlp)
+    # MoE: attention plus top_k experts' MLPs run per token; all experts' weights are held.
+    expert = _mlp(tokens=tokens, hidden=h, batch=batch, seq=seq)
+    router = 2.0 * tokens * h * block.experts
+    return _Flops(
+        attn.forward + block.top_k * expert.forward + router,
+        attn.backward + block.top_k * expert.backward + router,
+        attn.weight + block.top_k * expert.weight + router,
+        attn.params + block.experts * expert.params + h * block.experts,
+        attn.activation_bytes + block.top_k * expert.activation_bytes,
+    )
+
+
+def _sum(a: _Flops, b: _Flops) -> _Flops:
+    return _Flops(a.forward + b.forward, a.backward + b.backward, a.weight + b.weight,
+                  a.params + b.params, a.activation_bytes + b.activation_bytes)
+
+
+def _layer(name: str, *, kind: str, f: _Flops, state_bytes: float, output_bytes: float) -> Layer:
+    rate = REFERENCE_TFLOPS * 1e12
+
+    def ms(flops: float) -> float:
+        return flops / rate * _MS
+
+    return Layer(
+        name=name,
+        kind=kind,
+        forward=max(ms(f.forward), _MIN_MS),
+        backward=ms(f.backward),
+        weight=ms(f.weight),
+        activation_bytes=f.activation_bytes,
+        param_bytes=f.params * state_bytes,
+        output_bytes=output_bytes,
+    )
+
+
+def estimate_layers(model: ModelSpec, training: TrainingSpec) -> list[Layer]:
+    """Embedding, every block, head: estimated costs in ms on the reference device."""
+    batch, seq, h, vocab = (training.microbatch_size, training.sequence_length,
+                            model.hidden, model.vocab_size)
+    tokens = float(batch * seq)
+    state = 16.0 if training.optimizer.name == "adamw" else 8.0
+    hidden_bytes = tokens * h * _ACT_BYTES
+    # The embedding is a gather (memory bound): count it as touching every output element.
+    embedding = _Flops(2 * tokens * h, 0.0, 2 * tokens * h, float(vocab * h),
+                       _ACT_BYTES * tokens * h)
+    layers = [_layer("embedding", kind="embedding", f=embedding, state_bytes=state,
+                     output_bytes=hidden_bytes)]
+    index = 0
+    for block in model.blocks:
+        cost = _block(block, model=model, training=training)
+        for _ in range(block.count):
+            layers.append(_layer(f"{block.kind}{index}", kind=block.kind, f=cost, state_bytes=state,
+                                 output_bytes=hidden_bytes))
+            index += 1
+    # Head: projection to the vocabulary plus softmax cross-entropy over fp32 logits.
+    proj = 2.0 * tokens * h * vocab
+    softmax = 5.0 * tokens * vocab
+    head_params = 0.0 if model.tie_embeddings else float(vocab * h)
+    head = _Flops(proj + softmax, proj + softmax, proj, head_params,
+                  tokens * vocab * (_ACT_BYTES + 4))
+    layers.append(_layer("head", kind="head", f=head, state_bytes=state, output_bytes=0.0))
+    return layers

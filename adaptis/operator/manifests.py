@@ -1,0 +1,296 @@
+"""The children of an AdaPtisJob as plain dicts: ConfigMap, headless Service, worker pods.
+
+Sits between :mod:`adaptis.operator.planning` (what to run where) and the Kubernetes client
+(which creates whatever these functions return). Pure functions: the same job and plan always
+render the same objects with the same names, which is what makes the reconciler idempotent and
+an operator restart harmless (a create that meets an existing name is a 409, i.e. done).
+
+- ConfigMap ``<job>-config``: ``worker.json`` (:class:`~adaptis.api.job.WorkerConfig`, read by
+  ``adaptis worker``) and ``plan-record.json`` (the operator's cached plan).
+- Service ``<job>-workers``: headless; gives rank 0 the stable DNS name that ``MASTER_ADDR``
+  holds (``<job>-worker-0.<job>-workers.<ns>.svc``).
+- Pod ``<job>-worker-<rank>``: required node affinity to the node the plan gives the rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from adaptis.api.job import API_VERSION, KIND, JobSpec, WorkerConfig
+from adaptis.operator.planning import PlanRecord
+
+__all__ = [
+    "CHECKPOINT_VOLUME",
+    "CONFIG_MOUNT",
+    "CONFIG_VOLUME",
+    "DIST_PORT",
+    "JobRef",
+    "LABEL_ATTEMPT",
+    "LABEL_JOB",
+    "LABEL_MANAGED_BY",
+    "LABEL_PLAN",
+    "LABEL_RANK",
+    "ManifestSettings",
+    "RESERVED_ENV",
+    "config_map_name",
+    "plan_hash",
+    "pod_name",
+    "render_config_map",
+    "render_pod",
+    "render_service",
+    "service_name",
+]
+
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_JOB = "adaptis.io/job"
+LABEL_RANK = "adaptis.io/rank"
+LABEL_PLAN = "adaptis.io/plan-hash"
+LABEL_ATTEMPT = "adaptis.io/attempt"
+MANAGED_BY = "adaptis"
+KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
+KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+
+CONFIG_VOLUME = "adaptis-config"
+CHECKPOINT_VOLUME = "checkpoints"
+CONFIG_MOUNT = "/etc/adaptis"
+DIST_PORT = 29500
+RESERVED_ENV = frozenset(
+    {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "ADAPTIS_JOB",
+     "ADAPTIS_NAMESPACE"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRef:
+    """Who owns the children."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def owner_reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestSettings:
+    """Operator-wide defaults of the worker pods."""
+
+    image: str = "ghcr.io/adaptis/adaptis:0.1.0"
+    image_pull_policy: str = "IfNotPresent"
+
+
+def config_map_name(job: str) -> str:
+    return f"{job}-config"
+
+
+def service_name(job: str) -> str:
+    return f"{job}-workers"
+
+
+def pod_name(job: str, rank: int) -> str:
+    return f"{job}-worker-{rank}"
+
+
+def plan_hash(record: PlanRecord) -> str:
+    """Digest of what the pods depend on: the plan, its nodes and the spec behind them."""
+    text = record.spec_hash + record.plan.to_json() + ",".join(record.nodes)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _labels(job: JobRef) -> dict[str, str]:
+    return {LABEL_MANAGED_BY: MANAGED_BY, LABEL_JOB: job.name}
+
+
+def _meta(job: JobRef, name: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": _labels(job),
+        "ownerReferences": [job.owner_reference()],
+        **extra,
+    }
+
+
+def worker_config(job: JobRef, spec: JobSpec, record: PlanRecord) -> WorkerConfig:
+    return WorkerConfig(
+        job_name=job.name,
+        model=spec.model,
+        training=spec.training,
+        plan=record.plan.model_dump(mode="json", exclude_none=True),
+        metrics_port=spec.metrics.port,
+        checkpoint_dir=spec.checkpoint.path,
+        checkpoint_every=spec.checkpoint.every_steps,
+    )
+
+
+def render_config_map(job: JobRef, spec: JobSpec, record: PlanRecord) -> dict[str, Any]:
+    config = worker_config(job, spec, record)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(job, config_map_name(job.name),
+                          annotations={LABEL_PLAN: plan_hash(record)}),
+        "data": {
+            "worker.json": config.model_dump_json(by_alias=True, exclude_none=True, indent=1),
+            "plan-record.json": record.model_dump_json(exclude_none=True),
+        },
+    }
+
+
+def render_service(job: JobRef, spec: JobSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, service_name(job.name)),
+        "spec": {
+            "clusterIP": "None",
+            # Ranks must resolve each other before they are Ready: rendezvous comes first.
+            "publishNotReadyAddresses": True,
+            "selector": _labels(job),
+            "ports": [
+                {"name": "dist", "port": DIST_PORT, "targetPort": DIST_PORT},
+                {"name": "metrics", "port": spec.metrics.port, "targetPort": spec.metrics.port},
+            ],
+        },
+    }
+
+
+def _resources(spec: JobSpec) -> dict[str, Any]:
+    res: dict[str, Any] = {k: dict(v) for k, v in (spec.worker.resources or {}).items()}
+    gpus = spec.parallelism.gpus_per_worker
+    if gpus > 0:
+        res.setdefault("limits", {})["nvidia.com/gpu"] = str(gpus)
+        res.setdefault("requests", {})["nvidia.com/gpu"] = str(gpus)
+    return res
+
+
+def _env(job: JobRef, *, rank: int, world: int) -> list[dict[str, Any]]:
+    master = f"{pod_name(job.name, 0)}.{service_name(job.name)}.{job.namespace}.svc"
+    return [
+        {"name": "RANK", "value": str(rank)},
+        {"name": "WORLD_SIZE", "value": str(world)},
+        {"name": "LOCAL_RANK", "value": "0"},
+        {"name": "MASTER_ADDR", "value": master},
+        {"name": "MASTER_PORT", "value": str(DIST_PORT)},
+        {"name": "ADAPTIS_JOB", "value": job.name},
+        {"name": "ADAPTIS_NAMESPACE", "value": job.namespace},
+    ]
+
+
+def render_pod(
+    job: JobRef,
+    spec: JobSpec,
+    record: PlanRecord,
+    *,
+    rank: int,
+    attempt: int,
+    settings: ManifestSettings,
+) -> dict[str, Any]:
+    """The pod of one rank: placed on ``record.nodes[rank]`` by required node affinity."""
+    world = len(record.nodes)
+    name = pod_name(job.name, rank)
+    labels = {
+        **spec.worker.labels,
+        **_labels(job),
+        LABEL_RANK: str(rank),
+        LABEL_PLAN: plan_hash(record),
+        LABEL_ATTEMPT: str(attempt),
+        KUEUE_GROUP: job.name,
+    }
+    if spec.queue_name:
+        labels[KUEUE_QUEUE] = spec.queue_name
+    annotations = {
+        **spec.worker.annotations,
+        KUEUE_TOTAL: str(world),
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(spec.metrics.port),
+        "prometheus.io/path": "/metrics",
+        "adaptis.io/node": record.nodes[rank],
+    }
+    checkpoint: dict[str, Any] = (
+        {"persistentVolumeClaim": {"claimName": spec.checkpoint.claim_name}}
+        if spec.checkpoint.claim_name else {"emptyDir": {}}
+    )
+    tolerations = list(spec.worker.tolerations)
+    if spec.parallelism.gpus_per_worker > 0:
+        # GPU nodes are commonly tainted so that only GPU pods land there.
+        tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
+    container: dict[str, Any] = {
+        "name": "worker",
+        "image": spec.worker.image or settings.image,
+        "imagePullPolicy": spec.worker.image_pull_policy or settings.image_pull_policy,
+        "command": ["adaptis", "worker", "--config", f"{CONFIG_MOUNT}/worker.json"],
+        "env": [*_env(job, rank=rank, world=world), *spec.worker.env],
+        "ports": [
+            {"name": "dist", "containerPort": DIST_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": spec.metrics.port, "protocol": "TCP"},
+        ],
+        "resources": _resources(spec),
+        "volumeMounts": [
+            {"name": CONFIG_VOLUME, "mountPath": CONFIG_MOUNT, "readOnly": True},
+            {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.path},
+            *spec.worker.volume_mounts,
+        ],
+        # The worker writes its observed figures (bubble ratio) here; the operator reads them.
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": name,
+        "subdomain": service_name(job.name),
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 30,
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{
+                        "matchExpressions": [{
+                            "key": "kubernetes.io/hostname",
+                            "operator": "In",
+                            "values": [record.hostnames[rank]],
+                        }]
+                    }]
+                }
+            }
+        },
+        "containers": [container],
+        "volumes": [
+            {"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(job.name)}},
+            {"name": CHECKPOINT_VOLUME, **checkpoint},
+            *spec.worker.volumes,
+        ],
+    }
+    if spec.worker.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.worker.node_selector)
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    if spec.worker.priority_class_name:
+        pod_spec["priorityClassName"] = spec.worker.priority_class_name
+    if spec.worker.service_account_name:
+        pod_spec["serviceAccountName"] = spec.worker.service_account_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _meta(job, name, annotations=annotations) | {"labels": labels},
+        "spec": pod_spec,
+    }
+
+
+def is_current_pod(pod: Mapping[str, Any], *, plan: str, attempt: int) -> bool:
+    """Whether a pod belongs to this plan and this attempt (else it is stale and goes)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(LABEL_PLAN) == plan and labels.get(LABEL_ATTEMPT) == str(attempt)

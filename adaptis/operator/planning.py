@@ -1,0 +1,255 @@
+"""From a job and its candidate nodes to a plan: device choice, planning problem, planner call.
+
+Sits between :mod:`adaptis.operator.profiling` (what the nodes are) and the reconciler (which
+writes the result into the ConfigMap and the pods). Steps:
+
+1. cut every candidate node into worker *slots* (``gpusPerWorker`` GPUs each);
+2. choose ``workers`` slots, topology first: the narrowest domain (host, then clique, rack,
+   zone, ...) that holds enough slots, the fastest nodes within it, ranks ordered along the
+   topology so consecutive stages talk over the nearest link;
+3. build :class:`adaptis.api.problem.Problem` (layers from :mod:`adaptis.operator.estimate`,
+   one device per rank) and call the planner's strategy, plus I-1F1B for the speedup figure;
+4. return a :class:`PlanRecord`, the cache the reconciler keeps in the ConfigMap so that it
+   re-plans only when the spec or a planned node changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from adaptis.api.job import JobSpec
+from adaptis.api.plan import Plan
+from adaptis.api.problem import DeviceList, DeviceSpec, Link, Network, Problem
+from adaptis.operator.errors import Unsatisfiable
+from adaptis.operator.estimate import device_speed, estimate_layers
+from adaptis.operator.profiling import NodeProfile, parse_quantity
+from adaptis.planner.strategies import plan_strategy
+
+__all__ = [
+    "PlanRecord",
+    "Slot",
+    "build_problem",
+    "choose_slots",
+    "plan_job",
+    "record_from_config_map",
+    "spec_hash",
+]
+
+log = logging.getLogger(__name__)
+
+#: Default link between nodes: 200 Gb/s InfiniBand/RoCE per GPU, 10 us.
+DEFAULT_INTER_NODE = Link(bandwidth_bytes_per_s=25e9, latency_s=10e-6)
+_INTRA_LATENCY_S = 5e-6
+_MAX_REASON = 300
+# Spec fields that change neither the plan nor the pods: toggling them never re-plans.
+_LIFECYCLE_FIELDS = frozenset(
+    {"suspend", "backoff_limit", "active_deadline_seconds", "ttl_seconds_after_finished"}
+)
+
+
+class PlanRecord(BaseModel):
+    """A plan and everything it was made from; cached as ``plan-record.json`` in the ConfigMap."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    spec_hash: str = Field(description="spec_hash() of the job spec the plan was made for.")
+    plan: Plan
+    nodes: list[str] = Field(description="nodes[rank]: the node the rank runs on.")
+    hostnames: list[str] = Field(description="kubernetes.io/hostname of nodes[rank].")
+    gpus: list[str | None] = Field(description="GPU product of nodes[rank].")
+    node_fingerprints: dict[str, str] = Field(description="NodeProfile.fingerprint() per node.")
+    strategy: str
+    predicted_iteration_seconds: float
+    predicted_bubble_ratio: float
+    predicted_speedup_over_i1f1b: float | None = None
+
+    def still_valid(self, *, spec_hash_now: str, candidates: Mapping[str, NodeProfile]) -> bool:
+        """True while the spec is the same and every planned node is there, unchanged."""
+        if spec_hash_now != self.spec_hash:
+            return False
+        return all(
+            name in candidates and candidates[name].fingerprint() == fp
+            for name, fp in self.node_fingerprints.items()
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """``gpusPerWorker`` GPUs (or CPU cores) of one node: room for one rank."""
+
+    node: NodeProfile
+    index: int
+    speed: float
+    memory_bytes: float | None
+
+
+def spec_hash(spec: JobSpec) -> str:
+    """Digest of the spec fields that shape the plan and the pods (lifecycle fields excluded)."""
+    data = spec.model_dump(mode="json", exclude=set(_LIFECYCLE_FIELDS))
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _cpu_request(resources: Mapping[str, Any] | None) -> float:
+    requests = (resources or {}).get("requests") or (resources or {}).get("limits") or {}
+    try:
+        return max(parse_quantity(requests["cpu"]), 1e-3)
+    except (KeyError, ValueError):
+        return 1.0
+
+
+def node_slots(node: NodeProfile, *, spec: JobSpec) -> list[Slot]:
+    """The ranks one node can hold, with their speed and usable memory."""
+    gpw = spec.parallelism.gpus_per_worker
+    headroom = 1.0 - spec.planner.memory_headroom
+    if gpw > 0:
+        count = node.gpus // gpw
+        speed = device_speed(node.gpu_tflops * gpw)
+        memory = None if node.gpu_memory_bytes is None else node.gpu_memory_bytes * gpw * headroom
+    else:
+        cores = _cpu_request(spec.worker.resources)
+        count = max(1, int(node.cpus // cores)) if node.cpus else 1
+        speed = device_speed(node.gpu_tflops * cores)
+        memory = None
+    return [Slot(node=node, index=i, speed=speed, memory_bytes=memory) for i in range(count)]
+
+
+def choose_slots(candidates: Sequence[NodeProfile], *, spec: JobSpec) -> list[Slot]:
+    """``workers`` slots, in rank order; raise :class:`Unsatisfiable` when there are too few."""
+    want = spec.parallelism.workers
+    per_node = {n.name: node_slots(n, spec=spec) for n in candidates}
+    total = sum(len(s) for s in per_node.values())
+    if total < want:
+        gpw = spec.parallelism.gpus_per_worker
+        what = f"{gpw} GPU(s) each" if gpw else "CPU"
+        raise Unsatisfiable(
+            f"spec.parallelism.workers: {want} workers ({what}) need {want} slots; the "
+            f"{len(candidates)} candidate node(s) offer {total}"
+        )
+    depth = max((len(n.topology) for n in candidates), default=0)
+    # Narrowest domain first: a single host, then the deepest topology level up to the root.
+    levels: list[int | None] = [None, *range(depth, -1, -1)]
+    for level in levels:
+        groups: dict[tuple[str, ...], list[NodeProfile]] = {}
+        for n in candidates:
+            key = (n.name,) if level is None else n.topology[:level]
+            groups.setdefault(key, []).append(n)
+        best: tuple[float, tuple[str, ...]] | None = None
+        chosen: list[Slot] = []
+        for key, nodes in groups.items():
+            slots = _fastest(nodes, per_node=per_node, want=want)
+            if len(slots) < want:
+                continue
+            score = -sum(s.speed for s in slots)
+            if best is None or (score, key) < best:
+                best, chosen = (score, key), slots
+        if chosen:
+            return sorted(chosen, key=lambda s: (s.node.topology, s.node.name, s.index))
+    raise Unsatisfiable("no topology domain holds enough slots")  # unreachable: root holds all
+
+
+def _fastest(
+    nodes: Sequence[NodeProfile], *, per_node: Mapping[str, list[Slot]], want: int
+) -> list[Slot]:
+    # Whole nodes, fastest first, so ranks share nodes (and their fast links) where they can.
+    ordered = sorted(nodes, key=lambda n: (-(per_node[n.name][0].speed if per_node[n.name] else 0),
+                                           n.topology, n.name))
+    out: list[Slot] = []
+    for n in ordered:
+        for slot in per_node[n.name]:
+            if len(out) == want:
+                return out
+            out.append(slot)
+    return out
+
+
+def build_problem(
+    spec: JobSpec, slots: Sequence[Slot], *, inter_node: Link = DEFAULT_INTER_NODE, name: str
+) -> Problem:
+    """The planning problem of a job on the chosen slots (device d is rank d)."""
+    layers = estimate_layers(spec.model, spec.training)
+    devices = [
+        DeviceSpec(name=f"rank{r}", node=s.node.name, speed=s.speed, memory_bytes=s.memory_bytes)
+        for r, s in enumerate(slots)
+    ]
+    # One intra-node link for the whole problem: the slowest one of the nodes used.
+    intra = min(s.node.intra_node_bandwidth for s in slots)
+    return Problem(
+        name=name,
+        time_unit="ms",
+        microbatches=spec.training.microbatches,
+        layers=layers,
+        devices=DeviceList(list=devices),
+        network=Network(
+            intra_node=Link(bandwidth_bytes_per_s=intra, latency_s=_INTRA_LATENCY_S),
+            inter_node=inter_node,
+        ),
+    )
+
+
+def plan_job(
+    spec: JobSpec,
+    candidates: Sequence[NodeProfile],
+    *,
+    name: str,
+    inter_node: Link = DEFAULT_INTER_NODE,
+) -> PlanRecord:
+    """Choose slots and plan; raise :class:`Unsatisfiable` when no feasible plan exists."""
+    slots = choose_slots(candidates, spec=spec)
+    problem = build_problem(spec, slots, inter_node=inter_node, name=name)
+    strategy = spec.planner.strategy
+    outcome = plan_strategy(problem, strategy)
+    if outcome.plan is None or not outcome.result.feasible:
+        reason = outcome.result.reason or "no reason given"
+        if len(reason) > _MAX_REASON:  # one line per device: keep status and events readable
+            reason = reason[:_MAX_REASON].rsplit(";", 1)[0] + "; ..."
+        raise Unsatisfiable(
+            f"spec.planner.strategy: {strategy} finds no feasible plan on "
+            f"{len(slots)} device(s): {reason}"
+        )
+    iteration = float(outcome.result.iteration_time or 0.0)
+    speedup: float | None = None
+    if strategy != "i1f1b":
+        baseline = plan_strategy(problem, "i1f1b")
+        if baseline.result.feasible and baseline.result.iteration_time and iteration > 0:
+            speedup = float(baseline.result.iteration_time) / iteration
+    else:
+        speedup = 1.0
+    plan = outcome.plan
+    if plan.strategy is None:
+        plan = plan.model_copy(update={"strategy": strategy})
+    used = {s.node.name: s.node for s in slots}
+    log.info("%s: planned %s on %d ranks over %d nodes: %d stages, %.4g s/iteration",
+             name, strategy, len(slots), len(used), len(plan.stages), iteration / 1e3)
+    return PlanRecord(
+        spec_hash=spec_hash(spec),
+        plan=plan,
+        nodes=[s.node.name for s in slots],
+        hostnames=[s.node.hostname for s in slots],
+        gpus=[s.node.gpu_product for s in slots],
+        node_fingerprints={n: p.fingerprint() for n, p in sorted(used.items())},
+        strategy=strategy,
+        predicted_iteration_seconds=iteration / 1e3,
+        predicted_bubble_ratio=float(outcome.result.bubble_ratio or 0.0),
+        predicted_speedup_over_i1f1b=None if speedup is None or not math.isfinite(speedup)
+        else round(speedup, 4),
+    )
+
+
+def record_from_config_map(cm: Mapping[str, Any] | None) -> PlanRecord | None:
+    """The plan cached in a job's ConfigMap (``plan-record.json``); None: plan afresh."""
+    raw = ((cm or {}).get("data") or {}).get("plan-record.json")
+    if not raw:
+        return None
+    try:
+        return PlanRecord.model_validate_json(raw)
+    except ValidationError:
+        log.warning("ignoring an unreadable plan-record.json; re-planning")
+        return None

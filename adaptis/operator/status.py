@@ -1,0 +1,200 @@
+"""Status arithmetic: conditions, pod census, plan summary. Pure functions of plain data.
+
+Sits under :mod:`adaptis.operator.reconcile`, which decides *what* happened; this module only
+says how it reads in ``status``: conditions keep their ``lastTransitionTime`` while their status
+holds (as every Kubernetes controller does), the pod census counts ready, running, finished and
+failed workers and collects why pending pods cannot be scheduled, and the workers' termination
+messages give the observed bubble ratio.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from adaptis.api.job import Condition, JobStatus, RankAssignment
+from adaptis.operator.planning import PlanRecord
+
+__all__ = [
+    "PodCensus",
+    "census",
+    "now_rfc3339",
+    "parse_status",
+    "parse_time",
+    "plan_summary",
+    "set_condition",
+]
+
+
+def now_rfc3339(now: datetime | None = None) -> str:
+    return (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def parse_status(raw: Mapping[str, Any] | None) -> JobStatus:
+    """The job's current status; anything unreadable (an old operator's) starts afresh."""
+    try:
+        return JobStatus.model_validate(dict(raw or {}))
+    except ValueError:
+        return JobStatus()
+
+
+def set_condition(
+    conditions: Sequence[Condition],
+    *,
+    type_: str,
+    status: str,
+    reason: str,
+    message: str = "",
+    now: str,
+) -> list[Condition]:
+    """Conditions with ``type_`` set; its transition time moves only when its status changes."""
+    out: list[Condition] = []
+    found = False
+    for c in conditions:
+        if c.type != type_:
+            out.append(c)
+            continue
+        found = True
+        moved = c.status != status
+        out.append(Condition(
+            type=type_, status=status, reason=reason, message=message,  # type: ignore[arg-type]
+            last_transition_time=now if moved or not c.last_transition_time
+            else c.last_transition_time,
+        ))
+    if not found:
+        out.append(Condition(type=type_, status=status, reason=reason,  # type: ignore[arg-type]
+                             message=message, last_transition_time=now))
+    return out
+
+
+def condition_true(conditions: Iterable[Condition], type_: str) -> bool:
+    return any(c.type == type_ and c.status == "True" for c in conditions)
+
+
+@dataclass(frozen=True)
+class PodCensus:
+    """What the worker pods of the current attempt are doing."""
+
+    total: int
+    ready: int = 0
+    running: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    pending: int = 0
+    terminating: int = 0
+    unschedulable: tuple[str, ...] = ()
+    gated: tuple[str, ...] = ()  # held by a scheduling gate, e.g. Kueue's admission
+    failures: tuple[str, ...] = ()
+    bubble_ratios: tuple[float, ...] = field(default=())
+
+    @property
+    def observed_bubble_ratio(self) -> float | None:
+        if not self.bubble_ratios:
+            return None
+        return round(sum(self.bubble_ratios) / len(self.bubble_ratios), 4)
+
+
+def _termination_messages(pod: Mapping[str, Any]) -> list[str]:
+    out: list[str] = []
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        terminated = (cs.get("state") or {}).get("terminated") or {}
+        if terminated.get("message"):
+            out.append(str(terminated["message"]))
+    return out
+
+
+def _bubble_ratio(messages: Iterable[str]) -> float | None:
+    # The worker writes one JSON object to its termination log; its bubble ratio is reported
+    # under either spelling.
+    for text in messages:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            for key in ("observedBubbleRatio", "bubble_ratio", "bubbleRatio"):
+                value = data.get(key)
+                if isinstance(value, (int, float)) and 0 <= value <= 1:
+                    return float(value)
+    return None
+
+
+def census(pods: Iterable[Mapping[str, Any]], *, total: int) -> PodCensus:
+    """Count the pods by what they are doing (only those of the current attempt are passed)."""
+    ready = running = succeeded = failed = pending = terminating = 0
+    unschedulable: list[str] = []
+    gated: list[str] = []
+    failures: list[str] = []
+    ratios: list[float] = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        status = pod.get("status") or {}
+        name = str(meta.get("name", "?"))
+        if meta.get("deletionTimestamp"):
+            terminating += 1
+            continue
+        phase = status.get("phase", "Pending")
+        conditions = {c.get("type"): c for c in status.get("conditions") or []}
+        if phase == "Succeeded":
+            succeeded += 1
+            ratio = _bubble_ratio(_termination_messages(pod))
+            if ratio is not None:
+                ratios.append(ratio)
+        elif phase == "Failed":
+            failed += 1
+            detail = status.get("message") or status.get("reason") or "failed"
+            failures.append(f"{name}: {detail}")
+        elif phase == "Running":
+            running += 1
+            if (conditions.get("Ready") or {}).get("status") == "True":
+                ready += 1
+        else:
+            pending += 1
+            sched = conditions.get("PodScheduled") or {}
+            if sched.get("status") == "False" and sched.get("reason") == "Unschedulable":
+                unschedulable.append(f"{name}: {sched.get('message', 'unschedulable')}")
+            elif (sched.get("reason") == "SchedulingGated"
+                  or (pod.get("spec") or {}).get("schedulingGates")):
+                gates = [g.get("name", "?") for g in (pod.get("spec") or {}).get(
+                    "schedulingGates") or []]
+                gated.append(f"{name}: gated by {', '.join(gates) or 'a scheduling gate'}")
+    return PodCensus(
+        total=total, ready=ready, running=running, succeeded=succeeded, failed=failed,
+        pending=pending, terminating=terminating, unschedulable=tuple(unschedulable),
+        gated=tuple(gated),
+        failures=tuple(failures), bubble_ratios=tuple(ratios),
+    )
+
+
+def plan_summary(record: PlanRecord) -> dict[str, Any]:
+    """The status fields that describe a plan (snake_case keys of :class:`JobStatus`)."""
+    placement = record.plan.placement
+    return {
+        "stages": len(record.plan.stages),
+        "strategy": record.strategy,
+        "predicted_iteration_seconds": round(record.predicted_iteration_seconds, 6),
+        "predicted_bubble_ratio": round(record.predicted_bubble_ratio, 4),
+        "predicted_speedup_over_i1f1b": record.predicted_speedup_over_i1f1b,
+        "placement": [
+            RankAssignment(rank=r, node=node, gpu=record.gpus[r],
+                           stages=list(placement[r]) if r < len(placement) else [])
+            for r, node in enumerate(record.nodes)
+        ],
+    }
+
+
+def status_payload(status: JobStatus) -> dict[str, Any]:
+    """The status as the API stores it (camelCase, no nulls)."""
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)

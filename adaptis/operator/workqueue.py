@@ -1,0 +1,165 @@
+"""A work queue of job keys: coalescing, one pass per key at a time, delayed and periodic retries.
+
+Sits between the kopf handlers (which only *add* keys: a job event, a pod event, a node event)
+and :class:`~adaptis.operator.reconcile.Reconciler` (which processes one key per call). As in
+client-go's workqueue:
+
+- a key added while queued is queued once (64 pod events of one job make one pass, not 64);
+- a key added while being processed is marked dirty and processed again right after, never by
+  two workers at once (so passes of one job never race each other);
+- a failed pass is retried with exponential backoff; a pass may ask to be looked at again later
+  (``add_after``), which is how deadlines and TTLs fire;
+- every known key is re-added every ``resync_s`` seconds as a safety net (a missed watch event
+  costs at most one resync period).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+__all__ = ["WorkQueue"]
+
+log = logging.getLogger(__name__)
+
+K = TypeVar("K", bound=Hashable)
+
+_BACKOFF_BASE_S = 0.5
+_BACKOFF_MAX_S = 60.0
+
+
+class WorkQueue(Generic[K]):
+    """Keys to process by ``process(key) -> seconds until the next look, or None``."""
+
+    def __init__(
+        self,
+        process: Callable[[K], float | None],
+        *,
+        workers: int = 2,
+        resync_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._process = process
+        self._workers = workers
+        self._resync_s = resync_s
+        self._clock = clock
+        self._cv = threading.Condition()
+        self._queue: deque[K] = deque()
+        self._queued: set[K] = set()
+        self._processing: set[K] = set()
+        self._dirty: set[K] = set()
+        self._delayed: list[tuple[float, int, K]] = []
+        self._seq = 0
+        self._failures: dict[K, int] = {}
+        self._known: set[K] = set()
+        self._threads: list[threading.Thread] = []
+        self._stopped = False
+        self._next_resync = clock() + resync_s
+
+    # --- producers --------------------------------------------------------------------------
+    def add(self, key: K) -> None:
+        with self._cv:
+            self._known.add(key)
+            self._add_locked(key)
+
+    def add_after(self, key: K, delay_s: float) -> None:
+        if delay_s <= 0:
+            self.add(key)
+            return
+        with self._cv:
+            self._known.add(key)
+            self._seq += 1
+            heapq.heappush(self._delayed, (self._clock() + delay_s, self._seq, key))
+            self._cv.notify()
+
+    def forget(self, key: K) -> None:
+        """Stop resyncing a key (its object is gone)."""
+        with self._cv:
+            self._known.discard(key)
+            self._failures.pop(key, None)
+
+    def add_all(self) -> None:
+        """Re-add every known key (something cluster-wide changed, e.g. a node)."""
+        with self._cv:
+            for key in self._known:
+                self._add_locked(key)
+
+    def _add_locked(self, key: K) -> None:
+        if key in self._processing:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._queue.append(key)
+            self._cv.notify()
+
+    # --- consumers --------------------------------------------------------------------------
+    def start(self) -> None:
+        for i in range(self._workers):
+            t = threading.Thread(target=self._loop, name=f"adaptis-reconcile-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, *, timeout_s: float = 10.0) -> None:
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+        for t in self._threads:
+            t.join(timeout=timeout_s)
+
+    def idle(self) -> bool:
+        """Nothing queued or running (delayed keys do not count)."""
+        with self._cv:
+            return not self._queue and not self._processing
+
+    def _take(self) -> K | None:
+        with self._cv:
+            while not self._stopped:
+                now = self._clock()
+                while self._delayed and self._delayed[0][0] <= now:
+                    self._add_locked(heapq.heappop(self._delayed)[2])
+                if now >= self._next_resync:
+                    self._next_resync = now + self._resync_s
+                    for key in self._known:
+                        self._add_locked(key)
+                if self._queue:
+                    key = self._queue.popleft()
+                    self._queued.discard(key)
+                    self._processing.add(key)
+                    return key
+                wake = self._next_resync
+                if self._delayed:
+                    wake = min(wake, self._delayed[0][0])
+                self._cv.wait(timeout=max(0.01, wake - now))
+            return None
+
+    def _done(self, key: K, *, again_after: float | None, failed: bool) -> None:
+        with self._cv:
+            self._processing.discard(key)
+            if failed:
+                n = self._failures.get(key, 0) + 1
+                self._failures[key] = n
+                again_after = min(_BACKOFF_BASE_S * 2 ** (n - 1), _BACKOFF_MAX_S)
+            else:
+                self._failures.pop(key, None)
+            if key in self._dirty:
+                self._dirty.discard(key)
+                self._add_locked(key)
+            elif again_after is not None:
+                self._seq += 1
+                heapq.heappush(self._delayed, (self._clock() + again_after, self._seq, key))
+                self._cv.notify()
+
+    def _loop(self) -> None:
+        while (key := self._take()) is not None:
+            try:
+                again = self._process(key)
+            except Exception:  # noqa: BLE001 - a failed pass is retried, never kills a worker
+                log.exception("reconcile of %s failed; retrying with backoff", key)
+                self._done(key, again_after=None, failed=True)
+            else:
+                self._done(key, again_after=again, failed=False)

@@ -1,0 +1,87 @@
+"""The generated CRD: in sync with crds/, structural, documented, bounded."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from adaptis.api.job import JobStatus
+from adaptis.operator.crd import CRD_FILENAME, crd_manifest, crd_yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out = [(path, node)]
+    for name, sub in (node.get("properties") or {}).items():
+        out += _walk(sub, f"{path}.{name}")
+    if "items" in node:
+        out += _walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        out += _walk(node["additionalProperties"], f"{path}.*")
+    return out
+
+
+def _schema() -> dict[str, Any]:
+    return crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_checked_in_crd_matches_the_models() -> None:
+    path = REPO / "crds" / CRD_FILENAME
+    assert path.read_text() == crd_yaml(), "crds/ drifted: run `adaptis crd -o crds/...yaml`"
+
+
+def test_cli_check_detects_drift(tmp_path: Path) -> None:
+    stale = tmp_path / "crd.yaml"
+    stale.write_text(crd_yaml().replace("minimum: 1", "minimum: 2", 1))
+    run = subprocess.run([sys.executable, "-m", "adaptis", "crd", "--check", str(stale)],
+                         capture_output=True, text=True, cwd=REPO, check=False)
+    assert run.returncode == 1 and "out of date" in run.stderr
+    out = subprocess.run([sys.executable, "-m", "adaptis", "crd"], capture_output=True,
+                         text=True, cwd=REPO, check=True).stdout
+    assert yaml.safe_load(out)["metadata"]["name"] == "adaptisjobs.adaptis.io"
+
+
+def test_schema_is_structural_and_every_field_is_described() -> None:
+    for path, node in _walk(_schema()):
+        assert not {"$ref", "anyOf", "oneOf", "allOf", "title", "$defs"} & set(node), path
+        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), path
+        if path.count(".") and not path.endswith(("[]", ".*")) and path != ".metadata":
+            assert node.get("description"), f"{path} has no description"
+        if node.get("exclusiveMinimum") is not None:
+            assert node["exclusiveMinimum"] is True and "minimum" in node, path
+
+
+def test_bounds_enums_nullable_and_pass_through_objects() -> None:
+    nodes = dict(_walk(_schema()))
+    assert nodes[".spec.parallelism.properties.workers".replace(".properties", "")]["minimum"] == 1
+    workers = nodes[".spec.parallelism.workers"]
+    assert workers["minimum"] == 1 and workers["maximum"] == 4096
+    assert nodes[".spec.planner.strategy"]["enum"][0] == "adaptis"
+    assert nodes[".spec.training.gradClip"]["nullable"] is True
+    assert nodes[".spec.training.gradClip"]["exclusiveMinimum"] is True
+    for field in ("resources", "env[]", "tolerations[]", "volumes[]", "volumeMounts[]"):
+        assert nodes[f".spec.worker.{field}"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert nodes[".spec.worker.nodeSelector"]["additionalProperties"] == {"type": "string"}
+    assert nodes[".spec.model"]["required"] == ["vocabSize", "hidden", "blocks"]
+    rules = nodes[".spec.model"]["x-kubernetes-validations"]
+    assert "hidden % self.heads" in rules[0]["rule"]
+
+
+def test_names_subresource_and_printer_columns() -> None:
+    crd = crd_manifest()
+    names = crd["spec"]["names"]
+    assert (names["plural"], names["kind"], names["shortNames"]) == (
+        "adaptisjobs", "AdaPtisJob", ["apj"])
+    version = crd["spec"]["versions"][0]
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert list(columns) == ["Phase", "Ready", "Stages", "Bubble", "Observed", "Speedup", "Age"]
+    aliases = {f.alias for f in JobStatus.model_fields.values()}
+    for name, path in columns.items():
+        if path.startswith(".status."):
+            assert path.removeprefix(".status.") in aliases, name

@@ -1,0 +1,57 @@
+"""Layer costs estimated from model sizes (the operator has no torch to profile with)."""
+
+from __future__ import annotations
+
+from adaptis.api.job import ModelSpec, TrainingSpec
+from adaptis.operator.estimate import device_speed, estimate_layers
+
+
+def _model(**kw: object) -> ModelSpec:
+    base: dict[str, object] = {"vocabSize": 256_000, "hidden": 1536, "heads": 12,
+                               "blocks": [{"kind": "dense", "count": 4}]}
+    base.update(kw)
+    return ModelSpec.model_validate(base)
+
+
+def test_layers_are_embedding_blocks_head_in_order() -> None:
+    model = _model(blocks=[{"kind": "mamba", "count": 2}, {"kind": "attention"},
+                           {"kind": "moe", "experts": 8, "topK": 2}])
+    layers = estimate_layers(model, TrainingSpec())
+    assert [lay.kind for lay in layers] == ["embedding", "mamba", "mamba", "attention", "moe",
+                                            "head"]
+    assert len({lay.name for lay in layers}) == len(layers)
+    assert all(lay.forward > 0 and lay.backward >= 0 and lay.weight >= 0 for lay in layers)
+    assert layers[-1].output_bytes == 0 and layers[0].output_bytes > 0
+
+
+def test_a_large_vocabulary_head_outweighs_a_block() -> None:
+    # method.md: a 256K-vocabulary head costs several transformer layers (Gemma-like: 5.7x F).
+    training = TrainingSpec(sequence_length=4096)
+    layers = estimate_layers(_model(blocks=[{"kind": "attention", "count": 2}]), training)
+    block, head = layers[1], layers[-1]
+    assert 3 < head.forward / block.forward < 20
+    bigger = estimate_layers(_model(vocabSize=1_048_576,
+                                    blocks=[{"kind": "attention", "count": 2}]), training)
+    assert bigger[-1].forward > 3 * head.forward
+
+
+def test_moe_costs_more_than_dense_and_holds_all_experts() -> None:
+    model = _model(blocks=[{"kind": "dense"}, {"kind": "moe", "experts": 16, "topK": 2}])
+    _, dense, moe, _ = estimate_layers(model, TrainingSpec())
+    assert moe.forward > dense.forward
+    assert moe.param_bytes > 8 * dense.param_bytes
+
+
+def test_attention_activations_grow_with_the_square_of_the_sequence() -> None:
+    model = _model(blocks=[{"kind": "attention"}])
+    short = estimate_layers(model, TrainingSpec(sequence_length=1024))[1]
+    long = estimate_layers(model, TrainingSpec(sequence_length=8192))[1]
+    assert long.activation_bytes > 8 * short.activation_bytes * 1.5
+    assert long.forward > 8 * short.forward
+
+
+def test_optimizer_state_and_device_speed() -> None:
+    sgd = TrainingSpec.model_validate({"optimizer": {"name": "sgd"}})
+    adam = estimate_layers(_model(), TrainingSpec())[1].param_bytes
+    assert estimate_layers(_model(), sgd)[1].param_bytes == adam / 2
+    assert device_speed(989.0) / device_speed(312.0) == 989.0 / 312.0

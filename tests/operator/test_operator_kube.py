@@ -1,0 +1,114 @@
+"""The HTTP client of the reconciler against a local HTTP server speaking the API's statuses.
+
+What matters here is the contract the reconciler relies on: a 409 on create and a 404 on
+delete are success, other errors raise, status goes as a merge patch to the subresource, and
+the bearer token of the kubeconfig is sent. (tests/integration runs it against a real server.)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from adaptis.operator.kube import ApiError, KubeCluster
+from adaptis.operator.manifests import JobRef
+
+
+class _Api(BaseHTTPRequestHandler):
+    requests: list[tuple[str, str, dict[str, str], Any]] = []
+    existing = {"/api/v1/namespaces/ns/pods"}
+
+    def _reply(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _handle(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else None
+        self.requests.append((self.command, self.path, dict(self.headers), body))
+        path = self.path.split("?")[0]
+        if self.command == "POST" and path in self.existing:
+            self._reply(409, {"kind": "Status", "reason": "AlreadyExists"})
+        elif self.command == "POST" and path.endswith("/services"):
+            self._reply(403, {"kind": "Status", "message": "forbidden: no RBAC"})
+        elif self.command in {"DELETE", "GET"} and "missing" in path:
+            self._reply(404, {"kind": "Status", "reason": "NotFound"})
+        elif self.command == "GET" and path.endswith("/pods"):
+            self._reply(200, {"items": [{"metadata": {"name": "p0"}}]})
+        else:
+            self._reply(201 if self.command == "POST" else 200, {})
+
+    do_GET = do_POST = do_PATCH = do_DELETE = _handle
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[tuple[KubeCluster, type[_Api]]]:
+    _Api.requests = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Api)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "t",
+        "clusters": [{"name": "c", "cluster": {
+            "server": f"http://127.0.0.1:{server.server_address[1]}"}}],
+        "users": [{"name": "u", "user": {"token": "s3cret"}}],
+        "contexts": [{"name": "t", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    try:
+        yield KubeCluster(kubeconfig=str(kubeconfig), timeout_s=5), _Api
+    finally:
+        server.shutdown()
+
+
+def test_409_on_create_and_404_on_delete_are_success(api: Any) -> None:
+    cluster, handler = api
+    pod = {"kind": "Pod", "metadata": {"name": "p0", "namespace": "ns"}}
+    assert cluster.create(pod) is False
+    cm = {"kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"}, "data": {}}
+    assert cluster.create(cm) is True
+    cluster.delete_pod("ns", "missing-pod")
+    assert cluster.get_job("ns", "missing-job") is None
+    with pytest.raises(ApiError) as err:
+        cluster.create({"kind": "Service", "metadata": {"name": "s", "namespace": "ns"}})
+    assert err.value.status == 403 and "no RBAC" in str(err.value)
+    assert all(h.get("Authorization") == "Bearer s3cret" for _, _, h, _ in handler.requests)
+
+
+def test_status_is_merge_patched_on_the_subresource_and_pods_by_label(api: Any) -> None:
+    cluster, handler = api
+    cluster.patch_job_status("ns", "demo", status={"phase": "Running", "message": None})
+    method, path, headers, body = handler.requests[-1]
+    assert method == "PATCH"
+    assert path == "/apis/adaptis.io/v1alpha1/namespaces/ns/adaptisjobs/demo/status"
+    assert headers["Content-Type"] == "application/merge-patch+json"
+    assert body == {"status": {"phase": "Running", "message": None}}
+    assert [p["metadata"]["name"] for p in cluster.list_pods("ns", "demo")] == ["p0"]
+    path = handler.requests[-1][1]
+    selector = "app.kubernetes.io%2Fmanaged-by%3Dadaptis%2Cadaptis.io%2Fjob%3Ddemo"
+    assert f"labelSelector={selector}" in path
+
+
+def test_events_name_the_job(api: Any) -> None:
+    cluster, handler = api
+    cluster.event(JobRef(name="demo", namespace="ns", uid="u1"), type_="Warning",
+                  reason="InvalidSpec", message="spec.parallelism.workers: too many")
+    method, path, _, body = handler.requests[-1]
+    assert (method, path) == ("POST", "/api/v1/namespaces/ns/events")
+    assert body["involvedObject"] == {"apiVersion": "adaptis.io/v1alpha1", "kind": "AdaPtisJob",
+                                      "name": "demo", "namespace": "ns", "uid": "u1"}
+    assert (body["type"], body["reason"]) == ("Warning", "InvalidSpec")

@@ -1,0 +1,113 @@
+"""The rendered children: ConfigMap (worker.json), headless Service, one pod per rank."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from adaptis.api.job import JobSpec, WorkerConfig
+from adaptis.api.plan import Plan
+from adaptis.operator.manifests import (
+    JobRef,
+    ManifestSettings,
+    is_current_pod,
+    plan_hash,
+    render_config_map,
+    render_pod,
+    render_service,
+)
+from adaptis.operator.planning import PlanRecord, plan_job
+from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, profile_node
+
+JOB = JobRef(name="demo", namespace="ns", uid="uid-1")
+
+
+@pytest.fixture
+def planned(make_node: Any, make_job: Any) -> tuple[JobSpec, PlanRecord]:
+    spec = JobSpec.model_validate({
+        **make_job()["spec"],
+        "worker": {"image": "img:1", "env": [{"name": "FOO", "value": "bar"}],
+                   "annotations": {"adaptis.io/fake-run-seconds": "2"},
+                   "tolerations": [{"key": "x", "operator": "Exists"}],
+                   "volumes": [{"name": "data", "emptyDir": {}}],
+                   "volumeMounts": [{"name": "data", "mountPath": "/data"}]},
+        "queueName": "team-a",
+    })
+    nodes = [profile_node(make_node(n, gpus=2), topology_keys=DEFAULT_TOPOLOGY_KEYS)
+             for n in ("gpu-a", "gpu-b")]
+    return spec, plan_job(spec, nodes, name="ns/demo")
+
+
+def test_config_map_carries_the_worker_config_and_the_plan(
+        planned: tuple[JobSpec, PlanRecord]) -> None:
+    spec, record = planned
+    cm = render_config_map(JOB, spec, record)
+    assert cm["metadata"]["name"] == "demo-config"
+    assert cm["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    config = WorkerConfig.model_validate_json(cm["data"]["worker.json"])
+    assert config.job_name == "demo" and config.model == spec.model
+    plan = Plan.model_validate(config.plan)
+    assert plan.stages == record.plan.stages and config.metrics_port == 9400
+    assert PlanRecord.model_validate_json(cm["data"]["plan-record.json"]) == record
+
+
+def test_headless_service_selects_the_gang(planned: tuple[JobSpec, PlanRecord]) -> None:
+    spec, _ = planned
+    svc = render_service(JOB, spec)
+    assert svc["metadata"]["name"] == "demo-workers"
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+    assert svc["spec"]["selector"] == {"app.kubernetes.io/managed-by": "adaptis",
+                                       "adaptis.io/job": "demo"}
+
+
+def test_pod_of_a_rank(planned: tuple[JobSpec, PlanRecord]) -> None:
+    spec, record = planned
+    pod = render_pod(JOB, spec, record, rank=3, attempt=2, settings=ManifestSettings())
+    meta, ps = pod["metadata"], pod["spec"]
+    assert meta["name"] == "demo-worker-3"
+    assert meta["labels"]["app.kubernetes.io/managed-by"] == "adaptis"
+    assert meta["labels"]["adaptis.io/rank"] == "3"
+    assert meta["labels"]["kueue.x-k8s.io/pod-group-name"] == "demo"
+    assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert meta["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "4"
+    assert meta["annotations"]["prometheus.io/scrape"] == "true"
+    assert meta["annotations"]["adaptis.io/fake-run-seconds"] == "2"
+    assert meta["ownerReferences"][0]["controller"] is True
+    term = ps["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    expr = term["nodeSelectorTerms"][0]["matchExpressions"][0]
+    assert expr == {"key": "kubernetes.io/hostname", "operator": "In",
+                    "values": [record.hostnames[3]]}
+    assert ps["automountServiceAccountToken"] is False and ps["restartPolicy"] == "Never"
+    assert (ps["hostname"], ps["subdomain"]) == ("demo-worker-3", "demo-workers")
+    (c,) = ps["containers"]
+    assert c["image"] == "img:1"
+    assert c["command"] == ["adaptis", "worker", "--config", "/etc/adaptis/worker.json"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["RANK"] == "3" and env["WORLD_SIZE"] == "4" and env["FOO"] == "bar"
+    assert env["MASTER_ADDR"] == "demo-worker-0.demo-workers.ns.svc"
+    assert env["MASTER_PORT"] == "29500"
+    assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in c["ports"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts == {"adaptis-config": "/etc/adaptis", "checkpoints": "/checkpoints",
+                      "data": "/data"}
+    tolerations = [t["key"] for t in ps["tolerations"]]
+    assert tolerations == ["x", "nvidia.com/gpu"]
+    assert is_current_pod(pod, plan=plan_hash(record), attempt=2)
+    assert not is_current_pod(pod, plan=plan_hash(record), attempt=3)
+    # Rendering is deterministic: the same inputs give byte-identical pods.
+    again = render_pod(JOB, spec, record, rank=3, attempt=2, settings=ManifestSettings())
+    assert json.dumps(again, sort_keys=True) == json.dumps(pod, sort_keys=True)
+
+
+def test_cpu_workers_request_no_gpu(planned: tuple[JobSpec, PlanRecord]) -> None:
+    spec, record = planned
+    cpu = spec.model_copy(update={"parallelism": spec.parallelism.model_copy(
+        update={"gpus_per_worker": 0})})
+    pod = render_pod(JOB, cpu, record, rank=0, attempt=0,
+                     settings=ManifestSettings(image="default:2"))
+    c = pod["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in json.dumps(c["resources"])
+    assert c["image"] == "img:1"

@@ -1,0 +1,77 @@
+"""Device choice, planning problem and plan record of a job on profiled nodes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from adaptis.api.job import JobSpec
+from adaptis.operator.errors import Unsatisfiable
+from adaptis.operator.planning import build_problem, choose_slots, plan_job, spec_hash
+from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, NodeProfile, profile_node
+
+
+def _spec(make_job: Any, **over: Any) -> JobSpec:
+    return JobSpec.model_validate({**make_job()["spec"], **over})
+
+
+def _profiles(nodes: list[dict[str, Any]]) -> list[NodeProfile]:
+    return [profile_node(n, topology_keys=DEFAULT_TOPOLOGY_KEYS) for n in nodes]
+
+
+def test_prefers_one_host_then_one_zone_then_spans(make_node: Any, make_job: Any) -> None:
+    nodes = _profiles([make_node("a100-0", product="NVIDIA-A100-SXM4-80GB", gpus=2, zone="b"),
+                       make_node("h100-0", gpus=2, zone="a"),
+                       make_node("h100-1", gpus=2, zone="a")])
+    two = choose_slots(nodes, spec=_spec(make_job, parallelism={"workers": 2}))
+    assert [s.node.name for s in two] == ["h100-0", "h100-0"]
+    four = choose_slots(nodes, spec=_spec(make_job, parallelism={"workers": 4}))
+    assert sorted(s.node.name for s in four) == ["h100-0", "h100-0", "h100-1", "h100-1"]
+    six = choose_slots(nodes, spec=_spec(make_job, parallelism={"workers": 6}))
+    assert [s.node.name for s in six][:4] == ["h100-0", "h100-0", "h100-1", "h100-1"]
+    assert six[-1].node.name == "a100-0" and six[0].speed > six[-1].speed
+
+
+def test_gpus_per_worker_sets_slots_speed_and_memory(make_node: Any, make_job: Any) -> None:
+    nodes = _profiles([make_node("n", gpus=8)])
+    spec = _spec(make_job, parallelism={"workers": 4, "gpusPerWorker": 2},
+                 planner={"strategy": "1f1b", "memoryHeadroom": 0.5})
+    slots = choose_slots(nodes, spec=spec)
+    one = choose_slots(nodes, spec=_spec(make_job, parallelism={"workers": 4}))
+    assert len(slots) == 4 and slots[0].speed == pytest.approx(2 * one[0].speed)
+    assert slots[0].memory_bytes == pytest.approx(81559 * 2**20 * 2 * 0.5)
+
+
+def test_too_few_slots_is_unsatisfiable_naming_the_field(make_node: Any, make_job: Any) -> None:
+    nodes = _profiles([make_node("n", gpus=2)])
+    with pytest.raises(Unsatisfiable, match=r"spec.parallelism.workers: 4 workers .* offer 2"):
+        choose_slots(nodes, spec=_spec(make_job))
+
+
+def test_problem_and_plan_record(make_node: Any, make_job: Any) -> None:
+    nodes = _profiles([make_node("h", gpus=2, zone="a"),
+                       make_node("a", product="NVIDIA-A100-SXM4-80GB", gpus=2, zone="b")])
+    spec = _spec(make_job)
+    slots = choose_slots(nodes, spec=spec)
+    problem = build_problem(spec, slots, name="ns/demo")
+    assert problem.device_count == 4 and len(problem.expanded_layers()) == 8
+    speeds = [d.speed for d in problem.device_specs()]
+    assert speeds[0] / speeds[-1] == pytest.approx(989 / 312)
+    record = plan_job(spec, nodes, name="ns/demo")
+    assert record.nodes == ["h", "h", "a", "a"] and record.strategy == "1f1b"
+    record.plan.check(layers=8, microbatches=8, devices=4)
+    assert 0 <= record.predicted_bubble_ratio < 1 and record.predicted_iteration_seconds > 0
+    assert record.predicted_speedup_over_i1f1b is not None
+    by_name = {n.name: n for n in nodes}
+    assert record.still_valid(spec_hash_now=spec_hash(spec), candidates=by_name)
+    assert not record.still_valid(spec_hash_now=spec_hash(spec), candidates={"h": by_name["h"]})
+    changed = _spec(make_job, training={"steps": 99})
+    assert not record.still_valid(spec_hash_now=spec_hash(changed), candidates=by_name)
+
+
+def test_lifecycle_fields_do_not_change_the_spec_hash(make_job: Any) -> None:
+    base = _spec(make_job)
+    assert spec_hash(base) == spec_hash(_spec(make_job, suspend=True, backoffLimit=9,
+                                              activeDeadlineSeconds=60))
+    assert spec_hash(base) != spec_hash(_spec(make_job, parallelism={"workers": 2}))

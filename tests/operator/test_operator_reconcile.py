@@ -1,0 +1,254 @@
+"""The reconciler's lifecycle on an in-memory API (the real one: tests/integration)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adaptis.operator.reconcile import Reconciler
+
+
+def _cond(job: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in job["status"]["conditions"] if c["type"] == type_)
+
+
+def _run_all(cluster: Any, names: list[str] | None = None) -> None:
+    """What the scheduler and the kubelet do: bind each pod where its affinity says, run it."""
+    for pod in cluster.pods():
+        if names is None or pod["metadata"]["name"] in names:
+            cluster.set_pod_phase(pod["metadata"]["name"], "Running")
+            terms = pod["spec"]["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            pod["spec"]["nodeName"] = terms[0]["matchExpressions"][0]["values"][0]
+
+
+def test_create_plans_and_starts_one_pod_per_rank(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job())
+    Reconciler(cluster).reconcile("ns", "demo")
+    job = cluster.job()
+    assert job["status"]["phase"] == "Planned"
+    assert _cond(job, "Planned")["status"] == "True"
+    assert _cond(job, "Profiling")["message"].startswith("4 candidate node(s) of 4")
+    pods = cluster.pods()
+    assert [p["metadata"]["name"] for p in pods] == [f"demo-worker-{r}" for r in range(4)]
+    placement = job["status"]["placement"]
+    for pod, rank in zip(pods, placement, strict=True):
+        expr = pod["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
+            "matchExpressions"][0]
+        assert expr["values"] == [rank["node"]]
+    # Four ranks fit the two H100 nodes of zone-a: the faster, single-zone choice.
+    assert {r["node"] for r in placement} == {"h100-0", "h100-1"}
+    assert ("ConfigMap", "ns", "demo-config") in cluster.objects
+    assert ("Service", "ns", "demo-workers") in cluster.objects
+    assert job["status"]["predictedSpeedupOverI1F1B"] > 0
+    assert [e[2] for e in cluster.events] == ["Planned", "CreatedPods"]
+
+
+def test_repeated_passes_and_operator_restarts_never_duplicate(cluster: Any,
+                                                                make_job: Any) -> None:
+    cluster.add_job(make_job())
+    Reconciler(cluster).reconcile("ns", "demo")
+    creates = cluster.calls.count("create Pod")
+    status = dict(cluster.job()["status"])
+    for _ in range(3):
+        Reconciler(cluster).reconcile("ns", "demo")  # a fresh operator each time
+    assert cluster.calls.count("create Pod") == creates == 4
+    assert "replace ConfigMap" not in cluster.calls  # the cached plan was reused
+    assert cluster.job()["status"] == status
+    # A pod deleted by someone else is recreated under the same name.
+    del cluster.objects[("Pod", "ns", "demo-worker-2")]
+    Reconciler(cluster).reconcile("ns", "demo")
+    assert len(cluster.pods()) == 4
+
+
+def test_running_then_succeeded_with_observed_bubble(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job())
+    rec = Reconciler(cluster)
+    rec.reconcile("ns", "demo")
+    _run_all(cluster)
+    rec.reconcile("ns", "demo")
+    job = cluster.job()
+    assert job["status"]["phase"] == "Running" and job["status"]["workersReady"] == "4/4"
+    for pod in cluster.pods():
+        cluster.set_pod_phase(pod["metadata"]["name"], "Succeeded", ready=False,
+                              message='{"observedBubbleRatio": 0.25}')
+    rec.reconcile("ns", "demo")
+    st = cluster.job()["status"]
+    assert st["phase"] == "Succeeded" and st["completionTime"]
+    assert st["observedBubbleRatio"] == 0.25
+    assert _cond(cluster.job(), "Succeeded")["status"] == "True"
+
+
+def test_failed_pod_restarts_the_gang_until_the_backoff_limit(cluster: Any,
+                                                               make_job: Any) -> None:
+    cluster.add_job(make_job(spec={"backoffLimit": 1}))
+    rec = Reconciler(cluster)
+    rec.reconcile("ns", "demo")
+    _run_all(cluster)
+    cluster.set_pod_phase("demo-worker-1", "Failed", ready=False)
+    rec.reconcile("ns", "demo")
+    st = cluster.job()["status"]
+    assert st["phase"] == "Restarting" and st["restarts"] == 1
+    assert all(p["metadata"].get("deletionTimestamp") for p in cluster.pods())
+    rec.reconcile("ns", "demo")  # old pods still terminating: nothing created yet
+    assert all(p["metadata"].get("deletionTimestamp") for p in cluster.pods())
+    cluster.finish_deletions()
+    rec.reconcile("ns", "demo")
+    pods = cluster.pods()
+    assert len(pods) == 4 and {p["metadata"]["labels"]["adaptis.io/attempt"] for p in pods} == {"1"}
+    _run_all(cluster)
+    rec.reconcile("ns", "demo")
+    assert cluster.job()["status"]["phase"] == "Running"
+    assert _cond(cluster.job(), "Restarting")["status"] == "False"
+    cluster.set_pod_phase("demo-worker-0", "Failed", ready=False)
+    rec.reconcile("ns", "demo")
+    st = cluster.job()["status"]
+    assert st["phase"] == "Failed" and _cond(cluster.job(), "Failed")["reason"] == (
+        "BackoffLimitExceeded")
+    # Running pods of a failed gang are stopped.
+    running = [p for p in cluster.pods() if p["status"]["phase"] == "Running"]
+    assert all(p["metadata"].get("deletionTimestamp") for p in running)
+
+
+def test_invalid_spec_fails_with_field_condition_and_event(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job(spec={"parallelism": {"workers": 20}}))
+    Reconciler(cluster).reconcile("ns", "demo")
+    job = cluster.job()
+    assert job["status"]["phase"] == "Failed"
+    failed = _cond(job, "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert failed["message"].startswith("spec.parallelism.workers:")
+    assert cluster.events[-1][1:3] == ("Warning", "InvalidSpec")
+    assert cluster.pods() == []
+    # Fixing the spec (a new generation) starts the job.
+    job = cluster.job()
+    job["spec"]["parallelism"]["workers"] = 2
+    job["metadata"]["generation"] = 2
+    Reconciler(cluster).reconcile("ns", "demo")
+    assert cluster.job()["status"]["phase"] == "Planned" and len(cluster.pods()) == 2
+
+
+def test_unsatisfiable_placement_shows_in_status(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job(spec={"parallelism": {"workers": 4, "gpusPerWorker": 4}}))
+    rec = Reconciler(cluster)
+    result = rec.reconcile("ns", "demo")
+    job = cluster.job()
+    assert job["status"]["phase"] == "Pending"
+    planned = _cond(job, "Planned")
+    assert (planned["status"], planned["reason"]) == ("False", "Unsatisfiable")
+    assert "spec.parallelism.workers" in planned["message"]
+    assert result.requeue_after is not None and cluster.pods() == []
+    # Retries on unchanged inputs neither search again nor flip the status through Profiling.
+    writes = cluster.calls.count("patch_status")
+    rec.reconcile("ns", "demo")
+    assert cluster.calls.count("patch_status") == writes
+    # New hardware is worth another try: two 4-GPU nodes make it satisfiable.
+    for i in range(2):
+        cluster.nodes[f"big-{i}"] = dict(cluster.nodes["h100-0"])
+        cluster.nodes[f"big-{i}"]["metadata"] = {**cluster.nodes["h100-0"]["metadata"],
+                                                 "name": f"big-{i}"}
+        cluster.nodes[f"big-{i}"]["status"] = {**cluster.nodes["h100-0"]["status"],
+                                               "allocatable": {"nvidia.com/gpu": "8"}}
+    rec.reconcile("ns", "demo")
+    assert cluster.job()["status"]["phase"] == "Planned" and len(cluster.pods()) == 4
+
+
+def test_unschedulable_pods_show_in_status(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job())
+    rec = Reconciler(cluster)
+    rec.reconcile("ns", "demo")
+    pod = cluster.objects[("Pod", "ns", "demo-worker-0")]
+    pod["status"] = {"phase": "Pending", "conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": "0/4 nodes are available: 1 Insufficient nvidia.com/gpu"}]}
+    rec.reconcile("ns", "demo")
+    running = _cond(cluster.job(), "Running")
+    assert running["reason"] == "Unschedulable" and "Insufficient" in running["message"]
+    assert cluster.events[-1][1:3] == ("Warning", "Unschedulable")
+
+
+def test_suspend_removes_pods_and_resume_recreates(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job())
+    rec = Reconciler(cluster)
+    rec.reconcile("ns", "demo")
+    cluster.job()["spec"]["suspend"] = True
+    rec.reconcile("ns", "demo")
+    assert cluster.job()["status"]["phase"] == "Suspended"
+    assert _cond(cluster.job(), "Suspended")["status"] == "True"
+    cluster.finish_deletions()
+    assert cluster.pods() == []
+    cluster.job()["spec"]["suspend"] = False
+    rec.reconcile("ns", "demo")
+    assert len(cluster.pods()) == 4
+    assert _cond(cluster.job(), "Suspended")["reason"] == "Resumed"
+    assert "replace ConfigMap" not in cluster.calls  # suspend is not a spec change
+
+
+def test_active_deadline_fails_the_job(cluster: Any, make_job: Any, clock: Any) -> None:
+    cluster.add_job(make_job(spec={"activeDeadlineSeconds": 60}))
+    rec = Reconciler(cluster, clock=clock)
+    first = rec.reconcile("ns", "demo")
+    assert first.requeue_after == 60
+    _run_all(cluster)
+    clock.advance(30)
+    assert rec.reconcile("ns", "demo").requeue_after == 30
+    clock.advance(31)
+    rec.reconcile("ns", "demo")
+    assert _cond(cluster.job(), "Failed")["reason"] == "DeadlineExceeded"
+    assert all(p["metadata"].get("deletionTimestamp") for p in cluster.pods())
+
+
+def test_ttl_deletes_the_finished_job(cluster: Any, make_job: Any, clock: Any) -> None:
+    cluster.add_job(make_job(spec={"ttlSecondsAfterFinished": 10}))
+    rec = Reconciler(cluster, clock=clock)
+    rec.reconcile("ns", "demo")
+    for pod in cluster.pods():
+        cluster.set_pod_phase(pod["metadata"]["name"], "Succeeded", ready=False)
+    assert rec.reconcile("ns", "demo").requeue_after == 10
+    clock.advance(11)
+    rec.reconcile("ns", "demo")
+    assert ("ns", "demo") not in cluster.jobs
+
+
+def test_lost_node_replans_on_what_is_left(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job())
+    rec = Reconciler(cluster)
+    rec.reconcile("ns", "demo")
+    _run_all(cluster)
+    rec.reconcile("ns", "demo")
+    del cluster.nodes["h100-1"]
+    rec.reconcile("ns", "demo")
+    # The pods on the lost node are force-deleted (no kubelet is left to confirm); the others
+    # terminate gracefully.
+    assert cluster.calls.count("force delete Pod") == 2
+    assert cluster.calls.count("delete Pod") == 2
+    st = cluster.job()["status"]
+    assert st["replans"] == 1 and st["restarts"] == 0
+    assert _cond(cluster.job(), "Restarting")["reason"] == "NodesChanged"
+    assert "h100-1" in _cond(cluster.job(), "Restarting")["message"]
+    nodes = {r["node"] for r in st["placement"]}
+    assert "h100-1" not in nodes and len(st["placement"]) == 4
+    cluster.finish_deletions()
+    rec.reconcile("ns", "demo")
+    assert len(cluster.pods()) == 4
+    # A node added while running does not disturb the job.
+    cluster.nodes["h100-9"] = dict(cluster.nodes["h100-0"])
+    cluster.nodes["h100-9"]["metadata"] = {**cluster.nodes["h100-0"]["metadata"],
+                                           "name": "h100-9"}
+    rec.reconcile("ns", "demo")
+    assert cluster.job()["status"]["replans"] == 1
+
+
+def test_spec_change_replans_and_replaces_pods(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job())
+    rec = Reconciler(cluster)
+    rec.reconcile("ns", "demo")
+    cluster.job()["spec"]["parallelism"]["workers"] = 2
+    cluster.job()["metadata"]["generation"] = 2
+    rec.reconcile("ns", "demo")
+    assert "replace ConfigMap" in cluster.calls
+    cluster.finish_deletions()
+    rec.reconcile("ns", "demo")
+    assert [p["metadata"]["name"] for p in cluster.pods()] == ["demo-worker-0", "demo-worker-1"]
+    assert cluster.job()["status"]["observedGeneration"] == 2
+    assert cluster.job()["status"]["replans"] == 0

@@ -1,0 +1,94 @@
+"""The work queue: coalescing, one pass per key at a time, retries, delays, resync."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+from adaptis.operator.workqueue import WorkQueue
+
+
+def _wait(cond, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_keys_added_while_queued_or_running_coalesce_and_never_overlap() -> None:
+    seen: Counter[str] = Counter()
+    running: set[str] = set()
+    overlap: list[str] = []
+    gate = threading.Event()
+    lock = threading.Lock()
+
+    def process(key: str) -> None:
+        with lock:
+            if key in running:
+                overlap.append(key)
+            running.add(key)
+        gate.wait(2)
+        with lock:
+            running.discard(key)
+            seen[key] += 1
+
+    q: WorkQueue[str] = WorkQueue(process, workers=4, resync_s=3600)
+    q.start()
+    try:
+        q.add("a")
+        assert _wait(lambda: "a" in running)
+        for _ in range(50):  # 50 events while "a" runs: one more pass, not 50
+            q.add("a")
+            q.add("b")
+        gate.set()
+        assert _wait(lambda: seen["a"] == 2 and seen["b"] == 1 and q.idle())
+        time.sleep(0.1)
+        assert seen == Counter({"a": 2, "b": 1}) and overlap == []
+    finally:
+        q.stop()
+
+
+def test_failures_retry_with_backoff_and_requeue_after() -> None:
+    calls: list[float] = []
+
+    def process(key: str) -> float | None:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise RuntimeError("API down")
+        return 0.2 if len(calls) == 2 else None
+
+    q: WorkQueue[str] = WorkQueue(process, workers=1, resync_s=3600)
+    q.start()
+    try:
+        q.add("job")
+        assert _wait(lambda: len(calls) == 3)
+        assert calls[1] - calls[0] >= 0.45  # first backoff step is 0.5 s
+        assert calls[2] - calls[1] >= 0.18  # asked to look again after 0.2 s
+        time.sleep(0.3)
+        assert len(calls) == 3
+    finally:
+        q.stop()
+
+
+def test_resync_revisits_known_keys_until_forgotten() -> None:
+    seen: Counter[str] = Counter()
+    q: WorkQueue[str] = WorkQueue(lambda k: seen.update([k]), workers=1, resync_s=0.1)
+    q.start()
+    try:
+        q.add("x")
+        assert _wait(lambda: seen["x"] >= 3)
+        q.forget("x")
+        time.sleep(0.15)
+        n = seen["x"]
+        time.sleep(0.3)
+        assert seen["x"] == n
+        q.add("y")
+        q.add("z")
+        before = seen["y"]
+        q.add_all()
+        assert _wait(lambda: seen["y"] > before)
+    finally:
+        q.stop()
