@@ -63,8 +63,22 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise SpecError(f"worker: {err}") from None
     try:
-        run_worker(config, env=env, emit=print_events(sys.stdout), linger_s=args.linger_seconds)
+        done = run_worker(config, env=env, emit=print_events(sys.stdout), linger_s=args.linger_seconds)
     except WorkerError as err:
         print(f"adaptis worker: rank {env.rank}: {err}", file=sys.stderr)
         return 1
+    _write_termination_message(done)
     return 0
+
+
+def _write_termination_message(done: dict[str, object]) -> None:
+    """Kubernetes shows the file at the pod's terminationMessagePath in the pod status; the
+    operator reads the observed bubble ratio from there (small JSON, well under 4 KiB)."""
+    path = Path(os.environ.get("ADAPTIS_TERMINATION_LOG", "/dev/termination-log"))
+    if not path.parent.is_dir() or (path.exists() and not os.access(path, os.W_OK)):
+        return
+    keys = ("rank", "steps", "loss", "bubble_ratio", "tokens", "seconds")
+    try:
+        path.write_text(json.dumps({k: done[k] for k in keys if k in done}))
+    except OSError:
+        pass  # not in a pod (e.g. /dev not writable): nothing to report to

@@ -157,6 +157,7 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
             save_checkpoint(ckpt, executor=executor, step=step, position=position, tokens=tokens,
                             samples=samples)
     done = {"event": "done", "rank": env.rank, "steps": step, "tokens": tokens, "samples": samples,
-            "seconds": time.perf_counter() - started, "loss": last.loss if last else None}
+            "seconds": time.perf_counter() - started, "loss": last.loss if last else None,
+            "bubble_ratio": last.bubble_ratio if last else None}
     emit(done)
     return done
