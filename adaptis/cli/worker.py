@@ -75,8 +75,8 @@ def _write_termination_message(done: dict[str, object]) -> None:
     """Kubernetes shows the file at the pod's terminationMessagePath in the pod status; the
     operator reads the observed bubble ratio from there (small JSON, well under 4 KiB)."""
     path = Path(os.environ.get("ADAPTIS_TERMINATION_LOG", "/dev/termination-log"))
-    if not path.parent.is_dir() or (path.exists() and not os.access(path, os.W_OK)):
-        return
+    if not path.is_file() or not os.access(path, os.W_OK):
+        return  # the kubelet creates the file in a pod; elsewhere there is nobody to tell
     keys = ("rank", "steps", "loss", "bubble_ratio", "tokens", "seconds")
     try:
         path.write_text(json.dumps({k: done[k] for k in keys if k in done}))
