@@ -1,0 +1,307 @@
+"""The layer profiler: measure each distinct layer of a job's model into a planning problem.
+
+Sits in the worker layer between the model zoo (:mod:`adaptis.worker.models`, whose modules it
+times, so what is profiled is what is trained) and the planner's input contract
+(:class:`adaptis.api.problem.Problem`, shared/planning-problem.md); ``adaptis profile`` is its
+CLI face. :mod:`adaptis.worker.problem` keeps the quick estimate ``adaptis run`` uses; this is
+the full measurement.
+
+For every distinct layer kind (embedding, head, each block kind with its expert settings) at
+the job's microbatch size and sequence length, on one device, in one precision:
+
+- **F**: the forward with autograd recording (as training runs it; the head includes the loss).
+- **B**: ``autograd.grad`` w.r.t. the layer's input, graph retained (the input gradient).
+- **W**: the fused backward (w.r.t. input and parameters) minus B: what torch's B/W split
+  leaves for its weight pass, which reuses B's intermediate gradients. The first layer takes
+  token ids, so its B is 0 and W is its whole backward, as the executor runs it.
+- each timed with ``warmup`` untimed runs then the median (or min) of ``repeats``, on the device's own
+  clock (CUDA events; ``perf_counter`` on CPU, where compute is synchronous).
+- **activation bytes**: unique storages autograd saves in the forward
+  (``saved_tensors_hooks``; parameters excluded), plus the output of every module that owns
+  parameters: the gradient there is what a B/W split keeps from B until W.
+- **param bytes**: parameters x bytes per parameter of the optimizer: AdamW 16 (weight,
+  grad, two moments in fp32; with bf16 weights+grads plus an fp32 master copy it is also
+  2 + 2 + 4 + 8 = 16), SGD 8 (weight and grad; fp32 or bf16 plus master).
+- **output bytes**: the layer's output (0 for the head: only the scalar loss leaves it).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from adaptis.api.job import JobSpec
+from adaptis.api.problem import IdenticalDevices, Layer, Link, Network, Problem
+from adaptis.worker.errors import WorkerError
+from adaptis.worker.hardware import (
+    HardwareProfile,
+    device_clock,
+    device_memory_bytes,
+    device_name,
+    measure_matmul_tflops,
+)
+from adaptis.worker.models import LayerInfo, build_layer, model_layers, token_loss
+
+__all__ = [
+    "LayerProfile",
+    "ProfileSettings",
+    "bytes_per_param",
+    "profile_job",
+    "profile_layers",
+    "profile_module",
+    "problem_from_profiles",
+]
+
+log = logging.getLogger(__name__)
+
+#: Bytes per parameter held all iteration: weight + grad (+ moments) (+ fp32 master), see above.
+_BYTES_PER_PARAM = {"adamw": 16, "sgd": 8}
+# Two matmul throughputs within this ratio are one kind of device measured twice (noise).
+_SAME_DEVICE = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSettings:
+    """How to measure: where, in which precision, how often."""
+
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    dtype: torch.dtype = torch.float32
+    warmup: int = 2
+    repeats: int = 5
+    # median: the usual; min: the undisturbed time on a host shared with other work, where
+    # every disturbance only adds (use the same estimator for what it is compared with).
+    estimator: Literal["median", "min"] = "median"
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.warmup < 0:
+            raise WorkerError(f"profile: repeats must be >= 1 and warmup >= 0, got {self.repeats}, {self.warmup}")
+        if self.estimator not in ("median", "min"):
+            raise WorkerError(f"profile: estimator must be median or min, got {self.estimator!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class LayerProfile:
+    """One layer's measurement: seconds and bytes of one microbatch."""
+
+    name: str
+    kind: str
+    forward_s: float
+    backward_s: float
+    weight_s: float
+    activation_bytes: int
+    param_bytes: int
+    output_bytes: int
+
+    def to_layer(self, *, unit_seconds: float) -> Layer:
+        # F must be > 0 in the contract: a layer too fast for the clock still costs a tick.
+        def r(x: float) -> float:  # five significant digits: more is clock noise
+            return float(f"{x:.5g}")
+
+        return Layer(
+            name=self.name, kind=self.kind,
+            forward=max(r(self.forward_s / unit_seconds), 1e-6),
+            backward=r(self.backward_s / unit_seconds), weight=r(self.weight_s / unit_seconds),
+            activation_bytes=float(self.activation_bytes), param_bytes=float(self.param_bytes),
+            output_bytes=float(self.output_bytes),
+        )
+
+
+def bytes_per_param(optimizer: str) -> int:
+    try:
+        return _BYTES_PER_PARAM[optimizer]
+    except KeyError:
+        raise WorkerError(f"profile: no memory rule for optimizer {optimizer!r}") from None
+
+
+# --- one module --------------------------------------------------------------------------------
+def _time_of(clock: Callable[[Callable[[], None]], float], fn: Callable[[], None], *,
+                 setup: Callable[[], Any] | None, settings: ProfileSettings) -> float:
+    """Seconds of ``fn(setup())`` (median or min of the repeats) after warm-ups; ``setup``
+    runs outside the clock."""
+    times = []
+    for i in range(settings.warmup + settings.repeats):
+        state = setup() if setup is not None else None
+        t = clock(lambda: fn(state) if setup is not None else fn())  # type: ignore[call-arg]
+        del state
+        if i >= settings.warmup:
+            times.append(t)
+    return min(times) if settings.estimator == "min" else statistics.median(times)
+
+
+def _saved_bytes(run: Callable[[], torch.Tensor], *, exclude: set[int]) -> tuple[int, torch.Tensor]:
+    """Bytes of the unique storages autograd saves while ``run`` executes (``exclude``: data
+    pointers not to count, the parameters)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in exclude and ptr not in seen:
+            seen[ptr] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run()
+    return sum(seen.values()), out
+
+
+def _split_grad_bytes(module: nn.Module, run: Callable[[], torch.Tensor]) -> int:
+    """Bytes of the outputs of the modules that own parameters: the gradients a B/W split
+    keeps there from B until W computes the weight gradients from them."""
+    total = 0
+    handles = []
+
+    def hook(_m: nn.Module, _inp: Any, out: Any) -> None:
+        nonlocal total
+        if isinstance(out, torch.Tensor):
+            total += out.numel() * out.element_size()
+
+    for sub in module.modules():
+        if any(p.requires_grad for p in sub.parameters(recurse=False)):
+            handles.append(sub.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for h in handles:
+            h.remove()
+    return total
+
+
+def profile_module(module: nn.Module, *, example: torch.Tensor, settings: ProfileSettings,
+                   loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                   input_grad: bool = True) -> tuple[float, float, float, int, int]:
+    """Seconds of F, B and W and bytes of activation and output of one microbatch through
+    ``module`` (already on the device, in the precision). ``loss``: applied to the output
+    inside F (the head's). ``input_grad``: False when the input takes no gradient (token ids):
+    B is then 0 and W the whole backward."""
+    clock = device_clock(settings.device)
+    params = [p for p in module.parameters() if p.requires_grad]
+    x = example.detach().requires_grad_(True) if input_grad else example
+
+    def forward() -> torch.Tensor:
+        out = module(x)
+        return loss(out) if loss is not None else out
+
+    def seed_grad(out: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(out) if loss is None else torch.ones((), dtype=out.dtype, device=out.device)
+
+    def run_f() -> None:
+        forward()
+
+    def run_b(out: torch.Tensor) -> None:
+        torch.autograd.grad(out, [x], seed_grad(out), retain_graph=True)
+
+    def run_full(out: torch.Tensor) -> None:
+        targets = ([x] if input_grad else []) + params
+        if targets:
+            torch.autograd.grad(out, targets, seed_grad(out))
+
+    # Warm the allocator and kernels once for every pass before anything is timed.
+    forward_s = _time_of(clock, run_f, setup=None, settings=settings)
+    backward_s = _time_of(clock, run_b, setup=forward, settings=settings) if input_grad else 0.0
+    full_s = _time_of(clock, run_full, setup=forward, settings=settings)
+    weight_s = max(0.0, full_s - backward_s) if params else 0.0
+
+    exclude = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    saved, out = _saved_bytes(forward, exclude=exclude)
+    split = _split_grad_bytes(module, lambda: module(x)) if input_grad else 0
+    output = 0 if loss is not None else out.numel() * out.element_size()
+    return forward_s, backward_s, weight_s, saved + split, output
+
+
+# --- a job's model -----------------------------------------------------------------------------
+def _kind_key(info: LayerInfo) -> tuple[str, int, int]:
+    b = info.block
+    return (info.kind, b.experts if b and info.kind == "moe" else 0, b.top_k if b and info.kind == "moe" else 0)
+
+
+def profile_layers(spec: JobSpec, *, settings: ProfileSettings) -> list[LayerProfile]:
+    """Every layer of the model in pipeline order; each distinct kind is measured once."""
+    model, train = spec.model, spec.training
+    infos = model_layers(model)
+    b, s, h = train.microbatch_size, train.sequence_length, model.hidden
+    dev, dtype = settings.device, settings.dtype
+    gen = torch.Generator(device=dev).manual_seed(train.seed)
+    tokens = torch.randint(model.vocab_size, (b, s), generator=gen, device=dev)
+    hidden = torch.randn(b, s, h, generator=gen, device=dev, dtype=dtype)
+    per_param = bytes_per_param(train.optimizer.name)
+    cache: dict[tuple[str, int, int], tuple[float, float, float, int, int, int]] = {}
+    out: list[LayerProfile] = []
+    last = len(infos) - 1
+    for index, info in enumerate(infos):
+        # The head is measured with the loss; position matters only for embedding and head.
+        key = _kind_key(info)
+        if key not in cache:
+            module = build_layer(model, index=index, seed=train.seed).to(device=dev, dtype=dtype)
+            first = index == 0
+            f, bw, w, act, outb = profile_module(
+                module, example=tokens if first else hidden, settings=settings, input_grad=not first,
+                loss=(lambda o: token_loss(o, tokens)) if index == last else None,
+            )
+            n_params = sum(p.numel() for p in module.parameters())
+            cache[key] = (f, bw, w, act, n_params * per_param, outb)
+            log.info("profiled %-10s F %.3f ms  B %.3f ms  W %.3f ms  act %.3g B", info.kind,
+                     f * 1e3, bw * 1e3, w * 1e3, act)
+            del module
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+        f, bw, w, act, pb, outb = cache[key]
+        out.append(LayerProfile(name=info.name, kind=info.kind, forward_s=f, backward_s=bw, weight_s=w,
+                                activation_bytes=act, param_bytes=pb, output_bytes=outb))
+    return out
+
+
+def problem_from_profiles(profiles: Sequence[LayerProfile], *, name: str, microbatches: int, devices: int,
+                          memory_bytes: float | None, speed: float = 1.0, per_node: int | None = None,
+                          network: Network | None = None) -> Problem:
+    """The planning problem (time unit ms) of measured layers on ``devices`` identical devices."""
+    if devices < 1:
+        raise WorkerError(f"profile: devices must be >= 1, got {devices}")
+    return Problem(
+        name=name, time_unit="ms", microbatches=microbatches,
+        layers=[p.to_layer(unit_seconds=1e-3) for p in profiles],
+        devices=IdenticalDevices(count=devices, per_node=per_node or devices, memory_bytes=memory_bytes,
+                                 speed=speed),
+        network=network or Network(),
+    )
+
+
+def profile_job(spec: JobSpec, *, settings: ProfileSettings, devices: int, name: str,
+                hardware: HardwareProfile | None = None) -> Problem:
+    """Profile ``spec``'s model here and write it as a planning problem.
+
+    Times are this device's, so it is the speed-1 device. With ``hardware`` (a profile of the
+    devices the job will run on, e.g. from ``adaptis profile --hardware`` in a pod) the
+    problem takes its memory, links and ranks per node, and its speed relative to this device
+    (the ratio of matmul throughputs; 1 for the same device name or within noise). Without it: this
+    device's memory (on CPU shared by ``devices`` local ranks) and free links."""
+    profiles = profile_layers(spec, settings=settings)
+    dev = settings.device
+    label = f"{name} ({device_name(dev)}, torch {torch.__version__}, {str(settings.dtype).removeprefix('torch.')})"
+    if hardware is None:
+        memory = device_memory_bytes(dev)
+        if dev.type == "cpu":
+            memory /= devices
+        return problem_from_profiles(profiles, name=label, microbatches=spec.training.microbatches,
+                                     devices=devices, memory_bytes=memory)
+    local = measure_matmul_tflops(dev, dtype=settings.dtype)
+    ratio = hardware.device.matmul_tflops / local if local > 0 else 1.0
+    same = hardware.device.name == device_name(dev) or abs(ratio - 1.0) <= _SAME_DEVICE
+    speed = 1.0 if same else ratio
+    links = hardware.links
+
+    def link(key: str) -> Link | None:
+        lk = links.get(key)
+        return None if lk is None else Link(bandwidth_bytes_per_s=lk.bandwidth_bytes_per_s, latency_s=lk.latency_s)
+
+    network = Network(intra_node=link("intra_node"), inter_node=link("inter_node"))
+    return problem_from_profiles(profiles, name=label, microbatches=spec.training.microbatches, devices=devices,
+                                 memory_bytes=hardware.device.memory_bytes, speed=speed,
+                                 per_node=hardware.ranks_per_node, network=network)

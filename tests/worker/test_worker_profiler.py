@@ -1,0 +1,165 @@
+"""The layer profiler: real torch work on the CPU, a valid planning problem out, the CLI loop.
+
+Timings on a shared machine are noisy, so time assertions are about sign and order of
+magnitude; byte counts are exact functions of the shapes and asserted as such.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, OptimizerSpec, ParallelismSpec, TrainingSpec
+from adaptis.api.problem import load_problem, parse_problem
+from adaptis.worker.errors import WorkerError
+from adaptis.worker.hardware import DeviceProfile, HardwareProfile, LinkProfile
+from adaptis.worker.layers import AttentionBlock
+from adaptis.worker.models import model_layers
+from adaptis.worker.profiler import ProfileSettings, bytes_per_param, profile_job, profile_layers, profile_module
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = ProfileSettings(warmup=1, repeats=3)
+
+
+def _spec(*, seq: int = 16, optimizer: str = "adamw") -> JobSpec:
+    return JobSpec(
+        model=ModelSpec(vocab_size=256, hidden=16, heads=2, blocks=[
+            BlockSpec(kind="mamba"), BlockSpec(kind="attention", count=2), BlockSpec(kind="moe", experts=2, top_k=1),
+            BlockSpec(kind="dense")]),
+        training=TrainingSpec(microbatches=4, microbatch_size=2, sequence_length=seq,
+                              optimizer=OptimizerSpec(name=optimizer)),  # type: ignore[arg-type]
+        parallelism=ParallelismSpec(workers=3, gpus_per_worker=0))
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def test_profiled_job_is_a_valid_problem_with_positive_times() -> None:
+    spec = _spec()
+    problem = profile_job(spec, settings=FAST, devices=3, name="tiny")
+    reparsed = parse_problem(json.loads(json.dumps(problem.model_dump(mode="json", exclude_none=True))))
+    layers = reparsed.expanded_layers()
+    assert [lay.name for lay in layers] == [info.name for info in model_layers(spec.model)]
+    assert reparsed.device_count == 3 and reparsed.microbatches == 4 and reparsed.time_unit == "ms"
+    assert all(lay.forward > 0 for lay in layers)
+    blocks = [lay for lay in layers if lay.kind not in ("embedding", "head")]
+    assert all(lay.backward > 0 for lay in blocks)
+    assert layers[0].backward == 0 and layers[0].weight > 0  # token input: the whole backward is W
+    assert all(lay.activation_bytes > 0 for lay in layers if lay.kind == "attention")
+    # Identical kinds are measured once and share their figures.
+    assert layers[2].model_dump(exclude={"name"}) == layers[3].model_dump(exclude={"name"})
+    # Output: [b, s, h] float32 from every layer but the head (only the loss leaves it).
+    assert all(lay.output_bytes == 2 * 16 * 16 * 4 for lay in layers[:-1]) and layers[-1].output_bytes == 0
+
+
+def test_bad_settings_are_worker_errors() -> None:
+    with pytest.raises(WorkerError, match="repeats"):
+        ProfileSettings(repeats=0)
+    with pytest.raises(WorkerError, match="estimator"):
+        ProfileSettings(estimator="mean")  # type: ignore[arg-type]
+    with pytest.raises(WorkerError, match="optimizer"):
+        bytes_per_param("lion")
+
+
+def test_param_bytes_follow_the_optimizer_rule() -> None:
+    adamw = profile_layers(_spec(optimizer="adamw"), settings=ProfileSettings(warmup=0, repeats=1))
+    sgd = profile_layers(_spec(optimizer="sgd"), settings=ProfileSettings(warmup=0, repeats=1))
+    emb_params = 256 * 16
+    assert adamw[0].param_bytes == emb_params * bytes_per_param("adamw") == emb_params * 16
+    assert sgd[0].param_bytes == emb_params * 8
+    assert all(a.param_bytes == 2 * s.param_bytes for a, s in zip(adamw, sgd))
+
+
+def test_attention_activation_bytes_grow_with_the_sequence() -> None:
+    block = AttentionBlock(hidden=16, heads=2)
+    sizes = []
+    for seq in (16, 64):
+        x = torch.randn(2, seq, 16)
+        *_times, act, out = profile_module(block, example=x, settings=ProfileSettings(warmup=0, repeats=1))
+        assert out == x.numel() * 4
+        sizes.append(act)
+    assert sizes[0] > 0
+    assert sizes[1] >= 4 * sizes[0] * 0.9  # at least linear in the sequence (4x longer)
+
+
+class _Weightless(nn.Module):
+    """Compute-heavy, but no trainable parameter (the weights are frozen)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix = nn.Linear(64, 64, bias=False).requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(4):
+            x = torch.tanh(self.mix(x))
+        return x
+
+
+def test_a_layer_without_weights_has_no_weight_time_and_a_dense_one_has_some() -> None:
+    x = torch.randn(8, 64, 64)
+    settings = ProfileSettings(warmup=1, repeats=5)
+    f, b, w, act, _out = profile_module(_Weightless(), example=x, settings=settings)
+    assert f > 0 and b > 0 and act > 0
+    assert w == 0.0
+    dense = nn.Sequential(*(nn.Linear(64, 64) for _ in range(4)))
+    f2, b2, w2, _act, _out = profile_module(dense, example=x, settings=settings)
+    # The weight gradients of four linears cost about as much as their input gradients.
+    assert w2 > 0.1 * b2
+
+
+def test_hardware_file_sets_memory_links_and_relative_speed() -> None:
+    hw = HardwareProfile(
+        device=DeviceProfile(name="Some Accelerator", speed=0.5, memory_bytes=8e10, matmul_tflops=1e6,
+                             precision="bfloat16"),
+        links={"intra_node": LinkProfile(bandwidth_bytes_per_s=4e11, latency_s=5e-6),
+               "inter_node": LinkProfile(bandwidth_bytes_per_s=2.5e10, latency_s=2e-5)},
+        ranks_per_node=2)
+    problem = profile_job(_spec(), settings=ProfileSettings(warmup=0, repeats=1), devices=4, name="hw",
+                          hardware=hw)
+    devices = problem.device_specs()
+    assert [d.node for d in devices] == ["node0", "node0", "node1", "node1"]
+    assert all(d.memory_bytes == 8e10 for d in devices)
+    assert all(d.speed > 100 for d in devices)  # a 1 EFLOP/s device against this CPU
+    assert problem.network.intra_node is not None and problem.network.intra_node.latency_s == 5e-6
+    assert problem.network.inter_node is not None and problem.network.inter_node.bandwidth_bytes_per_s == 2.5e10
+
+
+def _adaptis(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "adaptis", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+def test_cli_profile_then_plan_round_trip(tmp_path: Path) -> None:
+    job = {"apiVersion": "adaptis.io/v1alpha1", "kind": "AdaPtisJob", "metadata": {"name": "round-trip"},
+           "spec": {"model": {"vocabSize": 512, "hidden": 16, "heads": 2,
+                              "blocks": [{"kind": "mamba", "count": 3}, {"kind": "attention", "count": 3}]},
+                    "training": {"microbatches": 4, "microbatchSize": 1, "sequenceLength": 16},
+                    "parallelism": {"workers": 2, "gpusPerWorker": 0}}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    out = _adaptis("profile", str(tmp_path / "job.yaml"), "-o", str(tmp_path / "p.yaml"), "--repeats", "2")
+    assert out.returncode == 0, out.stderr[-2000:]
+    problem = load_problem(tmp_path / "p.yaml")
+    assert problem.device_count == 2 and len(problem.expanded_layers()) == 8
+    assert "round-trip" in (problem.name or "") and "float32" in (problem.name or "")
+    plan = _adaptis("plan", str(tmp_path / "p.yaml"), "--compare", "--json")
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    doc = json.loads(plan.stdout)
+    assert doc["time_unit"] == "ms"
+    assert doc["strategies"]["adaptis"]["feasible"] and doc["strategies"]["adaptis"]["iteration_time"] > 0
+    assert doc["strategies"]["1f1b"]["iteration_time"] >= doc["lower_bound"]
+
+
+def test_cli_profile_reports_a_bad_manifest_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("spec: {model: {hidden: 16}}\n")
+    out = _adaptis("profile", str(tmp_path / "bad.yaml"))
+    assert out.returncode == 2
+    assert out.stderr.startswith("adaptis profile:") and "vocab" in out.stderr.lower()
