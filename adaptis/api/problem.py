@@ -152,6 +152,11 @@ class Problem(_Strict):
     layers: list[LayerEntry] = Field(min_length=1)
     devices: Devices
     network: Network = Network()
+    action_overhead_s: NonNeg = Field(
+        default=0.0,
+        description="Fixed runtime cost of every F/B/W action in seconds (launches, bookkeeping); "
+        "`adaptis profile` measures it. Optional extension of the contract, default 0.",
+    )
 
     @model_validator(mode="after")
     def _check_counts(self) -> Problem:

@@ -48,6 +48,7 @@ class Costs:
     # (latency, time per byte) in time_unit; None: free.
     intra: tuple[float, float] | None
     inter: tuple[float, float] | None
+    overhead: float = 0.0  # time_unit added to every action, whatever the device's speed
 
     @classmethod
     def from_problem(cls, problem: Problem) -> Costs:
@@ -77,6 +78,7 @@ class Costs:
             node=tuple(nodes.setdefault(dev.node, len(nodes)) for dev in devices),
             intra=link(problem.network.intra_node),
             inter=link(problem.network.inter_node),
+            overhead=problem.action_overhead_s / unit,
         )
 
     @property
@@ -97,16 +99,26 @@ class Costs:
         return lk[0] + nbytes * lk[1]
 
     def stage_costs(self, stages: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> StageCosts:
-        """Sum layer costs over each ``[lo, hi)`` stage (prefix sums: O(layers + stages))."""
+        """Sum layer costs over each ``[lo, hi)`` stage (prefix sums: O(layers + stages)).
+
+        The first stage's input is token ids: it has no input gradient to compute, and torch's
+        pipelining runtime runs its whole backward in W (its B does nothing). So its B time
+        moves into its W; nothing downstream ever waits for it.
+        """
 
         def sums(values: tuple[float, ...]) -> tuple[float, ...]:
             pre = [0.0, *accumulate(values)]
             return tuple(pre[hi] - pre[lo] for lo, hi in stages)
 
+        backward = sums(self.backward)
+        weight = sums(self.weight)
+        if stages:
+            weight = (weight[0] + backward[0], *weight[1:])
+            backward = (0.0, *backward[1:])
         return StageCosts(
             forward=sums(self.forward),
-            backward=sums(self.backward),
-            weight=sums(self.weight),
+            backward=backward,
+            weight=weight,
             activation_bytes=sums(self.activation_bytes),
             param_bytes=sums(self.param_bytes),
             output_bytes=tuple(self.output_bytes[hi - 1] for _, hi in stages),

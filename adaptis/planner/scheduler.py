@@ -57,9 +57,10 @@ def list_schedule(
     n_st = len(stages)
     n_dev = costs.devices
     speed = costs.speed
-    fwd = [sc.forward[s] / speed[owner[s]] for s in range(n_st)]
-    bwd = [sc.backward[s] / speed[owner[s]] for s in range(n_st)]
-    wgt = [sc.weight[s] / speed[owner[s]] for s in range(n_st)]
+    over = costs.overhead
+    fwd = [sc.forward[s] / speed[owner[s]] + over for s in range(n_st)]
+    bwd = [sc.backward[s] / speed[owner[s]] + over for s in range(n_st)]
+    wgt = [sc.weight[s] / speed[owner[s]] + over for s in range(n_st)]
     hop = [0.0] + [
         costs.transfer_time(owner[s - 1], owner[s], sc.output_bytes[s - 1]) for s in range(1, n_st)
     ]
@@ -186,7 +187,7 @@ def list_schedule(
             end = t + wgt[s]
             wq[s].popleft()
         else:
-            end = t + bwd[s] + (0.0 if split else wgt[s])
+            end = t + bwd[s] + (0.0 if split else wgt[s] - over)
             b_end[i] = end
             next_b[s] += 1
             if split:

@@ -10,7 +10,9 @@ same whoever produced it. The model, per method.md:
   BW is B then W in one action, its input gradient leaves when it ends;
 - transfers cost ``latency + bytes / bandwidth`` of the link (none on one device) and overlap
   with compute: sends are asynchronous, only the receiver waits;
-- a device of speed ``v`` runs an action in ``time / v``;
+- a device of speed ``v`` runs an action in ``time / v``, plus the problem's fixed
+  ``action_overhead_s`` (runtime bookkeeping, measured by ``adaptis profile``);
+- the first stage has no input gradient: its B time counts in its W (as torch runs it);
 - memory of a device = parameters of its stages + activations held from each F's start until
   the matching W (or BW) ends. torch's pipelining runtime keeps a microbatch's saved tensors
   until W even on its B/W split, so this rule is the executor's too.
@@ -118,7 +120,7 @@ def simulate(costs: Costs, plan: Plan) -> Simulation:
             else:
                 dur = sc.backward[s] + sc.weight[s]
             start = max(free[d], ready)
-            end = start + dur / speed[d]
+            end = start + dur / speed[d] + costs.overhead
             free[d] = end
             i = s * m + mb
             if kind == "F":

@@ -137,3 +137,24 @@ def test_random_problems(layers: list[dict[str, Any]], count: int, m: int, memor
         assert not any(r.feasible for r in comparison.strategies.values())
         return
     _check_outcome(doc)
+
+
+def test_action_overhead_counts_once_per_action() -> None:
+    """1F1B, uniform stages: each of the 2m actions of a device carries the overhead once."""
+    p, m, over_ms = 4, 8, 0.25
+    layers = [{"repeat": p, "layers": [{"name": "l", "forward": 1.0, "backward": 1.0, "weight": 1.0}]}]
+    doc = _problem(layers=layers, devices={"count": p}, m=m)
+    plain = plan_strategy(parse_problem(doc), "1f1b").result.iteration_time
+    doc["action_overhead_s"] = over_ms / 1000.0
+    slow = plan_strategy(parse_problem(doc), "1f1b").result.iteration_time
+    assert plain is not None and slow is not None
+    # (m + p - 1) forward and fused-backward slots on the critical path, each one action longer.
+    assert math.isclose(slow - plain, (m + p - 1) * 2 * over_ms, rel_tol=1e-9)
+
+
+def test_first_stage_backward_is_all_weight_gradient() -> None:
+    layers = [{"repeat": 4, "layers": [{"name": "l", "forward": 1.0, "backward": 2.0, "weight": 0.5}]}]
+    costs = Costs.from_problem(parse_problem(_problem(layers=layers, devices={"count": 2}, m=2)))
+    sc = costs.stage_costs([(0, 2), (2, 4)])
+    assert sc.backward == (0.0, 4.0)
+    assert sc.weight == (5.0, 1.0)
