@@ -1,0 +1,250 @@
+"""A real Prometheus scrapes real workers started from the pods the operator renders.
+
+The operator's own functions plan the example job on a CPU node and render its ConfigMap and
+worker pods (adaptis/operator/manifests.py); each pod's command runs here as a local process
+with the pod's environment and its mounted worker.json, where only what a pod network gives for
+free is replaced: MASTER_ADDR is loopback, and each rank serves metrics on its own port
+(ADAPTIS_METRICS_PORT) since the ranks share one host. Debian's Prometheus scrapes them every
+second with the chart's rules loaded (deploy/prometheus/adaptis-rules.yaml) and the target labels
+the chart's PodMonitor gives (namespace, pod, adaptis_job, rank; honor_labels).
+
+Checked: the bubble ratio and the recording rules come back from PromQL and agree with the
+workers' own counters; every dashboard query returns data; the dashboard reads only metrics a
+worker really serves. With ADAPTIS_UPDATE_DOCS=1 the panels are plotted to docs/dashboard.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+_CHARTS = Path(__file__).resolve().parents[1] / "charts"
+if str(_CHARTS) not in sys.path:
+    sys.path.insert(0, str(_CHARTS))
+
+import chartkit  # noqa: E402
+import dashplot  # noqa: E402
+import promkit  # noqa: E402
+
+pytestmark = pytest.mark.integration  # about 30 s: a real training run and Prometheus
+
+JOB = "tiny"
+NAMESPACE = "ml"
+EXAMPLE = chartkit.REPO / "examples" / "tiny-heterogeneous.yaml"
+# The example job, lighter: a run of several seconds (several scrapes) on 2 busy cores; longer
+# when the run draws the picture for docs/.
+UPDATE_DOCS = bool(os.environ.get("ADAPTIS_UPDATE_DOCS"))
+TRAINING = {"steps": 80 if UPDATE_DOCS else 16, "microbatches": 8, "microbatchSize": 1,
+            "sequenceLength": 32}
+VOCAB = 4096
+LINGER_S = 8.0
+
+
+@dataclass(frozen=True)
+class Rank:
+    rank: int
+    port: int
+    process: subprocess.Popen[str]
+    log_path: Path
+
+
+@dataclass(frozen=True)
+class Run:
+    prom: promkit.PrometheusServer
+    ranks: tuple[Rank, ...]
+    steps: int
+    predicted_bubble_ratio: float
+    started: float
+    at: float  # a moment when every rank had finished its last step and was still scraped
+    final: dict[int, dict[str, float]]  # rank -> sample name -> value, from the worker itself
+
+
+def _render_pods() -> tuple[list[dict[str, Any]], dict[str, Any], float]:
+    """The operator's rendering: pods and worker.json of the example job on one CPU node."""
+    import yaml
+
+    from adaptis.api.job import parse_job
+    from adaptis.operator.manifests import (
+        JobRef,
+        ManifestSettings,
+        render_config_map,
+        render_pod,
+    )
+    from adaptis.operator.planning import plan_job
+    from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, profile_node
+
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    manifest["metadata"] = {"name": JOB, "namespace": NAMESPACE}
+    manifest["spec"]["model"]["vocabSize"] = VOCAB
+    manifest["spec"]["training"].update(TRAINING)
+    manifest["spec"]["planner"]["profile"] = "estimate"
+    spec = parse_job(manifest).spec
+    node = {"metadata": {"name": "cpu-0", "labels": {"kubernetes.io/hostname": "cpu-0"}},
+            "spec": {},
+            "status": {"capacity": {"cpu": "8", "memory": "32Gi"},
+                       "allocatable": {"cpu": "8", "memory": "32Gi"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+    record = plan_job(spec, [profile_node(node, topology_keys=DEFAULT_TOPOLOGY_KEYS)], name=JOB)
+    ref = JobRef(name=JOB, namespace=NAMESPACE, uid="0000-test")
+    config_map = render_config_map(ref, spec, record)
+    pods = [render_pod(ref, spec, record, rank=r, attempt=0, settings=ManifestSettings())
+            for r in range(len(record.nodes))]
+    return pods, config_map, record.predicted_bubble_ratio
+
+
+def _start_rank(pod: dict[str, Any], config_map: dict[str, Any], *, workdir: Path,
+                master_port: int) -> Rank:
+    (container,) = pod["spec"]["containers"]
+    rank = int(pod["metadata"]["labels"]["adaptis.io/rank"])
+    # The pod's mounts, as files: the ConfigMap's worker.json and a checkpoint directory.
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    config_dir = workdir / f"rank-{rank}" / "etc"
+    config_dir.mkdir(parents=True)
+    worker_json = json.loads(config_map["data"]["worker.json"])
+    worker_json["checkpointDir"] = str(workdir / f"rank-{rank}" / "checkpoints")
+    (config_dir / "worker.json").write_text(json.dumps(worker_json))
+    command = [str(config_dir) + arg[len(mounts["adaptis-config"]):]
+               if arg.startswith(mounts["adaptis-config"]) else arg
+               for arg in container["command"]]
+    assert command[:2] == ["adaptis", "worker"], command
+    command[0] = str(Path(sys.executable).with_name("adaptis"))  # the venv's entry point
+    env = {e["name"]: e["value"] for e in container["env"]}
+    port = promkit.free_port()
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port),
+               ADAPTIS_METRICS_PORT=str(port))
+    log_path = workdir / f"rank-{rank}.log"
+    process = subprocess.Popen(  # noqa: S603 - our own CLI
+        [*command, "--linger-seconds", str(LINGER_S)],
+        env={**os.environ, **env}, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
+        text=True, cwd=workdir)
+    return Rank(rank=rank, port=port, process=process, log_path=log_path)
+
+
+def _scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    # Sample names as served (counters with _total, histogram _bucket/_sum/_count); a
+    # histogram's value here is its last bucket's, unused.
+    return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    workdir = tmp_path_factory.mktemp("prometheus-run")
+    pods, config_map, predicted = _render_pods()
+    steps = TRAINING["steps"]
+    master_port = promkit.free_port()
+    ranks: list[Rank] = []
+    started = time.time()
+    try:
+        for pod in pods:
+            ranks.append(_start_rank(pod, config_map, workdir=workdir, master_port=master_port))
+        targets = [promkit.Target(port=r.port, labels={
+            "namespace": NAMESPACE, "pod": pods[r.rank]["metadata"]["name"],
+            "adaptis_job": JOB, "rank": str(r.rank)}) for r in ranks]
+        config = promkit.write_config(workdir / "prometheus.yml", targets=targets,
+                                      rule_files=[chartkit.RULES_FILE])
+        with promkit.PrometheusServer(config, workdir=workdir) as prom:
+
+            def finished() -> float | None:
+                for r in ranks:
+                    if r.process.poll() not in (None, 0):
+                        raise AssertionError(f"rank {r.rank} failed:\n"
+                                             f"{r.log_path.read_text()[-4000:]}")
+                got = prom.query(f'min(adaptis_steps_total{{adaptis_job="{JOB}"}})')
+                done = got and float(got[0]["value"][1]) >= steps and len(prom.query(
+                    f'adaptis_steps_total{{adaptis_job="{JOB}"}}')) == len(ranks)
+                return prom.server_time() if done else None
+
+            at = chartkit.poll_until(finished, timeout=240, interval=0.5,
+                                     what="every rank's last step to be scraped")
+            final = {r.rank: _scrape(r.port) for r in ranks}
+            time.sleep(3.0)  # let the 1 s rule evaluations pass `at`
+            yield Run(prom=prom, ranks=tuple(ranks), steps=steps,
+                      predicted_bubble_ratio=predicted, started=started, at=at, final=final)
+            for r in ranks:
+                assert r.process.wait(timeout=LINGER_S + 30) == 0, r.log_path.read_text()[-3000:]
+    finally:
+        for r in ranks:
+            if r.process.poll() is None:
+                r.process.terminate()
+                r.process.wait(timeout=15)
+
+
+def _by_rank(result: list[dict[str, Any]]) -> dict[int, float]:
+    return {int(s["metric"]["rank"]): float(s["value"][1]) for s in result}
+
+
+def test_targets_are_up_with_the_podmonitor_labels(run: Run) -> None:
+    up = run.prom.query(f'up{{adaptis_job="{JOB}"}}', at=run.at)
+    assert sorted((s["metric"]["rank"], s["value"][1]) for s in up) == [
+        (str(r.rank), "1") for r in run.ranks]
+    assert {s["metric"]["namespace"] for s in up} == {NAMESPACE}
+
+
+def test_bubble_ratio_gauge_is_queryable(run: Run) -> None:
+    gauge = _by_rank(run.prom.query(f'adaptis_bubble_ratio{{adaptis_job="{JOB}"}}', at=run.at))
+    assert set(gauge) == {r.rank for r in run.ranks}
+    assert all(0.0 <= v < 1.0 for v in gauge.values()), gauge
+    for rank, value in gauge.items():
+        assert value == pytest.approx(run.final[rank]["adaptis_bubble_ratio"])
+
+
+def test_recording_rule_matches_the_workers_counters(run: Run) -> None:
+    recorded = _by_rank(run.prom.query(
+        f'adaptis:bubble_ratio:rate5m{{adaptis_job="{JOB}"}}', at=run.at))
+    assert set(recorded) == {r.rank for r in run.ranks}
+    for rank, value in recorded.items():
+        counters = run.final[rank]
+        busy, idle = counters["adaptis_busy_seconds_total"], counters["adaptis_idle_seconds_total"]
+        assert busy > 0
+        # The run is shorter than the 5 minute window: the rate covers it (from the first
+        # scrape), so the ratio of rates is the ratio of the totals up to the first interval.
+        assert value == pytest.approx(idle / (busy + idle), abs=0.05), (rank, counters)
+    (job,) = run.prom.query(f'adaptis:job_bubble_ratio:rate5m{{adaptis_job="{JOB}"}}',
+                            at=run.at)
+    assert job["metric"]["namespace"] == NAMESPACE
+    assert min(recorded.values()) - 1e-9 <= float(job["value"][1]) <= max(recorded.values()) + 1e-9
+
+
+def test_prediction_is_exported_beside_the_observation(run: Run) -> None:
+    predicted = _by_rank(run.prom.query(
+        f'adaptis_predicted_bubble_ratio{{adaptis_job="{JOB}"}}', at=run.at))
+    assert set(predicted) == {r.rank for r in run.ranks}
+    for value in predicted.values():
+        assert value == pytest.approx(run.predicted_bubble_ratio, rel=1e-6)
+    steps = run.prom.query(f'adaptis:job_steps:rate5m{{adaptis_job="{JOB}"}}', at=run.at)
+    assert steps and float(steps[0]["value"][1]) > 0
+
+
+def test_dashboard_reads_only_what_a_worker_serves(run: Run) -> None:
+    served = set().union(*(set(m) for m in run.final.values()))
+    for title, expr in chartkit.dashboard_queries(chartkit.dashboard()):
+        unknown = chartkit.promql_metric_names(expr) - served - chartkit.RECORDED
+        assert not unknown, f"{title}: {sorted(unknown)} not served by a worker"
+
+
+def test_every_dashboard_query_returns_data(run: Run, tmp_path: Path) -> None:
+    board = chartkit.dashboard()
+    empty = []
+    for title, expr in chartkit.dashboard_queries(board):
+        result = run.prom.query(dashplot.concrete(expr, job=JOB), at=run.at)
+        if not result:
+            empty.append(f"{title}: {expr}")
+    assert not empty, "queries without data:\n" + "\n".join(empty)
+    out = chartkit.REPO / "docs" / "dashboard.png" if UPDATE_DOCS else tmp_path / "dashboard.png"
+    plotted = dashplot.plot(board, run.prom, start=run.started, end=run.at + 2, job=JOB,
+                            out=out)
+    panels = [p for p in board["panels"] if p["type"] != "row"]
+    assert plotted == len(panels) and out.stat().st_size > 20_000
