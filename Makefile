@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up everything first (idempotent, fast when done).
-VENV ?= $(HOME)/.cache/adaptis/venv
+VENV ?= $(or $(ADAPTIS_VENV),$(HOME)/.cache/adaptis/venv)
 export ADAPTIS_VENV := $(VENV)
 
 .PHONY: run test bench
