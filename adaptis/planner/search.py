@@ -203,7 +203,12 @@ def joint_search(
         family = name.rsplit("-v", 1)[0]
         if family in stalled:
             continue
-        stages = _balanced_cuts(costs, owner)
+        if len(set(owner)) == len(owner):  # one stage per device: the exact min-max cut
+            stages = balanced_partition(
+                costs, stages_count=len(owner), speeds=[costs.speed[d] for d in owner]
+            )
+        else:
+            stages = _balanced_cuts(costs, owner)
         cuts = [lo for lo, _ in stages] + [stages[-1][1]]
         # Busiest device's own work is a bound on the iteration: skip hopeless structures.
         bound = max(_loads(costs, owner, cuts, pre)) * costs.microbatches
