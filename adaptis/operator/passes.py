@@ -28,6 +28,9 @@ class ReconcileSettings:
     topology_keys: tuple[str, ...] = DEFAULT_TOPOLOGY_KEYS
     manifests: ManifestSettings = field(default_factory=ManifestSettings)
     inter_node: Link = DEFAULT_INTER_NODE
+    # How long a profiler pod (spec.planner.profile: measure) may take, scheduling and image
+    # pull included, before its node is planned from the label-based estimate instead.
+    profile_timeout_s: float = 600.0
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ so it does not matter why it runs (create, resume, update, a pod event, a timer)
 validate -> (suspend | deadline) -> plan, or reuse the plan cached in the ConfigMap while the
 spec and the planned nodes are unchanged -> delete stale pods (other plan or attempt) -> create
 the missing ones (deterministic names: a 409 means done) -> read the pods -> restart the gang,
-finish, or report -> write status only when it changed.
+finish, or report -> write status only when it changed. With ``spec.planner.profile: measure``,
+planning first waits for one profiler pod per unmeasured candidate node
+(:mod:`adaptis.operator.measuring`) and caches each result on its node.
 
 Failures of the user's making never raise: they become a condition naming the field and an
 Event. Only API errors propagate, and the caller retries them.
@@ -38,8 +40,10 @@ from adaptis.operator.manifests import (
     render_pod,
     render_service,
 )
+from adaptis.operator.measuring import measure_candidates
 from adaptis.operator.passes import PassState, ReconcileSettings, Result
 from adaptis.operator.planning import PlanRecord, plan_job, record_from_config_map, spec_hash
+from adaptis.operator.profiler_pods import is_profiler_pod
 from adaptis.operator.profiling import candidate_nodes, profile_node
 from adaptis.operator.status import census, parse_status, parse_time, plan_summary, status_payload
 from adaptis.operator.validation import validate_job
@@ -73,10 +77,15 @@ class Reconciler:
         # that retries on unchanged inputs (every resync) do not search again. Memory only: a
         # restarted operator tries once more, which is what a user would want anyway.
         self._failed: dict[tuple[str, str], tuple[str, str, str]] = {}
+        # (namespace, name) -> {node: why its profiler pod gave no profile}: those nodes keep
+        # the label-based estimate instead of getting a new profiler pod on every pass.
+        self._given_up: dict[tuple[str, str], dict[str, str]] = {}
 
     def reconcile(self, namespace: str, name: str) -> Result:
         body = self._cluster.get_job(namespace, name)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            self._failed.pop((namespace, name), None)
+            self._given_up.pop((namespace, name), None)
             return Result()  # gone or going: owner references clean the children up
         meta = body["metadata"]
         p = PassState(job=JobRef(name=name, namespace=namespace, uid=meta["uid"]),
@@ -113,6 +122,8 @@ class Reconciler:
             p.condition("Failed", "False", reason="SpecChanged",
                         message="the spec was corrected")
         pods = self._cluster.list_pods(p.job.namespace, p.job.name)
+        profilers = [pod for pod in pods if is_profiler_pod(pod)]
+        workers = [pod for pod in pods if not is_profiler_pod(pod)]
 
         if spec.suspend:
             self._delete_pods(p, pods)
@@ -136,16 +147,21 @@ class Reconciler:
                 return
             p.requeue.append(left)
 
-        record = self._plan(p, spec=spec)
+        record = self._plan(p, spec=spec, profilers=profilers)
         if record is None:
             return
-        self._run(p, spec=spec, record=record, pods=pods)
+        # Profiler pods are done with once a plan exists (also those an earlier pass left).
+        self._delete_pods(p, profilers)
+        self._run(p, spec=spec, record=record, pods=workers)
 
-    def _plan(self, p: PassState, *, spec: JobSpec) -> PlanRecord | None:
+    def _plan(self, p: PassState, *, spec: JobSpec,
+              profilers: Sequence[Mapping[str, Any]]) -> PlanRecord | None:
         """The cached plan while valid, else a new one written to the ConfigMap."""
         ns, name = p.job.namespace, p.job.name
+        raw_nodes = {str((n.get("metadata") or {}).get("name", "")): n
+                     for n in self._cluster.list_nodes()}
         nodes = [profile_node(n, topology_keys=self._settings.topology_keys)
-                 for n in self._cluster.list_nodes()]
+                 for n in raw_nodes.values()]
         p.live_nodes = frozenset(n.name for n in nodes)
         candidates = candidate_nodes(nodes, node_selector=spec.worker.node_selector,
                                      tolerations=spec.worker.tolerations,
@@ -157,6 +173,17 @@ class Reconciler:
         if cached is not None and cached.still_valid(spec_hash_now=shash, candidates=by_name):
             return cached
 
+        notes: list[str] = []
+        if spec.planner.profile == "measure":
+            measured_now = measure_candidates(
+                self._cluster, p, spec=spec, candidates=candidates, profilers=profilers,
+                raw_nodes=raw_nodes, given_up=self._given_up.setdefault((ns, name), {}),
+                settings=self._settings, create_all=self._create_all)
+            if measured_now is None:
+                return None  # profiler pods still at work: their events wake the job
+            candidates, notes = measured_now
+            by_name = {c.name: c for c in candidates}
+
         kinds = sorted({f"{c.gpu_product or 'cpu'}" for c in candidates})
         profile_msg = f"{len(candidates)} candidate node(s) of {len(nodes)}: {', '.join(kinds)}"
         measured = sum(c.measured for c in candidates)
@@ -164,6 +191,8 @@ class Reconciler:
             # Measured profiles come from the node annotation the hardware profiler writes;
             # nodes without one are estimated from the table of known GPUs.
             profile_msg += f"; {measured} with a measured profile, the rest estimated"
+        if notes:
+            profile_msg += "; " + "; ".join(notes)
         inputs = shash + "|" + "|".join(c.fingerprint() for c in candidates)
         failed = self._failed.get((ns, name))
         record: PlanRecord | None = None

@@ -27,7 +27,7 @@ JOB_RULES = {
 } | {
     ("", "configmaps", verb) for verb in ("get", "create", "patch")
 }
-CLUSTER_RULES = {("", "nodes", verb) for verb in ("list", "watch")}
+CLUSTER_RULES = {("", "nodes", verb) for verb in ("list", "watch", "patch")}
 
 
 def _grants(role: Mapping[str, Any]) -> set[tuple[str, str, str]]:

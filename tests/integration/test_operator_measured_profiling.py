@@ -1,0 +1,187 @@
+"""Measured node profiles (``spec.planner.profile: measure``) on a real control plane.
+
+``adaptis operator`` runs as a subprocess against the real API server, scheduler and garbage
+collector; kwok plays the kubelet. kwok runs no container, so the profiler pods' output is the
+fixed document of the ``adaptis-profiler`` stage in kwok-stages.yaml (:data:`FAKE_HARDWARE_PROFILE`
+here): what ``adaptis profile --hardware`` prints for a 500 TFLOP/s, 80 GiB GPU. The test checks
+what a user would: one profiler pod per unmeasured node, bound to that node; the document cached
+on the node; the plan made from it; the pods gone; and the next job reusing the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from adaptis.operator.profiler_pods import profiler_pod_name
+from adaptis.operator.profiling import PROFILE_ANNOTATION
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "adaptis.io_adaptisjobs.yaml"
+NS = "operator-profiling"
+POOL = {"adaptis.io/test-pool": "operator-profiling"}
+FRESH = ("prof-h100-0", "prof-h100-1")
+CACHED = "prof-h100-cached"
+# The termination message of the adaptis-profiler kwok stage, parsed.
+FAKE_HARDWARE_PROFILE = {
+    "device": {"name": "kwok fake GPU", "speed": 0.5, "memory_bytes": 85899345920.0,
+               "matmul_tflops": 500.0, "precision": "bfloat16", "speed_reference_tflops": 989.0},
+    "links": {}, "tflops": 500.0, "memory_bytes": 85899345920.0,
+    "intra_node_bandwidth": 450000000000.0,
+}
+CACHED_PROFILE = {"tflops": 123.0, "memory_bytes": 85899345920.0}
+T = TypeVar("T")
+
+
+def _job(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "adaptis.io/v1alpha1", "kind": "AdaPtisJob",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "model": {"vocabSize": 512, "hidden": 32, "heads": 2,
+                      "blocks": [{"kind": "attention", "count": 4}]},
+            "training": {"steps": 2, "microbatches": 4, "sequenceLength": 16},
+            "parallelism": {"workers": 2, "gpusPerWorker": 1},
+            "planner": {"strategy": "1f1b", "profile": "measure"},
+            "worker": {"nodeSelector": dict(POOL),
+                       "annotations": {"adaptis.io/fake-run-seconds": "2"}},
+        },
+    }
+
+
+class Session:
+    """The operator subprocess and the reads the test makes."""
+
+    def __init__(self, cp: Any, log_path: Path) -> None:
+        self.cp = cp
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(  # noqa: S603 - our own CLI
+            [sys.executable, "-m", "adaptis", "-v", "operator", "--namespace", NS,
+             "--resync-seconds", "3"],
+            cwd=REPO, env=self.cp.env(), stdout=log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def wait(self, what: str, predicate: Callable[[], T | None], timeout: float = 90) -> T:
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                pytest.fail(f"the operator exited ({self.proc.returncode}):\n{self.log_tail()}")
+            try:
+                value = predicate()
+                if value:
+                    return value
+            except Exception as err:  # noqa: BLE001 - "not yet"
+                last = err
+            time.sleep(0.5)
+        pytest.fail(f"timed out waiting for {what} (last error: {last!r});"
+                    f"\noperator log:\n{self.log_tail()}")
+
+    def status(self, name: str) -> dict[str, Any]:
+        return dict(self.cp.get_json("adaptisjob", name, "-n", NS).get("status") or {})
+
+    def condition(self, name: str, type_: str) -> dict[str, Any]:
+        return next(c for c in self.status(name)["conditions"] if c["type"] == type_)
+
+    def events(self, involved: str) -> list[dict[str, Any]]:
+        return list(self.cp.get_json("events", "-n", NS, "--field-selector",
+                                     f"involvedObject.name={involved}")["items"])
+
+    def profiler_pods(self) -> list[dict[str, Any]]:
+        return list(self.cp.get_json("pods", "-n", NS, "-l", "adaptis.io/role=profiler")["items"])
+
+    def node_profile(self, node: str) -> dict[str, Any] | None:
+        raw = (self.cp.get_json("node", node)["metadata"].get("annotations") or {}).get(
+            PROFILE_ANNOTATION)
+        return None if raw is None else dict(json.loads(raw))
+
+
+@pytest.fixture(scope="module")
+def session(control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
+    cp = control_plane
+    cp.kubectl("apply", "-f", str(CRD))
+    cp.kubectl("wait", "--for=condition=Established", "crd/adaptisjobs.adaptis.io",
+               "--timeout=60s")
+    cp.create_namespace(NS)
+    for name in FRESH:
+        cp.add_fake_gpu_node(name, product="NVIDIA-H100-80GB-HBM3", gpu_count=2,
+                             zone="prof-zone", rack="prof-rack", labels=POOL)
+    cp.add_fake_gpu_node(CACHED, product="NVIDIA-H100-80GB-HBM3", gpu_count=2, zone="prof-zone",
+                         rack="prof-rack", labels=POOL,
+                         annotations={PROFILE_ANNOTATION: json.dumps(CACHED_PROFILE)})
+    s = Session(cp, tmp_path_factory.mktemp("operator-profiling") / "operator.log")
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _planned(s: Session, name: str) -> Callable[[], bool]:
+    def check() -> bool:
+        return any(c["type"] == "Planned" and c["status"] == "True"
+                   for c in s.status(name).get("conditions", []))
+    return check
+
+
+def test_measure_profiles_each_new_node_once_and_caches_the_result(session: Session) -> None:
+    s = session
+    s.cp.apply(_job("measured"))
+    s.wait("the plan of job measured", _planned(s, "measured"), timeout=120)
+
+    # Each unmeasured node got the fake profiler's document, as is; the cached one was kept.
+    for node in FRESH:
+        assert s.node_profile(node) == FAKE_HARDWARE_PROFILE, node
+    assert s.node_profile(CACHED) == CACHED_PROFILE
+
+    # One profiler pod per unmeasured node, and the scheduler put each on its node.
+    created = [e for e in s.events("measured") if e["reason"] == "CreatedProfilerPods"]
+    assert [e["message"] for e in created] == [
+        "created 2 profiler pod(s) (spec.planner.profile: measure)"]
+    for node in FRESH:
+        pod = profiler_pod_name("measured", node)
+        scheduled = [e["message"] for e in s.events(pod) if e["reason"] == "Scheduled"]
+        assert scheduled and scheduled[0].endswith(f"to {node}"), (pod, scheduled)
+    assert not [e for e in s.events(profiler_pod_name("measured", CACHED))
+                if e["reason"] == "Scheduled"]
+
+    # The plan was made from the measurements.
+    assert "3 with a measured profile" in s.condition("measured", "Profiling")["message"]
+    cm = s.cp.get_json("configmap", "measured-config", "-n", NS)
+    record = json.loads(cm["data"]["plan-record.json"])
+    tflops = {node: json.loads(fp)[5] for node, fp in record["node_fingerprints"].items()}
+    assert tflops and all(tflops[n] == (500.0 if n in FRESH else 123.0) for n in tflops), tflops
+
+    # The profiler pods are gone once the plan exists; the workers run.
+    s.wait("the profiler pods to go", lambda: not s.profiler_pods(), timeout=60)
+    s.wait("job measured to succeed",
+           lambda: s.status("measured").get("phase") == "Succeeded", timeout=120)
+
+    # The next job on the same nodes reuses the cached profiles: no profiler pod at all.
+    s.cp.apply(_job("reuses"))
+    s.wait("the plan of job reuses", _planned(s, "reuses"), timeout=120)
+    assert not [e for e in s.events("reuses") if e["reason"] == "CreatedProfilerPods"]
+    assert "3 with a measured profile" in s.condition("reuses", "Profiling")["message"]
+    assert not s.profiler_pods()

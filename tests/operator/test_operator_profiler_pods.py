@@ -1,0 +1,271 @@
+"""Profiler pods of ``spec.planner.profile: measure``: rendering, reading, and the reconciler's use.
+
+The pure functions first (which nodes need a pod, what the pod looks like, what a termination
+message means), then the reconciler on the in-memory API: profile, cache on the node, plan
+with the measured figures, clean up; a failed or stuck profiler falls back to the estimate.
+The real API server, scheduler and kwok run the same flow in
+tests/integration/test_operator_profiling.py.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from adaptis.operator.manifests import LABEL_JOB, LABEL_MANAGED_BY, JobRef
+from adaptis.operator.passes import ReconcileSettings
+from adaptis.operator.profiler_pods import (
+    LABEL_ROLE,
+    PROFILER_COMMAND,
+    ProfilerOutputError,
+    nodes_to_profile,
+    parse_hardware_message,
+    profiler_pod_name,
+    read_profiler_pod,
+    render_profiler_pod,
+)
+from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, PROFILE_ANNOTATION, profile_node
+from adaptis.operator.reconcile import Reconciler
+from adaptis.operator.status import now_rfc3339
+
+JOB = JobRef(name="demo", namespace="ns", uid="uid-demo")
+# What `adaptis profile --hardware` prints (adaptis/worker/hardware.py), trimmed.
+DOC = {"device": {"name": "NVIDIA H100", "speed": 0.81}, "links": {},
+       "tflops": 800.0, "memory_bytes": 85899345920.0, "intra_node_bandwidth": 4.0e11}
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _profile(node: dict[str, Any]) -> Any:
+    return profile_node(node, topology_keys=DEFAULT_TOPOLOGY_KEYS)
+
+
+def _pod(phase: str, *, message: str | None = None, created: datetime = T0,
+         exit_code: int | None = None, deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "demo-profiler-x", "creationTimestamp": now_rfc3339(created),
+                            "annotations": {"adaptis.io/node": "h100-0"}}
+    if deleting:
+        meta["deletionTimestamp"] = now_rfc3339(created)
+    status: dict[str, Any] = {"phase": phase}
+    if message is not None or exit_code is not None:
+        term: dict[str, Any] = {"reason": "Completed" if phase == "Succeeded" else "Error"}
+        if message is not None:
+            term["message"] = message
+        if exit_code is not None:
+            term["exitCode"] = exit_code
+        status["containerStatuses"] = [{"name": "profiler", "state": {"terminated": term}}]
+    return {"metadata": meta, "status": status}
+
+
+# --- pure functions ------------------------------------------------------------------------
+
+def test_only_unmeasured_nodes_not_given_up_need_a_profiler(make_node: Any) -> None:
+    cached = make_node("cached")
+    cached["metadata"]["annotations"][PROFILE_ANNOTATION] = json.dumps(DOC)
+    nodes = [_profile(make_node("fresh")), _profile(cached), _profile(make_node("broken"))]
+    need = nodes_to_profile(nodes, given_up={"broken"})
+    assert [n.name for n in need] == ["fresh"]
+
+
+def test_profiler_pod_is_pinned_owned_and_runs_the_hardware_profiler(make_node: Any) -> None:
+    node = _profile(make_node("gpu-node-with-a-long-name", gpus=8))
+    tol = {"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}
+    pod = render_profiler_pod(JOB, node, image="img:1", image_pull_policy="Always",
+                              tolerations=[tol], timeout_s=120)
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["name"] == profiler_pod_name("demo", "gpu-node-with-a-long-name")
+    assert meta["name"] == render_profiler_pod(JOB, node, image="other", image_pull_policy="Never",
+                                               tolerations=[], timeout_s=1)["metadata"]["name"]
+    assert meta["name"] != profiler_pod_name("demo", "another-node")
+    assert meta["labels"] == {LABEL_MANAGED_BY: "adaptis", LABEL_JOB: "demo",
+                              LABEL_ROLE: "profiler"}
+    assert meta["annotations"]["adaptis.io/node"] == "gpu-node-with-a-long-name"
+    assert meta["ownerReferences"] == [JOB.owner_reference()]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [{"matchExpressions": [{
+        "key": "kubernetes.io/hostname", "operator": "In",
+        "values": ["gpu-node-with-a-long-name"]}]}]
+    assert spec["restartPolicy"] == "Never"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["activeDeadlineSeconds"] == 120
+    assert tol in spec["tolerations"]
+    (container,) = spec["containers"]
+    assert container["command"] == list(PROFILER_COMMAND)
+    assert container["command"][-2:] == ["-o", container["terminationMessagePath"]]
+    assert container["terminationMessagePath"] == "/dev/termination-log"
+    assert container["image"] == "img:1" and container["imagePullPolicy"] == "Always"
+    assert container["resources"]["requests"] == {"nvidia.com/gpu": "1"}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+
+
+def test_profiler_pod_of_a_cpu_node_asks_for_no_gpu(make_node: Any) -> None:
+    raw = make_node("cpu-node", gpus=0)
+    raw["status"]["allocatable"].pop("nvidia.com/gpu")
+    raw["metadata"]["labels"]["nvidia.com/gpu.count"] = "0"
+    pod = render_profiler_pod(JOB, _profile(raw), image="img", image_pull_policy="IfNotPresent",
+                              tolerations=[], timeout_s=60)
+    assert pod["spec"]["containers"][0]["resources"] == {}
+    assert "tolerations" not in pod["spec"]
+
+
+def test_hardware_message_is_kept_whole_and_compact() -> None:
+    text = json.dumps(DOC, indent=2) + "\n"
+    assert json.loads(parse_hardware_message(text)) == DOC
+    assert "\n" not in parse_hardware_message(text)
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("Traceback (most recent call last): boom", "not JSON"),
+    ("[1, 2]", "not a JSON object"),
+    (json.dumps({"memory_bytes": 1e9}), "tflops"),
+    (json.dumps({"tflops": 0, "memory_bytes": 1e9}), "tflops"),
+    (json.dumps({"tflops": True, "memory_bytes": 1e9}), "tflops"),
+    (json.dumps({"tflops": 5.0, "memory_bytes": "80Gi"}), "memory_bytes"),
+    (json.dumps({"tflops": 5.0, "memory_bytes": 1e9, "intra_node_bandwidth": -1}),
+     "intra_node_bandwidth"),
+])
+def test_unusable_messages_are_refused_with_the_reason(text: str, needle: str) -> None:
+    with pytest.raises(ProfilerOutputError, match=needle):
+        parse_hardware_message(text)
+
+
+def test_reading_profiler_pods() -> None:
+    done = read_profiler_pod(_pod("Succeeded", message=json.dumps(DOC)), now=T0, timeout_s=60)
+    assert done.state == "measured" and done.node == "h100-0"
+    assert json.loads(done.profile or "") == DOC
+    garbled = read_profiler_pod(_pod("Succeeded", message="oops"), now=T0, timeout_s=60)
+    assert garbled.state == "failed" and "no usable profile" in garbled.reason
+    crashed = read_profiler_pod(_pod("Failed", message="CUDA error: no device", exit_code=1),
+                                now=T0, timeout_s=60)
+    assert crashed.state == "failed"
+    assert "exit code 1" in crashed.reason and "CUDA error" in crashed.reason
+    running = read_profiler_pod(_pod("Running"), now=T0.replace(second=59), timeout_s=60)
+    assert running.state == "waiting"
+    late = read_profiler_pod(_pod("Pending"), now=T0.replace(minute=1), timeout_s=60)
+    assert late.state == "failed" and "within 60s" in late.reason and "Pending" in late.reason
+    leaving = read_profiler_pod(_pod("Failed", deleting=True), now=T0, timeout_s=60)
+    assert leaving.state == "waiting"
+
+
+# --- the reconciler --------------------------------------------------------------------------
+
+class MeasuringCluster:
+    """The conftest's in-memory API plus what profiling needs: node annotation patches and the
+    creationTimestamp the API server stamps on every object."""
+
+    def __init__(self, inner: Any, clock: Any) -> None:
+        self._inner = inner
+        self._clock = clock
+        self.annotated: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def create(self, obj: Any) -> bool:
+        stamped = {**obj, "metadata": {**obj["metadata"],
+                                       "creationTimestamp": now_rfc3339(self._clock())}}
+        return bool(self._inner.create(stamped))
+
+    def annotate_node(self, name: str, *, annotations: dict[str, str]) -> None:
+        self.annotated.append(name)
+        meta = self._inner.nodes[name]["metadata"]
+        meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+
+
+def _measure_job(make_job: Any, name: str = "demo") -> dict[str, Any]:
+    return make_job(name, spec={"planner": {"strategy": "1f1b", "profile": "measure"},
+                                "worker": {"nodeSelector": {"topology.kubernetes.io/zone":
+                                                            "zone-a"}}})
+
+
+def _profilers(cluster: Any) -> list[dict[str, Any]]:
+    return [p for p in cluster.pods() if p["metadata"]["labels"].get(LABEL_ROLE) == "profiler"]
+
+
+def _cond(job: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in job["status"]["conditions"] if c["type"] == type_)
+
+
+def _finish(cluster: Any, pod: dict[str, Any], *, message: str) -> None:
+    cluster.set_pod_phase(pod["metadata"]["name"], "Succeeded", ready=False, message=message)
+
+
+def test_measure_profiles_caches_plans_and_cleans_up(cluster: Any, clock: Any,
+                                                      make_job: Any) -> None:
+    api = MeasuringCluster(cluster, clock)
+    cluster.add_job(_measure_job(make_job))
+    rec = Reconciler(api, clock=clock)
+    rec.reconcile("ns", "demo")
+    job = cluster.job()
+    assert job["status"]["phase"] == "Profiling"
+    assert _cond(job, "Profiling")["reason"] == "MeasuringNodes"
+    pods = _profilers(cluster)
+    assert sorted(p["metadata"]["annotations"]["adaptis.io/node"] for p in pods) == [
+        "h100-0", "h100-1"]  # only the candidates of zone-a
+    assert not [p for p in cluster.pods() if p not in pods]  # no worker before a plan
+    rec.reconcile("ns", "demo")  # nothing finished: still waiting, nothing duplicated
+    assert cluster.job()["status"]["phase"] == "Profiling"
+    assert len(_profilers(cluster)) == 2
+
+    _finish(cluster, pods[0], message=json.dumps(DOC))
+    rec.reconcile("ns", "demo")  # one done: cached on its node at once, still waiting
+    assert cluster.job()["status"]["phase"] == "Profiling"
+    first = pods[0]["metadata"]["annotations"]["adaptis.io/node"]
+    assert json.loads(cluster.nodes[first]["metadata"]["annotations"][PROFILE_ANNOTATION]) == DOC
+
+    _finish(cluster, pods[1], message=json.dumps({**DOC, "tflops": 700.0}))
+    rec.reconcile("ns", "demo")
+    job = cluster.job()
+    assert job["status"]["phase"] == "Planned"
+    assert "2 with a measured profile" in _cond(job, "Profiling")["message"]
+    record = json.loads(cluster.objects[("ConfigMap", "ns", "demo-config")]["data"][
+        "plan-record.json"])
+    tflops = sorted(json.loads(fp)[5] for fp in record["node_fingerprints"].values())
+    assert tflops == [700.0, 800.0]  # the plan was made from the measured figures
+    assert all(p["metadata"].get("deletionTimestamp") for p in _profilers(cluster))
+    cluster.finish_deletions()
+    assert not _profilers(cluster)
+    assert len(cluster.pods()) == 4  # the workers
+
+    # The next job on the same nodes reuses the cached profiles: no profiler pod at all.
+    cluster.add_job(_measure_job(make_job, "again"))
+    rec.reconcile("ns", "again")
+    assert cluster.job("again")["status"]["phase"] == "Planned"
+    assert not _profilers(cluster)
+    assert api.annotated == [first, pods[1]["metadata"]["annotations"]["adaptis.io/node"]]
+
+
+def test_failed_or_stuck_profiler_falls_back_to_the_estimate(cluster: Any, clock: Any,
+                                                             make_job: Any) -> None:
+    api = MeasuringCluster(cluster, clock)
+    cluster.add_job(_measure_job(make_job))
+    rec = Reconciler(api, clock=clock, settings=ReconcileSettings(profile_timeout_s=120))
+    result = rec.reconcile("ns", "demo")
+    assert result.requeue_after is not None and result.requeue_after <= 120  # never blocks
+    crashed, stuck = _profilers(cluster)
+    cluster.set_pod_phase(crashed["metadata"]["name"], "Failed", ready=False,
+                          message="RuntimeError: CUDA unavailable")
+    rec.reconcile("ns", "demo")
+    assert cluster.job()["status"]["phase"] == "Profiling"  # the other one may still finish
+    clock.advance(121)
+    rec.reconcile("ns", "demo")
+    job = cluster.job()
+    assert job["status"]["phase"] == "Planned"
+    message = _cond(job, "Profiling")["message"]
+    assert "CUDA unavailable" in message and "did not finish within 120s" in message
+    assert message.count("using the label-based estimate") == 2
+    assert "ProfilingFailed" in [e[2] for e in cluster.events]
+    assert not api.annotated  # nothing cached from a failure
+    # The failed nodes are not profiled again on the next passes.
+    cluster.finish_deletions()
+    rec.reconcile("ns", "demo")
+    assert not _profilers(cluster)
+
+
+def test_profile_estimate_never_creates_profiler_pods(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job())
+    Reconciler(cluster).reconcile("ns", "demo")
+    assert not _profilers(cluster)
+    assert cluster.job()["status"]["phase"] == "Planned"
