@@ -16,19 +16,17 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from operator_process import OperatorProcess, install_crd
 
 from adaptis.api.job import WorkerConfig
 
-REPO = Path(__file__).resolve().parents[2]
-CRD = REPO / "crds" / "adaptis.io_adaptisjobs.yaml"
 NS = "operator-e2e"
 POOL = {"adaptis.io/test-pool": "operator-e2e"}
-T = TypeVar("T")
 
 
 def _job(name: str, **spec: Any) -> dict[str, Any]:
@@ -50,57 +48,18 @@ def _job(name: str, **spec: Any) -> dict[str, Any]:
             "metadata": {"name": name, "namespace": NS}, "spec": base}
 
 
-class Operator:
-    """The ``adaptis operator`` subprocess and the helpers the tests read the cluster with."""
+class Operator(OperatorProcess):
+    """The operator subprocess (with its liveness endpoint) and the reads of these tests."""
 
     def __init__(self, cp: Any, log_path: Path) -> None:
-        self.cp = cp
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(cp, log_path, namespace=NS)
         self.liveness = ""
 
-    def start(self) -> None:
-        log = self.log_path.open("ab")
+    def start(self, *, extra_args: Sequence[str] = ()) -> None:
         self.liveness = f"http://127.0.0.1:{_free_port()}/healthz"
-        self.proc = subprocess.Popen(  # noqa: S603 - our own CLI
-            [sys.executable, "-m", "adaptis", "-v", "operator", "--namespace", NS,
-             "--resync-seconds", "3", "--liveness", self.liveness,
-             "--topology-keys", "topology.kubernetes.io/zone,topology.adaptis.io/rack"],
-            cwd=REPO, env=self.cp.env(), stdout=log, stderr=subprocess.STDOUT)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def wait(self, what: str, predicate: Callable[[], T | None], timeout: float = 60) -> T:
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                pytest.fail(f"the operator exited ({self.proc.returncode}):\n{self.log_tail()}")
-            try:
-                value = predicate()
-                if value:
-                    return value
-            except Exception as err:  # noqa: BLE001 - "not yet"
-                last = err
-            time.sleep(0.5)
-        pytest.fail(f"timed out waiting for {what} (last error: {last!r});"
-                    f"\noperator log:\n{self.log_tail()}")
-
-    def job(self, name: str) -> dict[str, Any]:
-        return dict(self.cp.get_json("adaptisjob", name, "-n", NS))
-
-    def status(self, name: str) -> dict[str, Any]:
-        return dict(self.job(name).get("status") or {})
+        super().start(extra_args=["--liveness", self.liveness, "--topology-keys",
+                                  "topology.kubernetes.io/zone,topology.adaptis.io/rack",
+                                  *extra_args])
 
     def condition(self, name: str, type_: str) -> dict[str, Any] | None:
         return next((c for c in self.status(name).get("conditions", [])
@@ -123,9 +82,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def operator(control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     cp = control_plane
-    cp.kubectl("apply", "-f", str(CRD))
-    cp.kubectl("wait", "--for=condition=Established", "crd/adaptisjobs.adaptis.io",
-               "--timeout=60s")
+    install_crd(cp)
     cp.create_namespace(NS)
     # Two kinds of GPU in two zones: H100 in zone-a, A100 in zone-b, two GPUs per node.
     for i in range(2):

@@ -11,20 +11,16 @@ on the node; the plan made from it; the pods gone; and the next job reusing the 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from operator_process import OperatorProcess, install_crd
 
 from adaptis.operator.profiler_pods import profiler_pod_name
 from adaptis.operator.profiling import PROFILE_ANNOTATION
 
-REPO = Path(__file__).resolve().parents[2]
-CRD = REPO / "crds" / "adaptis.io_adaptisjobs.yaml"
 NS = "operator-profiling"
 POOL = {"adaptis.io/test-pool": "operator-profiling"}
 FRESH = ("prof-h100-0", "prof-h100-1")
@@ -56,51 +52,14 @@ def _job(name: str) -> dict[str, Any]:
     }
 
 
-class Session:
+class Session(OperatorProcess):
     """The operator subprocess and the reads the test makes."""
 
     def __init__(self, cp: Any, log_path: Path) -> None:
-        self.cp = cp
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(  # noqa: S603 - our own CLI
-            [sys.executable, "-m", "adaptis", "-v", "operator", "--namespace", NS,
-             "--resync-seconds", "3"],
-            cwd=REPO, env=self.cp.env(), stdout=log, stderr=subprocess.STDOUT)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        super().__init__(cp, log_path, namespace=NS)
 
     def wait(self, what: str, predicate: Callable[[], T | None], timeout: float = 90) -> T:
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                pytest.fail(f"the operator exited ({self.proc.returncode}):\n{self.log_tail()}")
-            try:
-                value = predicate()
-                if value:
-                    return value
-            except Exception as err:  # noqa: BLE001 - "not yet"
-                last = err
-            time.sleep(0.5)
-        pytest.fail(f"timed out waiting for {what} (last error: {last!r});"
-                    f"\noperator log:\n{self.log_tail()}")
-
-    def status(self, name: str) -> dict[str, Any]:
-        return dict(self.cp.get_json("adaptisjob", name, "-n", NS).get("status") or {})
+        return super().wait(what, predicate, timeout)
 
     def condition(self, name: str, type_: str) -> dict[str, Any]:
         return next(c for c in self.status(name)["conditions"] if c["type"] == type_)
@@ -121,9 +80,7 @@ class Session:
 @pytest.fixture(scope="module")
 def session(control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
     cp = control_plane
-    cp.kubectl("apply", "-f", str(CRD))
-    cp.kubectl("wait", "--for=condition=Established", "crd/adaptisjobs.adaptis.io",
-               "--timeout=60s")
+    install_crd(cp)
     cp.create_namespace(NS)
     for name in FRESH:
         cp.add_fake_gpu_node(name, product="NVIDIA-H100-80GB-HBM3", gpu_count=2,

@@ -1,0 +1,78 @@
+"""``adaptis operator`` as a subprocess against the test control plane, and the reads the
+operator's integration tests make. Sits above controlplane.py; the test modules subclass it.
+
+The operator runs as a user runs it (``python -m adaptis operator``) with the admin kubeconfig,
+watching the one namespace its test module owns. :meth:`wait` fails the test with the
+operator's log tail, so a failure shows what the operator was doing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "adaptis.io_adaptisjobs.yaml"
+T = TypeVar("T")
+
+
+def install_crd(cp: Any) -> None:
+    cp.kubectl("apply", "-f", str(CRD))
+    cp.kubectl("wait", "--for=condition=Established", "crd/adaptisjobs.adaptis.io", "--timeout=60s")
+
+
+class OperatorProcess:
+    """The operator subprocess watching ``namespace``, plus reads of jobs in it."""
+
+    def __init__(self, cp: Any, log_path: Path, *, namespace: str) -> None:
+        self.cp = cp
+        self.log_path = log_path
+        self.namespace = namespace
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, *, extra_args: Sequence[str] = ()) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(  # noqa: S603 - our own CLI
+            [sys.executable, "-m", "adaptis", "-v", "operator", "--namespace", self.namespace,
+             "--resync-seconds", "3", *extra_args],
+            cwd=REPO, env=self.cp.env(), stdout=log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def wait(self, what: str, predicate: Callable[[], T | None], timeout: float = 60) -> T:
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                pytest.fail(f"the operator exited ({self.proc.returncode}):\n{self.log_tail()}")
+            try:
+                value = predicate()
+                if value:
+                    return value
+            except Exception as err:  # noqa: BLE001 - "not yet"
+                last = err
+            time.sleep(0.5)
+        pytest.fail(f"timed out waiting for {what} (last error: {last!r});"
+                    f"\noperator log:\n{self.log_tail()}")
+
+    def job(self, name: str) -> dict[str, Any]:
+        return dict(self.cp.get_json("adaptisjob", name, "-n", self.namespace))
+
+    def status(self, name: str) -> dict[str, Any]:
+        return dict(self.job(name).get("status") or {})
