@@ -20,12 +20,14 @@ minimum is the least disturbed figure on both sides; ``median`` is the usual sta
 It prints predicted vs measured iteration time and bubble ratio per plan, the errors, their
 mean and max, and whether the predicted ranking of strategies is the measured one. Columns:
 
-- ``planner``: the project's simulator on the profiled problem, as ``adaptis plan`` does.
-- ``model+``: the simulator after :func:`executor_costs`, the model changes proposed for the
-  planner: torch's B/W split on the first stage (token input, no input gradient) does nothing
-  in B and the whole backward in W; and each action pays a fixed runtime overhead, fitted on
-  the overhead probe (a model with next to no compute, run first: what its plans cost is the
-  runtime's own cost per action; ``--families overhead``).
+- ``planner``: the project's simulator on the profiled problem, as ``adaptis profile`` writes
+  it and ``adaptis plan`` scores it: torch's split B and W, the profiler's
+  ``action_overhead_s``; the planner itself moves the first stage's B into its W.
+- ``model+``: the simulator after :func:`executor_costs`, model changes not (yet) in the
+  planner: a stage whose backward torch runs fused (``BW`` actions, and the first stage's
+  ``W``) costs the profiled fused backward, not split B + W; and each action pays the runtime
+  overhead fitted on the overhead probe (a model with next to no compute, run first: what its
+  plans cost is the runtime's own cost per action; ``--families overhead``).
 - ``replay`` (a diagnostic, not a prediction): the simulator with each rank's speed set from
   the run's own measured busy time; what is left is the schedule model's error alone.
 
@@ -60,7 +62,13 @@ from adaptis.worker.data import SyntheticTokens
 from adaptis.worker.executor import Executor
 from adaptis.worker.hardware import measure_links
 from adaptis.worker.launcher import free_port
-from adaptis.worker.profiler import LayerProfile, ProfileSettings, problem_from_profiles, profile_layers
+from adaptis.worker.profiler import (
+    LayerProfile,
+    ProfileSettings,
+    measure_action_overhead,
+    problem_from_profiles,
+    profile_layers,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 _ANALYSIS = "## Analysis"
@@ -99,22 +107,28 @@ def family_spec(family: str, *, sequence: int | None) -> JobSpec:
 
 
 # --- the proposed model change (a wrapper here: planner files are not edited) -----------------
-def executor_costs(costs: Costs, plan: Plan, *, action_overhead: float = 0.0) -> Costs:
-    """Costs as torch's runtime spends them for this plan: on the first stage (its input takes
-    no gradient) a split backward does nothing in B and all of B + W in W; and every action
-    costs ``action_overhead`` (time unit of the costs) more, charged to the stage's first layer
-    (a fused backward is one action: its stage's W gets none)."""
-    back, weight, fwd = list(costs.backward), list(costs.weight), list(costs.forward)
-    lo, hi = plan.stages[0]
-    for i in range(lo, hi):
-        weight[i] += back[i]
-        back[i] = 0.0
-    fused = {s for acts in plan.actions for kind, s, _mb in acts if kind == "BW"}
-    for s, (lo, _hi) in enumerate(plan.stages):
-        fwd[lo] += action_overhead
-        back[lo] += action_overhead
-        weight[lo] += 0.0 if s in fused else action_overhead
-    return dataclasses.replace(costs, forward=tuple(fwd), backward=tuple(back), weight=tuple(weight))
+def executor_costs(costs: Costs, plan: Plan, *, fused_ms: tuple[float, ...],
+                   action_overhead: float | None = None) -> Costs:
+    """Costs as torch's runtime spends them for this plan: a stage whose backward runs fused
+    (only ``BW`` actions; and the first stage, whose ``W`` is torch's fused backward) costs
+    ``fused_ms`` per layer instead of split B + W (scaled in proportion, so the planner's own
+    first-stage rule still applies); ``action_overhead`` (time unit of the costs): the runtime's
+    cost per action, replacing the problem's."""
+    back, weight = list(costs.backward), list(costs.weight)
+    backward_kinds: dict[int, set[str]] = {}
+    for acts in plan.actions:
+        for kind, s, _mb in acts:
+            if kind != "F":
+                backward_kinds.setdefault(s, set()).add(kind)
+    for s, (lo, hi) in enumerate(plan.stages):
+        if s != 0 and backward_kinds.get(s) != {"BW"}:
+            continue
+        for i in range(lo, hi):
+            split = back[i] + weight[i]
+            if split > 0 and fused_ms[i] > 0:
+                back[i], weight[i] = back[i] * fused_ms[i] / split, weight[i] * fused_ms[i] / split
+    overhead = costs.overhead if action_overhead is None else action_overhead
+    return dataclasses.replace(costs, backward=tuple(back), weight=tuple(weight), overhead=overhead)
 
 
 def fit_action_overhead(rows: list[dict[str, Any]]) -> float:
@@ -123,8 +137,8 @@ def fit_action_overhead(rows: list[dict[str, Any]]) -> float:
     best, best_err = 0.0, math.inf
     for step in range(0, 301):
         o = step * 0.01
-        errs = [abs(simulate(executor_costs(r["costs"], r["plan"], action_overhead=o), r["plan"]).iteration_time
-                    / r["meas_ms"] - 1) for r in rows]
+        errs = [abs(simulate(executor_costs(r["costs"], r["plan"], fused_ms=r["fused_ms"], action_overhead=o),
+                             r["plan"]).iteration_time / r["meas_ms"] - 1) for r in rows]
         if statistics.fmean(errs) < best_err:
             best, best_err = o, statistics.fmean(errs)
     return best
@@ -137,6 +151,7 @@ def mean_profiles(runs: list[list[LayerProfile]]) -> list[LayerProfile]:
         forward_s=statistics.fmean(r[i].forward_s for r in runs),
         backward_s=statistics.fmean(r[i].backward_s for r in runs),
         weight_s=statistics.fmean(r[i].weight_s for r in runs),
+        fused_backward_s=statistics.fmean(r[i].fused_backward_s for r in runs),
     ) for i, first in enumerate(runs[0])]
 
 
@@ -147,11 +162,14 @@ def _rank(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> N
                             timeout=timedelta(seconds=600))
     settings = ProfileSettings(warmup=2, repeats=args["repeats"], estimator=args["estimator"])
 
+    overheads: list[float] = []
+
     def profile_in_turn(spec: JobSpec) -> list[LayerProfile]:
         mine: list[LayerProfile] = []
         for turn in range(world):
             if turn == rank:
                 mine = profile_layers(spec, settings=settings)
+                overheads.append(measure_action_overhead(settings=settings))
             dist.barrier()
         return mine
 
@@ -165,10 +183,13 @@ def _rank(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> N
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, profiles[0])
         first = mean_profiles(gathered)
+        gathered_overhead: list[Any] = [None] * world
+        dist.all_gather_object(gathered_overhead, overheads[-1])
         plans: list[Any] = [None]
         if rank == 0:
             problem = problem_from_profiles(first, name=family, microbatches=spec.training.microbatches,
-                                            devices=world, memory_bytes=None, network=network)
+                                            devices=world, memory_bytes=None, network=network,
+                                            action_overhead_s=statistics.fmean(gathered_overhead))
             plans = [{name: (o.plan.model_dump(mode="json", exclude_none=True) if o.plan else None)
                       for name in args["strategies"] for o in [plan_strategy(problem, name)]}]
         dist.broadcast_object_list(plans, src=0)
@@ -191,17 +212,19 @@ def _rank(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> N
             if rnd and rnd % args["profile_every"] == 0:
                 profiles.append(profile_in_turn(spec))
         gathered = [None] * world
-        dist.all_gather_object(gathered, profiles)
+        dist.all_gather_object(gathered, (profiles, overheads))
         if rank == 0:  # progress, in case a time budget stops the run before the report
             for name, got in steps.items():
                 print(f"{family} {name}: measured step ms "
                       f"{sorted(round(x['iteration_s'] * 1e3) for x in got)}", flush=True)
         results["families"][family] = {
-            "profiles": [p for per_rank in gathered for p in per_rank],
+            "profiles": [p for per_rank, _o in gathered for p in per_rank],
+            "action_overhead_s": statistics.fmean(o for _p, per_rank in gathered for o in per_rank),
             "plans": {k: v for k, v in plans[0].items() if v is not None},
             "steps": steps,
         }
         del executors
+        overheads.clear()
     if rank == 0:
         with open(out, "w") as fh:
             json.dump(_jsonable(results), fh)
@@ -227,7 +250,7 @@ def _layers(x: Any) -> Any:
 
 
 # --- the report --------------------------------------------------------------------------------
-def evaluate(data: dict[str, Any], *, estimator: str, action_overhead_ms: float) -> list[dict[str, Any]]:
+def evaluate(data: dict[str, Any], *, estimator: str, action_overhead_ms: float | None) -> list[dict[str, Any]]:
     link = data["link"]
     network = Network(intra_node=Link(**link))
     rows = []
@@ -235,8 +258,10 @@ def evaluate(data: dict[str, Any], *, estimator: str, action_overhead_ms: float)
         spec = family_spec(family, sequence=data.get("sequence"))
         profile = mean_profiles(_layers(fam["profiles"]))
         problem = problem_from_profiles(profile, name=family, microbatches=spec.training.microbatches,
-                                        devices=2, memory_bytes=None, network=network)
+                                        devices=2, memory_bytes=None, network=network,
+                                        action_overhead_s=fam.get("action_overhead_s", 0.0))
         costs = Costs.from_problem(problem)
+        fused_ms = tuple(p.fused_backward_s * 1e3 for p in profile)
         for name, plan_doc in fam["plans"].items():
             plan = Plan.model_validate(plan_doc)
             steps = fam["steps"][name]
@@ -246,12 +271,13 @@ def evaluate(data: dict[str, Any], *, estimator: str, action_overhead_ms: float)
             meas_bubble = steps[pick]["bubble"]
             meas_busy = [steps[pick]["busy_s"][d] * 1e3 for d in (0, 1)]
             sim = simulate(costs, plan)
-            plus_costs = executor_costs(costs, plan, action_overhead=action_overhead_ms)
+            plus_costs = executor_costs(costs, plan, fused_ms=fused_ms, action_overhead=action_overhead_ms)
             plus = simulate(plus_costs, plan)
             replay = simulate(dataclasses.replace(plus_costs, speed=tuple(
                 plus.busy[d] / meas_busy[d] for d in (0, 1))), plan)
             spread = (max(s["iteration_s"] for s in steps) - min(s["iteration_s"] for s in steps)) * 1e3
             rows.append({"family": family, "strategy": name, "stages": len(plan.stages), "plan": plan, "costs": costs,
+                         "fused_ms": fused_ms, "profiled_overhead_ms": costs.overhead,
                          "meas_ms": meas_ms, "meas_bubble": meas_bubble, "meas_busy": meas_busy,
                          "spread_ms": spread,
                          "planner_ms": sim.iteration_time, "planner_bubble": sim.bubble_ratio,
@@ -265,17 +291,20 @@ def _err(pred: float, meas: float) -> float:
 
 
 def format_report(rows: list[dict[str, Any]], *, link: dict[str, float], rounds: int, estimator: str,
-                  seconds: float, sequence: int | None = None, overhead_ms: float = 0.0) -> str:
+                  seconds: float, sequence: int | None = None, overhead_ms: float = 0.0, load: str = "") -> str:
     seq = f" --sequence {sequence}" if sequence else ""
+    profiled_us = ", ".join(dict.fromkeys(f"{r['family']} {r['profiled_overhead_ms'] * 1e3:.0f} us" for r in rows))
     lines = [
         "# Accuracy of the performance model (CPU, 2 local gloo ranks, one torch thread each)",
         "",
         f"`python bench/accuracy.py --rounds {rounds} --estimator {estimator}{seq}` on {os.cpu_count()} CPU cores, "
-        f"torch {torch.__version__}, {seconds:.0f} s. Link measured between the 2 ranks: "
+        f"torch {torch.__version__}, {seconds:.0f} s{load}. Link measured between the 2 ranks: "
         f"{link['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, {link['latency_s'] * 1e6:.0f} us latency. Measured: the "
         f"{estimator} step of {rounds} per plan, plans taking turns (spread: slowest - fastest step); predicted: "
         f"from the mean of the layer profiles ({estimator} of the repeats) taken by both ranks between rounds. "
-        f"model+ charges {overhead_ms * 1e3:.0f} us per action (fitted on the overhead probe).",
+        f"planner charges the profiler's action_overhead_s ({profiled_us}); model+ charges "
+        f"{overhead_ms * 1e3:.0f} us per action (fitted on the overhead probe) and fused backwards at their "
+        f"fused cost.",
         "",
         "| family | strategy | stages | measured ms (spread) | planner ms | err | model+ ms | err | replay err | "
         "measured bubble | planner | model+ | replay |",
@@ -328,6 +357,7 @@ def main() -> None:
                    help="per-action overhead of model+ (default: fitted on the overhead probe's runs)")
     args = p.parse_args()
     started = time.time()
+    load_start = os.getloadavg()[0]
     if args.from_raw:
         data = json.loads(args.from_raw.read_text())
     else:
@@ -342,12 +372,14 @@ def main() -> None:
         args.raw.write_text(json.dumps(data))
     overhead = args.action_overhead_ms
     if overhead is None:
-        probe = [r for r in evaluate(data, estimator=args.estimator, action_overhead_ms=0.0) if r["family"] == "overhead"]
+        probe = [r for r in evaluate(data, estimator=args.estimator, action_overhead_ms=None) if r["family"] == "overhead"]
         overhead = fit_action_overhead(probe) if probe else 0.0
     rows = [r for r in evaluate(data, estimator=args.estimator, action_overhead_ms=overhead)
             if r["family"] != "overhead"]
     report = format_report(rows, link=data["link"], rounds=args.rounds, estimator=args.estimator,
-                           seconds=time.time() - started, sequence=args.sequence, overhead_ms=overhead)
+                           seconds=time.time() - started, sequence=args.sequence, overhead_ms=overhead,
+                           load="" if args.from_raw else
+                           f", 1-min load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     print(report)
     # A hand-written analysis below the table survives a rerun.
     kept = args.out.read_text().partition(_ANALYSIS)[2] if args.out.exists() else ""

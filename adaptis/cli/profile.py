@@ -3,8 +3,9 @@
 Two modes, one verb:
 
 - ``adaptis profile JOB.yaml -o problem.yaml [--devices N] [--repeats R] [--hardware-file hw.json]``
-  times each distinct layer of the job's model on this machine (:mod:`adaptis.worker.profiler`)
-  and writes the planning problem ``adaptis plan`` reads (stdout without ``-o``).
+  times each distinct layer of the job's model on this machine (:mod:`adaptis.worker.profiler`:
+  F, torch's split B and W, the per-action overhead) and writes the planning problem
+  ``adaptis plan`` reads (stdout without ``-o``).
 - ``adaptis profile --hardware [-o hw.json]`` measures this device and, when started with the
   torch.distributed environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; 2 or more ranks),
   the links between ranks (:mod:`adaptis.worker.hardware`). It prints one small JSON document
@@ -140,7 +141,8 @@ def _layers(args: argparse.Namespace) -> int:
     text = yaml.safe_dump(doc, sort_keys=False, width=120).rstrip()
     _write(f"# measured by `adaptis profile` on {problem.name}\n{text}", args.output)
     if args.output is not None:
-        print(f"problem of {len(problem.expanded_layers())} layers written to {args.output}", file=sys.stderr)
+        print(f"problem of {len(problem.expanded_layers())} layers (action overhead "
+              f"{problem.action_overhead_s * 1e6:.0f} us) written to {args.output}", file=sys.stderr)
     return 0
 
 

@@ -14,6 +14,11 @@ microbatch keeps its saved activations until its ``W``.
 Kinds map as: plan ``F`` -> torch ``F``; ``B`` (input gradient) -> ``I``; ``W`` -> ``W``;
 ``BW`` (fused) -> ``B``. Each compute call is timed through a :class:`ActionTimer` so busy and
 idle time per rank are measured, not inferred.
+
+The profiler times a layer's backward passes through :func:`backward_input`,
+:func:`backward_weight` and :func:`backward_full`: the very functions torch's stages call for
+``I``, ``W`` and ``B``, so what is profiled is what the runtime spends (its split costs more
+than its fused backward: the input pass walks the graph once more to find what ``W`` needs).
 """
 
 from __future__ import annotations
@@ -30,11 +35,23 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining import _backward as _torch_backward
 from torch.distributed.pipelining import schedules as _schedules
 
 from adaptis.worker.errors import PlanMismatchError
 
-__all__ = ["ActionTimer", "CudaActionTimer", "PipelineRuntime", "StageShapes", "TORCH_KIND", "WallActionTimer"]
+__all__ = [
+    "ActionTimer",
+    "CudaActionTimer",
+    "PipelineRuntime",
+    "SplitState",
+    "StageShapes",
+    "TORCH_KIND",
+    "WallActionTimer",
+    "backward_full",
+    "backward_input",
+    "backward_weight",
+]
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +151,37 @@ class StageShapes:
         width = self.vocab_size if last else self.hidden
         return torch.zeros(self.microbatch_size, self.sequence_length, width, dtype=self.dtype,
                            device=self.device, requires_grad=True)
+
+
+@dataclass(frozen=True, slots=True)
+class SplitState:
+    """What torch's input pass leaves for its weight pass (its parameter groups, opaque)."""
+
+    groups: list[dict[str, Any]]
+
+
+def backward_input(*, outputs: Sequence[torch.Tensor], output_grads: Sequence[torch.Tensor] | None,
+                   inputs: Sequence[torch.Tensor], module: nn.Module) -> SplitState:
+    """torch's ``I``: gradients of ``inputs`` (accumulated in their ``.grad``), the graph kept
+    for :func:`backward_weight`. ``output_grads`` None: ``outputs`` is the loss. The outputs
+    are detached, as the runtime does."""
+    _dinputs, groups = _torch_backward.stage_backward_input(
+        list(outputs), None if output_grads is None else list(output_grads), list(inputs), module.parameters())
+    return SplitState(groups=groups)
+
+
+def backward_weight(*, module: nn.Module, state: SplitState) -> None:
+    """torch's ``W`` after :func:`backward_input`: the parameters' gradients, into ``.grad``."""
+    _torch_backward.stage_backward_weight(module.parameters(), state.groups)
+
+
+def backward_full(*, outputs: Sequence[torch.Tensor], output_grads: Sequence[torch.Tensor] | None,
+                  inputs: Sequence[torch.Tensor]) -> None:
+    """torch's fused ``B`` (our ``BW``, and ``W`` on the first stage): input and parameter
+    gradients in one autograd pass."""
+    out: Any = outputs[0] if len(outputs) == 1 else tuple(outputs)
+    grads: Any = None if output_grads is None else (output_grads[0] if len(output_grads) == 1 else tuple(output_grads))
+    _torch_backward.stage_backward(out, grads, list(inputs))
 
 
 class _Runtime(_schedules._PipelineScheduleRuntime):

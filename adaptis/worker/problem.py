@@ -3,23 +3,16 @@
 Sits between the worker's models and the planner's input contract
 (:class:`adaptis.api.problem.Problem`). ``estimate_problem`` needs no torch work at all (FLOPs
 and bytes from the sizes); ``measure_problem`` times each distinct layer once on this process's
-device (F, input-gradient B and weight-gradient W separately, as the executor runs them) and
-is what ``adaptis run`` uses. The full profiler (kernels, networks, memory) lives elsewhere;
-this one is small on purpose.
+device with the layer profiler (:mod:`adaptis.worker.profiler`; F, B and W as the executor
+runs them, few repeats) and is what ``adaptis run`` uses.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable
-
-import torch
-from torch import nn
-
 from adaptis.api.job import JobSpec, ModelSpec, TrainingSpec
 from adaptis.api.problem import IdenticalDevices, Layer, Problem
-from adaptis.worker.models import LayerInfo, build_layer, model_layers, token_loss
+from adaptis.worker.models import LayerInfo, model_layers
+from adaptis.worker.profiler import ProfileSettings, measure_action_overhead, problem_from_profiles, profile_layers
 
 __all__ = ["estimate_problem", "measure_problem"]
 
@@ -98,67 +91,11 @@ def estimate_problem(spec: JobSpec, *, devices: int) -> Problem:
     return _problem(spec, layers, devices=devices)
 
 
-def _median_seconds(fn: Callable[[], None], *, repeats: int) -> float:
-    fn()  # warm-up: allocator, kernels, lazy init
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def _time_layer(module: nn.Module, *, first: bool, last: bool, training: TrainingSpec,
-                vocab: int, hidden: int, repeats: int) -> tuple[float, float, float]:
-    """Seconds of F, B (input gradient, graph kept) and W (weight gradient) of one microbatch."""
-    b, s = training.microbatch_size, training.sequence_length
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(vocab, (b, s), generator=gen)
-    x = tokens if first else torch.randn(b, s, hidden, generator=gen).requires_grad_(True)
-    params = [p for p in module.parameters() if p.requires_grad]
-
-    def forward() -> torch.Tensor:
-        out = module(x)
-        return token_loss(out, tokens) if last else out
-
-    def run_f() -> None:
-        with torch.no_grad():
-            forward()
-
-    def run_b() -> None:
-        out = forward()
-        grad = None if last else torch.ones_like(out)
-        if not first:
-            torch.autograd.grad(out, [x], grad, retain_graph=True)
-
-    def run_bw() -> None:
-        out = forward()
-        grad = None if last else torch.ones_like(out)
-        torch.autograd.grad(out, ([] if first else [x]) + params, grad)
-
-    f = _median_seconds(run_f, repeats=repeats)
-    fb = _median_seconds(run_b, repeats=repeats)
-    fbw = _median_seconds(run_bw, repeats=repeats)
-    back = max(fb - f, 0.0) if not first else 0.0
-    weight = max(fbw - f - back, 0.05 * f)
-    return f, back, weight
-
-
 def measure_problem(spec: JobSpec, *, devices: int, repeats: int = 3) -> Problem:
-    """Time each distinct layer kind once on this process (CPU, current thread count)."""
-    model, training = spec.model, spec.training
-    infos = model_layers(model)
-    cache: dict[tuple[str, int, int], tuple[float, float, float]] = {}
-    layers: list[Layer] = []
-    for index, info in enumerate(infos):
-        key = (info.kind, info.block.experts if info.block else 0, info.block.top_k if info.block else 0)
-        if key not in cache:
-            module = build_layer(model, index=index, seed=training.seed)
-            cache[key] = _time_layer(module, first=index == 0, last=index == len(infos) - 1,
-                                     training=training, vocab=model.vocab_size, hidden=model.hidden,
-                                     repeats=repeats)
-        f, b, w = cache[key]
-        est = _layer_estimate(model, training, info, flops=_CPU_FLOPS)
-        layers.append(est.model_copy(update={"forward": max(f * 1e3, 1e-6), "backward": b * 1e3,
-                                             "weight": w * 1e3}))
-    return _problem(spec, layers, devices=devices)
+    """Time each distinct layer kind once on this process (current thread count) with the
+    layer profiler, as ``adaptis profile`` does, few repeats; no memory limit is set."""
+    settings = ProfileSettings(warmup=1, repeats=repeats)
+    profiles = profile_layers(spec, settings=settings)
+    return problem_from_profiles(profiles, name=f"{spec.model.blocks[0].kind}-model",
+                                 microbatches=spec.training.microbatches, devices=devices, memory_bytes=None,
+                                 action_overhead_s=measure_action_overhead(settings=settings))

@@ -3,17 +3,25 @@
 Sits in the worker layer between the model zoo (:mod:`adaptis.worker.models`, whose modules it
 times, so what is profiled is what is trained) and the planner's input contract
 (:class:`adaptis.api.problem.Problem`, shared/planning-problem.md); ``adaptis profile`` is its
-CLI face. :mod:`adaptis.worker.problem` keeps the quick estimate ``adaptis run`` uses; this is
-the full measurement.
+CLI face; :mod:`adaptis.worker.problem`'s ``measure_problem`` (what ``adaptis run`` uses)
+calls it with few repeats, next to its FLOP-count estimate.
 
 For every distinct layer kind (embedding, head, each block kind with its expert settings) at
 the job's microbatch size and sequence length, on one device, in one precision:
 
 - **F**: the forward with autograd recording (as training runs it; the head includes the loss).
-- **B**: ``autograd.grad`` w.r.t. the layer's input, graph retained (the input gradient).
-- **W**: the fused backward (w.r.t. input and parameters) minus B: what torch's B/W split
-  leaves for its weight pass, which reuses B's intermediate gradients. The first layer takes
-  token ids, so its B is 0 and W is its whole backward, as the executor runs it.
+- **B** and **W**: torch's split backward exactly as the executor runs it for split plans:
+  its input pass (``stage_backward_input``: input gradients, the intermediate gradients kept)
+  then its weight pass (``stage_backward_weight``), through the adapter
+  (:mod:`adaptis.worker.pipelining`). The first layer takes token ids: B is 0 and W its
+  fused backward, as torch's first stage runs it.
+- **fused backward**: torch's one-pass ``stage_backward`` (a plan's ``BW``), kept in
+  :class:`LayerProfile` but not in the problem. *Decision:* the contract has one B and one W
+  per layer, and the problem gets the split ones, because the plans that depend on B and W
+  apart (adaptis, zb) run them split; the split costs more than the fused pass (+36-44 % on
+  Mamba and dense blocks on CPU: the input pass walks the graph once more to find what W
+  needs), so fused ``BW`` actions (1F1B-style plans) are predicted somewhat slow.
+- **per-action overhead** (``action_overhead_s``): :func:`measure_action_overhead`.
 - each timed with ``warmup`` untimed runs then the median (or min) of ``repeats``, on the device's own
   clock (CUDA events; ``perf_counter`` on CPU, where compute is synchronous).
 - **activation bytes**: unique storages autograd saves in the forward
@@ -30,7 +38,7 @@ from __future__ import annotations
 import logging
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import torch
@@ -47,11 +55,14 @@ from adaptis.worker.hardware import (
     measure_matmul_tflops,
 )
 from adaptis.worker.models import LayerInfo, build_layer, model_layers, token_loss
+from adaptis.worker.pipelining import SplitState, backward_full, backward_input, backward_weight
 
 __all__ = [
     "LayerProfile",
+    "ModuleProfile",
     "ProfileSettings",
     "bytes_per_param",
+    "measure_action_overhead",
     "profile_job",
     "profile_layers",
     "profile_module",
@@ -97,6 +108,9 @@ class LayerProfile:
     activation_bytes: int
     param_bytes: int
     output_bytes: int
+    # torch's fused backward (input and weight gradients in one pass), kept for comparison:
+    # the contract has one B and one W per layer, and they are the split ones (see above).
+    fused_backward_s: float = 0.0
 
     def to_layer(self, *, unit_seconds: float) -> Layer:
         # F must be > 0 in the contract: a layer too fast for the clock still costs a tick.
@@ -134,7 +148,7 @@ def _time_of(clock: Callable[[Callable[[], None]], float], fn: Callable[[], None
     return min(times) if settings.estimator == "min" else statistics.median(times)
 
 
-def _saved_bytes(run: Callable[[], torch.Tensor], *, exclude: set[int]) -> tuple[int, torch.Tensor]:
+def _saved_bytes(run: Callable[[], Any], *, exclude: set[int]) -> tuple[int, Any]:
     """Bytes of the unique storages autograd saves while ``run`` executes (``exclude``: data
     pointers not to count, the parameters)."""
     seen: dict[int, int] = {}
@@ -174,46 +188,88 @@ def _split_grad_bytes(module: nn.Module, run: Callable[[], torch.Tensor]) -> int
     return total
 
 
+@dataclass(frozen=True, slots=True)
+class ModuleProfile:
+    """One module's seconds (F, split B and W, fused backward) and bytes of one microbatch."""
+
+    forward_s: float
+    backward_s: float
+    weight_s: float
+    fused_backward_s: float
+    activation_bytes: int
+    output_bytes: int
+
+
 def profile_module(module: nn.Module, *, example: torch.Tensor, settings: ProfileSettings,
                    loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                   input_grad: bool = True) -> tuple[float, float, float, int, int]:
-    """Seconds of F, B and W and bytes of activation and output of one microbatch through
-    ``module`` (already on the device, in the precision). ``loss``: applied to the output
-    inside F (the head's). ``input_grad``: False when the input takes no gradient (token ids):
-    B is then 0 and W the whole backward."""
+                   input_grad: bool = True) -> ModuleProfile:
+    """F, B, W and the fused backward of one microbatch through ``module`` (already on the
+    device, in the precision), timed through torch's own stage backward functions (the
+    adapter's :func:`backward_input`, :func:`backward_weight`, :func:`backward_full`).
+    ``loss``: applied to the output inside F (the head's). ``input_grad``: False when the
+    input takes no gradient (token ids): B is then 0 and W the fused backward, as torch's
+    first stage runs it."""
     clock = device_clock(settings.device)
     params = [p for p in module.parameters() if p.requires_grad]
-    x = example.detach().requires_grad_(True) if input_grad else example
 
-    def forward() -> torch.Tensor:
+    def forward() -> tuple[torch.Tensor, torch.Tensor]:
+        x = example.detach().requires_grad_(True) if input_grad else example
         out = module(x)
-        return loss(out) if loss is not None else out
+        if loss is not None:
+            return x, loss(out)
+        # torch's input pass detaches the outputs in place, which a view does not allow.
+        return x, (out.clone() if out._is_view() else out)
 
-    def seed_grad(out: torch.Tensor) -> torch.Tensor:
-        return torch.ones_like(out) if loss is None else torch.ones((), dtype=out.dtype, device=out.device)
+    def seed(out: torch.Tensor) -> list[torch.Tensor] | None:
+        return None if loss is not None else [torch.ones_like(out)]  # a loss seeds itself
 
     def run_f() -> None:
         forward()
 
-    def run_b(out: torch.Tensor) -> None:
-        torch.autograd.grad(out, [x], seed_grad(out), retain_graph=True)
+    def run_b(state: tuple[torch.Tensor, torch.Tensor]) -> None:
+        x, out = state
+        backward_input(outputs=[out], output_grads=seed(out), inputs=[x], module=module)
 
-    def run_full(out: torch.Tensor) -> None:
-        targets = ([x] if input_grad else []) + params
-        if targets:
-            torch.autograd.grad(out, targets, seed_grad(out))
+    def after_b() -> SplitState:
+        x, out = forward()
+        return backward_input(outputs=[out], output_grads=seed(out), inputs=[x], module=module)
 
-    # Warm the allocator and kernels once for every pass before anything is timed.
+    def run_w(state: SplitState) -> None:
+        backward_weight(module=module, state=state)
+
+    def run_full(state: tuple[torch.Tensor, torch.Tensor]) -> None:
+        x, out = state
+        backward_full(outputs=[out], output_grads=seed(out), inputs=[x] if input_grad else [])
+
     forward_s = _time_of(clock, run_f, setup=None, settings=settings)
-    backward_s = _time_of(clock, run_b, setup=forward, settings=settings) if input_grad else 0.0
-    full_s = _time_of(clock, run_full, setup=forward, settings=settings)
-    weight_s = max(0.0, full_s - backward_s) if params else 0.0
+    fused_s = _time_of(clock, run_full, setup=forward, settings=settings) if params or input_grad else 0.0
+    if input_grad:
+        backward_s = _time_of(clock, run_b, setup=forward, settings=settings)
+        weight_s = _time_of(clock, run_w, setup=after_b, settings=settings) if params else 0.0
+    else:  # torch's first stage: I is a no-op, W the fused backward
+        backward_s, weight_s = 0.0, fused_s
+    module.zero_grad(set_to_none=True)  # the timed passes accumulated into .grad
 
     exclude = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    saved, out = _saved_bytes(forward, exclude=exclude)
-    split = _split_grad_bytes(module, lambda: module(x)) if input_grad else 0
+    saved, (_x, out) = _saved_bytes(forward, exclude=exclude)
+    split = _split_grad_bytes(module, lambda: module(example)) if input_grad else 0
     output = 0 if loss is not None else out.numel() * out.element_size()
-    return forward_s, backward_s, weight_s, saved + split, output
+    return ModuleProfile(forward_s=forward_s, backward_s=backward_s, weight_s=weight_s, fused_backward_s=fused_s,
+                         activation_bytes=saved + split, output_bytes=output)
+
+
+def measure_action_overhead(*, settings: ProfileSettings) -> float:
+    """Seconds one runtime action costs beyond its compute: F, B, W and the fused backward of
+    a layer with next to no compute (an 8-wide linear and tanh on 4 tokens), through the same timed
+    path, averaged over the four kinds. It is the per-call cost of the adapter and autograd
+    (graph walk, hooks, ``.grad`` bookkeeping); not the schedule runtime's own loop and
+    messages, which only a pipelined run shows (bench/accuracy.py's overhead probe)."""
+    tiny = nn.Sequential(nn.Linear(8, 8), nn.Tanh()).to(device=settings.device, dtype=settings.dtype)
+    x = torch.zeros(1, 4, 8, device=settings.device, dtype=settings.dtype)
+    # Min over more repeats than a layer gets: the quantity is small, and noise only adds.
+    many = replace(settings, repeats=max(settings.repeats, 20), warmup=max(settings.warmup, 3))
+    p = profile_module(tiny, example=x, settings=many)
+    return statistics.fmean([p.forward_s, p.backward_s, p.weight_s, p.fused_backward_s])
 
 
 # --- a job's model -----------------------------------------------------------------------------
@@ -232,7 +288,7 @@ def profile_layers(spec: JobSpec, *, settings: ProfileSettings) -> list[LayerPro
     tokens = torch.randint(model.vocab_size, (b, s), generator=gen, device=dev)
     hidden = torch.randn(b, s, h, generator=gen, device=dev, dtype=dtype)
     per_param = bytes_per_param(train.optimizer.name)
-    cache: dict[tuple[str, int, int], tuple[float, float, float, int, int, int]] = {}
+    cache: dict[tuple[str, int, int], tuple[ModuleProfile, int]] = {}
     out: list[LayerProfile] = []
     last = len(infos) - 1
     for index, info in enumerate(infos):
@@ -241,26 +297,28 @@ def profile_layers(spec: JobSpec, *, settings: ProfileSettings) -> list[LayerPro
         if key not in cache:
             module = build_layer(model, index=index, seed=train.seed).to(device=dev, dtype=dtype)
             first = index == 0
-            f, bw, w, act, outb = profile_module(
+            m = profile_module(
                 module, example=tokens if first else hidden, settings=settings, input_grad=not first,
                 loss=(lambda o: token_loss(o, tokens)) if index == last else None,
             )
             n_params = sum(p.numel() for p in module.parameters())
-            cache[key] = (f, bw, w, act, n_params * per_param, outb)
-            log.info("profiled %-10s F %.3f ms  B %.3f ms  W %.3f ms  act %.3g B", info.kind,
-                     f * 1e3, bw * 1e3, w * 1e3, act)
+            cache[key] = (m, n_params * per_param)
+            log.info("profiled %-10s F %.3f ms  B %.3f ms  W %.3f ms  fused %.3f ms  act %.3g B", info.kind,
+                     m.forward_s * 1e3, m.backward_s * 1e3, m.weight_s * 1e3, m.fused_backward_s * 1e3,
+                     m.activation_bytes)
             del module
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-        f, bw, w, act, pb, outb = cache[key]
-        out.append(LayerProfile(name=info.name, kind=info.kind, forward_s=f, backward_s=bw, weight_s=w,
-                                activation_bytes=act, param_bytes=pb, output_bytes=outb))
+        m, pb = cache[key]
+        out.append(LayerProfile(name=info.name, kind=info.kind, forward_s=m.forward_s, backward_s=m.backward_s,
+                                weight_s=m.weight_s, activation_bytes=m.activation_bytes, param_bytes=pb,
+                                output_bytes=m.output_bytes, fused_backward_s=m.fused_backward_s))
     return out
 
 
 def problem_from_profiles(profiles: Sequence[LayerProfile], *, name: str, microbatches: int, devices: int,
                           memory_bytes: float | None, speed: float = 1.0, per_node: int | None = None,
-                          network: Network | None = None) -> Problem:
+                          network: Network | None = None, action_overhead_s: float = 0.0) -> Problem:
     """The planning problem (time unit ms) of measured layers on ``devices`` identical devices."""
     if devices < 1:
         raise WorkerError(f"profile: devices must be >= 1, got {devices}")
@@ -270,6 +328,7 @@ def problem_from_profiles(profiles: Sequence[LayerProfile], *, name: str, microb
         devices=IdenticalDevices(count=devices, per_node=per_node or devices, memory_bytes=memory_bytes,
                                  speed=speed),
         network=network or Network(),
+        action_overhead_s=float(f"{max(action_overhead_s, 0.0):.3g}"),
     )
 
 
@@ -281,8 +340,10 @@ def profile_job(spec: JobSpec, *, settings: ProfileSettings, devices: int, name:
     devices the job will run on, e.g. from ``adaptis profile --hardware`` in a pod) the
     problem takes its memory, links and ranks per node, and its speed relative to this device
     (the ratio of matmul throughputs; 1 for the same device name or within noise). Without it: this
-    device's memory (on CPU shared by ``devices`` local ranks) and free links."""
+    device's memory (on CPU shared by ``devices`` local ranks) and free links. Either way the
+    problem's ``action_overhead_s`` is :func:`measure_action_overhead` here."""
     profiles = profile_layers(spec, settings=settings)
+    overhead = measure_action_overhead(settings=settings)
     dev = settings.device
     label = f"{name} ({device_name(dev)}, torch {torch.__version__}, {str(settings.dtype).removeprefix('torch.')})"
     if hardware is None:
@@ -290,7 +351,7 @@ def profile_job(spec: JobSpec, *, settings: ProfileSettings, devices: int, name:
         if dev.type == "cpu":
             memory /= devices
         return problem_from_profiles(profiles, name=label, microbatches=spec.training.microbatches,
-                                     devices=devices, memory_bytes=memory)
+                                     devices=devices, memory_bytes=memory, action_overhead_s=overhead)
     local = measure_matmul_tflops(dev, dtype=settings.dtype)
     ratio = hardware.device.matmul_tflops / local if local > 0 else 1.0
     same = hardware.device.name == device_name(dev) or abs(ratio - 1.0) <= _SAME_DEVICE
@@ -304,4 +365,4 @@ def profile_job(spec: JobSpec, *, settings: ProfileSettings, devices: int, name:
     network = Network(intra_node=link("intra_node"), inter_node=link("inter_node"))
     return problem_from_profiles(profiles, name=label, microbatches=spec.training.microbatches, devices=devices,
                                  memory_bytes=hardware.device.memory_bytes, speed=speed,
-                                 per_node=hardware.ranks_per_node, network=network)
+                                 per_node=hardware.ranks_per_node, network=network, action_overhead_s=overhead)

@@ -22,7 +22,14 @@ from adaptis.worker.errors import WorkerError
 from adaptis.worker.hardware import DeviceProfile, HardwareProfile, LinkProfile
 from adaptis.worker.layers import AttentionBlock
 from adaptis.worker.models import model_layers
-from adaptis.worker.profiler import ProfileSettings, bytes_per_param, profile_job, profile_layers, profile_module
+from adaptis.worker.profiler import (
+    ProfileSettings,
+    bytes_per_param,
+    measure_action_overhead,
+    profile_job,
+    profile_layers,
+    profile_module,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = ProfileSettings(warmup=1, repeats=3)
@@ -54,6 +61,8 @@ def test_profiled_job_is_a_valid_problem_with_positive_times() -> None:
     blocks = [lay for lay in layers if lay.kind not in ("embedding", "head")]
     assert all(lay.backward > 0 for lay in blocks)
     assert layers[0].backward == 0 and layers[0].weight > 0  # token input: the whole backward is W
+    # The runtime's per-action overhead is measured and written (small: well under 50 ms).
+    assert 0 < reparsed.action_overhead_s < 0.05
     assert all(lay.activation_bytes > 0 for lay in layers if lay.kind == "attention")
     # Identical kinds are measured once and share their figures.
     assert layers[2].model_dump(exclude={"name"}) == layers[3].model_dump(exclude={"name"})
@@ -84,9 +93,9 @@ def test_attention_activation_bytes_grow_with_the_sequence() -> None:
     sizes = []
     for seq in (16, 64):
         x = torch.randn(2, seq, 16)
-        *_times, act, out = profile_module(block, example=x, settings=ProfileSettings(warmup=0, repeats=1))
-        assert out == x.numel() * 4
-        sizes.append(act)
+        m = profile_module(block, example=x, settings=ProfileSettings(warmup=0, repeats=1))
+        assert m.output_bytes == x.numel() * 4
+        sizes.append(m.activation_bytes)
     assert sizes[0] > 0
     assert sizes[1] >= 4 * sizes[0] * 0.9  # at least linear in the sequence (4x longer)
 
@@ -106,14 +115,37 @@ class _Weightless(nn.Module):
 
 def test_a_layer_without_weights_has_no_weight_time_and_a_dense_one_has_some() -> None:
     x = torch.randn(8, 64, 64)
-    settings = ProfileSettings(warmup=1, repeats=5)
-    f, b, w, act, _out = profile_module(_Weightless(), example=x, settings=settings)
-    assert f > 0 and b > 0 and act > 0
-    assert w == 0.0
+    settings = ProfileSettings(warmup=1, repeats=5, estimator="min")  # min: noise only adds
+    weightless = profile_module(_Weightless(), example=x, settings=settings)
+    assert weightless.forward_s > 0 and weightless.backward_s > 0 and weightless.activation_bytes > 0
+    assert weightless.weight_s == 0.0
     dense = nn.Sequential(*(nn.Linear(64, 64) for _ in range(4)))
-    f2, b2, w2, _act, _out = profile_module(dense, example=x, settings=settings)
+    m = profile_module(dense, example=x, settings=settings)
     # The weight gradients of four linears cost about as much as their input gradients.
-    assert w2 > 0.1 * b2
+    assert m.weight_s > 0.1 * m.backward_s
+    # The split passes do at least the fused backward's work (torch's split costs more).
+    assert m.backward_s + m.weight_s >= 0.9 * m.fused_backward_s > 0
+
+
+def test_split_backward_of_a_block_is_at_least_its_fused_backward() -> None:
+    block = AttentionBlock(hidden=32, heads=2)
+    m = profile_module(block, example=torch.randn(2, 64, 32), settings=ProfileSettings(warmup=1, repeats=5,
+                                                                                       estimator="min"))
+    assert m.backward_s > 0 and m.weight_s > 0 and m.fused_backward_s > 0
+    assert m.backward_s + m.weight_s >= 0.9 * m.fused_backward_s
+    # The timed passes leave no gradient behind on the module.
+    assert all(p.grad is None for p in block.parameters())
+
+
+def test_first_layer_weight_is_its_fused_backward() -> None:
+    layers = profile_layers(_spec(), settings=FAST)
+    assert layers[0].backward_s == 0.0 and layers[0].weight_s == layers[0].fused_backward_s > 0
+    assert all(lay.fused_backward_s > 0 for lay in layers)
+
+
+def test_action_overhead_is_small_and_non_negative() -> None:
+    overhead = measure_action_overhead(settings=FAST)
+    assert 0 <= overhead < 0.01  # an 8-wide layer: microseconds to a millisecond, never more
 
 
 def test_hardware_file_sets_memory_links_and_relative_speed() -> None:
@@ -149,6 +181,7 @@ def test_cli_profile_then_plan_round_trip(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     problem = load_problem(tmp_path / "p.yaml")
     assert problem.device_count == 2 and len(problem.expanded_layers()) == 8
+    assert problem.action_overhead_s > 0 and "action overhead" in out.stderr
     assert "round-trip" in (problem.name or "") and "float32" in (problem.name or "")
     plan = _adaptis("plan", str(tmp_path / "p.yaml"), "--compare", "--json")
     assert plan.returncode == 0, plan.stderr[-2000:]
