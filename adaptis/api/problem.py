@@ -66,6 +66,12 @@ class Layer(_Strict):
     forward: float = Field(gt=0, description="F: forward time of one microbatch.")
     backward: NonNeg = Field(default=0.0, description="B: input-gradient time of one microbatch.")
     weight: NonNeg = Field(default=0.0, description="W: weight-gradient time of one microbatch.")
+    backward_fused: NonNeg | None = Field(
+        default=None,
+        description="Time of the fused backward (B and W in one pass, a BW action); default "
+        "backward + weight. torch's split passes cost more than its fused one, so a profile "
+        "gives both. Optional extension of the contract.",
+    )
     activation_bytes: NonNeg = Field(
         default=0.0, description="Bytes held per microbatch from its F until its W (or fused B)."
     )

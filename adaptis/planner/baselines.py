@@ -227,7 +227,7 @@ def _memory_caps(
     for d, mine in enumerate(owned):
         room = costs.memory[d] - sum(sc.param_bytes[s] for s in mine)
         unit = max(sc.activation_bytes[s] for s in mine)
-        fit = want if unit <= 0 or math.isinf(room) else max(0, int(room // unit))
+        fit = want if unit <= 0 or math.isinf(room) else max(0, int(min(want, room // unit)))
         caps.append(max(least[d], min(want, fit)))
     return caps
 

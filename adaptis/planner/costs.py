@@ -23,6 +23,7 @@ class StageCosts:
     forward: tuple[float, ...]
     backward: tuple[float, ...]
     weight: tuple[float, ...]
+    fused: tuple[float, ...]  # a BW action: B and W in one pass
     activation_bytes: tuple[float, ...]
     param_bytes: tuple[float, ...]
     output_bytes: tuple[float, ...]  # what the stage's last layer sends on
@@ -39,6 +40,7 @@ class Costs:
     forward: tuple[float, ...]
     backward: tuple[float, ...]
     weight: tuple[float, ...]
+    fused: tuple[float, ...]  # fused backward per layer (B + W unless profiled apart)
     activation_bytes: tuple[float, ...]
     param_bytes: tuple[float, ...]
     output_bytes: tuple[float, ...]
@@ -70,6 +72,10 @@ class Costs:
             forward=tuple(lay.forward for lay in layers),
             backward=tuple(lay.backward for lay in layers),
             weight=tuple(lay.weight for lay in layers),
+            fused=tuple(
+                lay.backward + lay.weight if lay.backward_fused is None else lay.backward_fused
+                for lay in layers
+            ),
             activation_bytes=tuple(lay.activation_bytes for lay in layers),
             param_bytes=tuple(lay.param_bytes for lay in layers),
             output_bytes=tuple(lay.output_bytes for lay in layers),
@@ -112,13 +118,15 @@ class Costs:
 
         backward = sums(self.backward)
         weight = sums(self.weight)
+        fused = sums(self.fused)
         if stages:
-            weight = (weight[0] + backward[0], *weight[1:])
+            weight = (fused[0], *weight[1:])  # the first stage's W is its whole backward
             backward = (0.0, *backward[1:])
         return StageCosts(
             forward=sums(self.forward),
             backward=backward,
             weight=weight,
+            fused=fused,
             activation_bytes=sums(self.activation_bytes),
             param_bytes=sums(self.param_bytes),
             output_bytes=tuple(self.output_bytes[hi - 1] for _, hi in stages),
@@ -127,3 +135,7 @@ class Costs:
     def layer_work(self) -> tuple[float, ...]:
         """F + B + W of each layer: the balancing weight of partitions."""
         return tuple(f + b + w for f, b, w in zip(self.forward, self.backward, self.weight))
+
+    def least_backward(self) -> tuple[float, ...]:
+        """The cheaper way to run each layer's backward: split B + W, or fused."""
+        return tuple(min(b + w, fu) for b, w, fu in zip(self.backward, self.weight, self.fused))

@@ -61,6 +61,7 @@ def list_schedule(
     fwd = [sc.forward[s] / speed[owner[s]] + over for s in range(n_st)]
     bwd = [sc.backward[s] / speed[owner[s]] + over for s in range(n_st)]
     wgt = [sc.weight[s] / speed[owner[s]] + over for s in range(n_st)]
+    fused = [sc.fused[s] / speed[owner[s]] + over for s in range(n_st)]
     hop = [0.0] + [
         costs.transfer_time(owner[s - 1], owner[s], sc.output_bytes[s - 1]) for s in range(1, n_st)
     ]
@@ -83,7 +84,7 @@ def list_schedule(
         if room < need[d] or room < 0:
             return Schedule((), math.inf, False, f"device {d}: parameters and one microbatch "
                             f"need {params[d] + need[d]:.4g} bytes, it has {costs.memory[d]:.4g}")
-        cap_mb.append(m if need[d] <= 0 or room == math.inf else int(room // need[d]))
+        cap_mb.append(m if need[d] <= 0 or room == math.inf else int(min(m, room // need[d])))
     if policy.max_inflight:
         cap_mb = [min(c, policy.max_inflight) for c in cap_mb]
     # count[d]: admitted microbatches whose activations device d has not released yet;
@@ -187,7 +188,7 @@ def list_schedule(
             end = t + wgt[s]
             wq[s].popleft()
         else:
-            end = t + bwd[s] + (0.0 if split else wgt[s] - over)
+            end = t + (bwd[s] if split else fused[s])
             b_end[i] = end
             next_b[s] += 1
             if split:

@@ -118,7 +118,7 @@ def simulate(costs: Costs, plan: Plan) -> Simulation:
             elif kind == "W":
                 dur = sc.weight[s]
             else:
-                dur = sc.backward[s] + sc.weight[s]
+                dur = sc.fused[s]
             start = max(free[d], ready)
             end = start + dur / speed[d] + costs.overhead
             free[d] = end

@@ -48,17 +48,20 @@ class Outcome:
 
 def lower_bound(costs: Costs) -> float:
     m = costs.microbatches
-    work = costs.layer_work()
+    back = costs.least_backward()  # a plan may run any backward fused or split
+    grad = [min(b, fu) for b, fu in zip(costs.backward, costs.fused)]  # input gradient ready
+    work = [f + bw for f, bw in zip(costs.forward, back)]
     vmax = max(costs.speed)
     spread = sum(work) * m / sum(costs.speed)
     heaviest = max(work) * m / vmax
-    chain = (sum(costs.forward) + sum(costs.backward) + min(costs.weight)) / vmax
+    tail = min(min(costs.weight), min(back))
+    chain = (sum(costs.forward) + sum(grad) + tail) / vmax
     per_layer = 0.0
     f_before = b_before = 0.0
-    for f, b, w in zip(costs.forward, costs.backward, costs.weight):
-        per_layer = max(per_layer, f_before + m * (f + b) + b_before, f_before + m * (f + b + w))
+    for f, g, bw in zip(costs.forward, grad, back):
+        per_layer = max(per_layer, f_before + m * (f + g) + b_before, f_before + m * (f + bw))
         f_before += f
-        b_before += b
+        b_before += g
     return max(spread, heaviest, chain, per_layer / vmax)
 
 

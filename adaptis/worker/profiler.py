@@ -15,12 +15,11 @@ the job's microbatch size and sequence length, on one device, in one precision:
   then its weight pass (``stage_backward_weight``), through the adapter
   (:mod:`adaptis.worker.pipelining`). The first layer takes token ids: B is 0 and W its
   fused backward, as torch's first stage runs it.
-- **fused backward**: torch's one-pass ``stage_backward`` (a plan's ``BW``), kept in
-  :class:`LayerProfile` but not in the problem. *Decision:* the contract has one B and one W
-  per layer, and the problem gets the split ones, because the plans that depend on B and W
-  apart (adaptis, zb) run them split; the split costs more than the fused pass (+36-44 % on
-  Mamba and dense blocks on CPU: the input pass walks the graph once more to find what W
-  needs), so fused ``BW`` actions (1F1B-style plans) are predicted somewhat slow.
+- **fused backward**: torch's one-pass ``stage_backward`` (a plan's ``BW``), written as the
+  problem's optional ``backward_fused``: the split passes cost more than the fused one (+36-44 %
+  on Mamba and dense blocks on CPU: the input pass walks the graph once more to find what W
+  needs), so the planner charges BW actions the fused time and can choose, per plan, whether
+  splitting the backward pays for itself.
 - **per-action overhead** (``action_overhead_s``): :func:`measure_action_overhead`.
 - each timed with ``warmup`` untimed runs then the median (or min) of ``repeats``, on the device's own
   clock (CUDA events; ``perf_counter`` on CPU, where compute is synchronous).
@@ -108,8 +107,7 @@ class LayerProfile:
     activation_bytes: int
     param_bytes: int
     output_bytes: int
-    # torch's fused backward (input and weight gradients in one pass), kept for comparison:
-    # the contract has one B and one W per layer, and they are the split ones (see above).
+    # torch's fused backward (input and weight gradients in one pass): a plan's BW action.
     fused_backward_s: float = 0.0
 
     def to_layer(self, *, unit_seconds: float) -> Layer:
@@ -123,6 +121,7 @@ class LayerProfile:
             backward=r(self.backward_s / unit_seconds), weight=r(self.weight_s / unit_seconds),
             activation_bytes=float(self.activation_bytes), param_bytes=float(self.param_bytes),
             output_bytes=float(self.output_bytes),
+            backward_fused=r(self.fused_backward_s / unit_seconds) if self.fused_backward_s else None,
         )
 
 

@@ -158,3 +158,19 @@ def test_first_stage_backward_is_all_weight_gradient() -> None:
     sc = costs.stage_costs([(0, 2), (2, 4)])
     assert sc.backward == (0.0, 4.0)
     assert sc.weight == (5.0, 1.0)
+
+
+def test_fused_backward_time_is_used_for_bw_and_split_when_cheaper() -> None:
+    """A profile where torch's split passes cost more than its fused backward: BW actions take
+    the fused time, and the lower bound allows either."""
+    layers = [{"repeat": 4, "layers": [{"name": "l", "forward": 1.0, "backward": 1.5, "weight": 1.5,
+                                         "backward_fused": 2.0}]}]
+    doc = _problem(layers=layers, devices={"count": 2}, m=4)
+    problem = parse_problem(doc)
+    costs = Costs.from_problem(problem)
+    assert costs.fused == (2.0,) * 4
+    one = plan_strategy(problem, "gpipe").result.iteration_time
+    # gpipe: per device 2 layers x (F 1 + fused 2) x 4 microbatches, plus one stage of fill each way.
+    assert one is not None and math.isclose(one, 2 * 3.0 * 4 + 2 * 1.0 + 2 * 2.0)
+    assert lower_bound(costs) <= one
+    _check_outcome(doc)
