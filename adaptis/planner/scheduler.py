@@ -49,7 +49,6 @@ def list_schedule(
     stages: list[tuple[int, int]],
     owner: list[int],
     policy: Policy = Policy(),
-    memory_fraction: float = 1.0,
 ) -> Schedule:
     """Schedule every microbatch's F/B/W for ``stages`` placed as ``owner[s]`` (a device)."""
     sc = costs.stage_costs(stages)
@@ -80,7 +79,7 @@ def list_schedule(
         need[owner[s]] += sc.activation_bytes[s]
     cap_mb = []
     for d in range(n_dev):
-        room = costs.memory[d] * memory_fraction - params[d]
+        room = costs.memory[d] - params[d]
         if room < need[d] or room < 0:
             return Schedule((), math.inf, False, f"device {d}: parameters and one microbatch "
                             f"need {params[d] + need[d]:.4g} bytes, it has {costs.memory[d]:.4g}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+from itertools import accumulate
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -78,12 +79,9 @@ def _patterns(costs: Costs) -> list[tuple[str, list[int]]]:
 def _balanced_cuts(costs: Costs, owner: list[int]) -> list[tuple[int, int]]:
     """Contiguous stages whose per-device load (work / speed) is as even as a greedy cut can
     make it, then polished by single-layer boundary moves that lower the max device load."""
-    work = costs.layer_work()
-    n = len(work)
+    pre = _prefix_work(costs)
+    n = costs.layers
     n_st = len(owner)
-    pre = [0.0]
-    for w in work:
-        pre.append(pre[-1] + w)
     share = [0.0] * costs.devices
     count = [0] * costs.devices
     for d in owner:
@@ -103,6 +101,11 @@ def _balanced_cuts(costs: Costs, owner: list[int]) -> list[tuple[int, int]]:
         target = pre[k] + (target - pre[k]) * 0.5  # absorb half the rounding error
     cuts.append(n)
     return _polish(costs, owner=owner, cuts=cuts, pre=pre)
+
+
+def _prefix_work(costs: Costs) -> list[float]:
+    """``pre[i]``: F+B+W of layers ``[0, i)``; a range's work is a difference of two."""
+    return [0.0, *accumulate(costs.layer_work())]
 
 
 def _nearest(pre: list[float], target: float, lo: int, hi: int) -> int:
@@ -168,7 +171,6 @@ def joint_search(
     *,
     incumbent: float = math.inf,
     max_evaluations: int | None = None,
-    memory_fraction: float = 1.0,
     on_progress: Callable[[int, int, float], None] | None = None,
 ) -> SearchResult | None:
     """Best partition, placement and schedule found; None if no candidate fits in memory.
@@ -183,9 +185,7 @@ def joint_search(
     def run(pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy) -> _Candidate:
         nonlocal evals
         evals += 1
-        sched = list_schedule(
-            costs, stages=stages, owner=owner, policy=policy, memory_fraction=memory_fraction
-        )
+        sched = list_schedule(costs, stages=stages, owner=owner, policy=policy)
         best_t = min(best.time if best else math.inf, sched.iteration_time if sched.feasible else math.inf)
         if on_progress:
             on_progress(evals, budget, best_t)
@@ -194,9 +194,7 @@ def joint_search(
     best: _Candidate | None = None
     # Phase 1: structure (placement pattern x stage count) with balanced partitions.
     ranked: list[_Candidate] = []
-    pre = [0.0]
-    for w in costs.layer_work():
-        pre.append(pre[-1] + w)
+    pre = _prefix_work(costs)
     stalled: set[str] = set()  # pattern families whose last stage count did not help
     last: dict[str, float] = {}
     for name, owner in patterns:
@@ -259,10 +257,7 @@ def _refine(
     budget: int,
     evals: Callable[[], int],
 ) -> _Candidate:
-    work = costs.layer_work()
-    pre = [0.0]
-    for w in work:
-        pre.append(pre[-1] + w)
+    pre = _prefix_work(costs)
     tried: set[tuple[int, ...]] = set()
     while evals() < budget:
         cuts = [lo for lo, _ in best.stages] + [best.stages[-1][1]]
