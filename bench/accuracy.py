@@ -23,11 +23,10 @@ mean and max, and whether the predicted ranking of strategies is the measured on
 - ``planner``: the project's simulator on the profiled problem, as ``adaptis profile`` writes
   it and ``adaptis plan`` scores it: torch's split B and W, the profiler's
   ``action_overhead_s``; the planner itself moves the first stage's B into its W.
-- ``model+``: the simulator after :func:`executor_costs`, model changes not (yet) in the
-  planner: a stage whose backward torch runs fused (``BW`` actions, and the first stage's
-  ``W``) costs the profiled fused backward, not split B + W; and each action pays the runtime
-  overhead fitted on the overhead probe (a model with next to no compute, run first: what its
-  plans cost is the runtime's own cost per action; ``--families overhead``).
+- ``model+``: the simulator after :func:`executor_costs`: each action pays the runtime
+  overhead fitted on the overhead probe instead of the profiler's (a model with next to no
+  compute, run first: what its plans cost is the runtime's own cost per action;
+  ``--families overhead``).
 - ``replay`` (a diagnostic, not a prediction): the simulator with each rank's speed set from
   the run's own measured busy time; what is left is the schedule model's error alone.
 
@@ -107,28 +106,14 @@ def family_spec(family: str, *, sequence: int | None) -> JobSpec:
 
 
 # --- the proposed model change (a wrapper here: planner files are not edited) -----------------
-def executor_costs(costs: Costs, plan: Plan, *, fused_ms: tuple[float, ...],
-                   action_overhead: float | None = None) -> Costs:
-    """Costs as torch's runtime spends them for this plan: a stage whose backward runs fused
-    (only ``BW`` actions; and the first stage, whose ``W`` is torch's fused backward) costs
-    ``fused_ms`` per layer instead of split B + W (scaled in proportion, so the planner's own
-    first-stage rule still applies); ``action_overhead`` (time unit of the costs): the runtime's
-    cost per action, replacing the problem's."""
-    back, weight = list(costs.backward), list(costs.weight)
-    backward_kinds: dict[int, set[str]] = {}
-    for acts in plan.actions:
-        for kind, s, _mb in acts:
-            if kind != "F":
-                backward_kinds.setdefault(s, set()).add(kind)
-    for s, (lo, hi) in enumerate(plan.stages):
-        if s != 0 and backward_kinds.get(s) != {"BW"}:
-            continue
-        for i in range(lo, hi):
-            split = back[i] + weight[i]
-            if split > 0 and fused_ms[i] > 0:
-                back[i], weight[i] = back[i] * fused_ms[i] / split, weight[i] * fused_ms[i] / split
-    overhead = costs.overhead if action_overhead is None else action_overhead
-    return dataclasses.replace(costs, backward=tuple(back), weight=tuple(weight), overhead=overhead)
+def executor_costs(costs: Costs, *, action_overhead: float | None) -> Costs:
+    """Costs with the runtime's per-action overhead fitted on the probe (time unit of the
+    costs) in place of the profiler's (None: keep the profiler's). Fused backwards need no
+    change here: the problem carries the profiled ``backward_fused`` and the planner charges
+    it to BW actions and to the first stage's W."""
+    if action_overhead is None:
+        return costs
+    return dataclasses.replace(costs, overhead=action_overhead)
 
 
 def fit_action_overhead(rows: list[dict[str, Any]]) -> float:
@@ -137,7 +122,7 @@ def fit_action_overhead(rows: list[dict[str, Any]]) -> float:
     best, best_err = 0.0, math.inf
     for step in range(0, 301):
         o = step * 0.01
-        errs = [abs(simulate(executor_costs(r["costs"], r["plan"], fused_ms=r["fused_ms"], action_overhead=o),
+        errs = [abs(simulate(executor_costs(r["costs"], action_overhead=o),
                              r["plan"]).iteration_time / r["meas_ms"] - 1) for r in rows]
         if statistics.fmean(errs) < best_err:
             best, best_err = o, statistics.fmean(errs)
@@ -261,7 +246,6 @@ def evaluate(data: dict[str, Any], *, estimator: str, action_overhead_ms: float 
                                         devices=2, memory_bytes=None, network=network,
                                         action_overhead_s=fam.get("action_overhead_s", 0.0))
         costs = Costs.from_problem(problem)
-        fused_ms = tuple(p.fused_backward_s * 1e3 for p in profile)
         for name, plan_doc in fam["plans"].items():
             plan = Plan.model_validate(plan_doc)
             steps = fam["steps"][name]
@@ -271,13 +255,13 @@ def evaluate(data: dict[str, Any], *, estimator: str, action_overhead_ms: float 
             meas_bubble = steps[pick]["bubble"]
             meas_busy = [steps[pick]["busy_s"][d] * 1e3 for d in (0, 1)]
             sim = simulate(costs, plan)
-            plus_costs = executor_costs(costs, plan, fused_ms=fused_ms, action_overhead=action_overhead_ms)
+            plus_costs = executor_costs(costs, action_overhead=action_overhead_ms)
             plus = simulate(plus_costs, plan)
             replay = simulate(dataclasses.replace(plus_costs, speed=tuple(
                 plus.busy[d] / meas_busy[d] for d in (0, 1))), plan)
             spread = (max(s["iteration_s"] for s in steps) - min(s["iteration_s"] for s in steps)) * 1e3
             rows.append({"family": family, "strategy": name, "stages": len(plan.stages), "plan": plan, "costs": costs,
-                         "fused_ms": fused_ms, "profiled_overhead_ms": costs.overhead,
+                         "profiled_overhead_ms": costs.overhead,
                          "meas_ms": meas_ms, "meas_bubble": meas_bubble, "meas_busy": meas_busy,
                          "spread_ms": spread,
                          "planner_ms": sim.iteration_time, "planner_bubble": sim.bubble_ratio,
