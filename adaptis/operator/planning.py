@@ -31,7 +31,7 @@ from adaptis.api.problem import DeviceList, DeviceSpec, Link, Network, Problem
 from adaptis.operator.errors import Unsatisfiable
 from adaptis.operator.estimate import device_speed, estimate_layers
 from adaptis.operator.profiling import NodeProfile, parse_quantity
-from adaptis.planner.strategies import plan_strategy
+from adaptis.planner.strategies import compare, plan_strategy
 
 __all__ = [
     "PlanRecord",
@@ -205,7 +205,13 @@ def plan_job(
     slots = choose_slots(candidates, spec=spec)
     problem = build_problem(spec, slots, inter_node=inter_node, name=name)
     strategy = spec.planner.strategy
-    outcome = plan_strategy(problem, strategy)
+    baseline = None
+    if strategy == "adaptis":
+        # The joint search scores every baseline anyway: take i1f1b from the same run.
+        _, outcomes = compare(problem)
+        outcome, baseline = outcomes["adaptis"], outcomes["i1f1b"]
+    else:
+        outcome = plan_strategy(problem, strategy)
     if outcome.plan is None or not outcome.result.feasible:
         reason = outcome.result.reason or "no reason given"
         if len(reason) > _MAX_REASON:  # one line per device: keep status and events readable
@@ -217,7 +223,7 @@ def plan_job(
     iteration = float(outcome.result.iteration_time or 0.0)
     speedup: float | None = None
     if strategy != "i1f1b":
-        baseline = plan_strategy(problem, "i1f1b")
+        baseline = baseline or plan_strategy(problem, "i1f1b")
         if baseline.result.feasible and baseline.result.iteration_time and iteration > 0:
             speedup = float(baseline.result.iteration_time) / iteration
     else:
