@@ -79,12 +79,11 @@ def _write(text: str, output: Path | None) -> None:
 
 
 def _hardware(args: argparse.Namespace) -> int:
-    import torch
     import torch.distributed as dist
 
-    from adaptis.worker.hardware import measure_hardware
+    from adaptis.worker.hardware import configure_host, measure_hardware
 
-    torch.set_num_threads(max(1, args.threads))
+    configure_host(threads=args.threads)
     device = _device(args.device)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     grouped = world >= 2 and "MASTER_ADDR" in os.environ
@@ -115,7 +114,7 @@ def _layers(args: argparse.Namespace) -> int:
 
     from adaptis.cli import CLIError
     from adaptis.worker.errors import WorkerError
-    from adaptis.worker.hardware import load_hardware
+    from adaptis.worker.hardware import configure_host, load_hardware
     from adaptis.worker.profiler import ProfileSettings, profile_job
 
     if not args.job:
@@ -124,7 +123,7 @@ def _layers(args: argparse.Namespace) -> int:
     devices = args.devices or job.spec.parallelism.workers
     if devices < 1:
         raise CLIError(f"--devices must be >= 1, got {devices}")
-    torch.set_num_threads(max(1, args.threads))
+    configure_host(threads=args.threads)
     device = _device(args.device)
     dtype = torch.bfloat16 if args.precision == "bfloat16" else torch.float32
     try:

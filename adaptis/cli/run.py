@@ -63,9 +63,9 @@ def _problem(args: argparse.Namespace, job: AdaPtisJob, *, workers: int) -> Prob
         return Problem.model_validate({**doc, "microbatches": job.spec.training.microbatches})
     if (args.profile or job.spec.planner.profile) == "estimate":
         return estimate_problem(job.spec, devices=workers)
-    import torch
+    from adaptis.worker.hardware import configure_host
 
-    torch.set_num_threads(max(1, args.threads))  # profile as the ranks will run
+    configure_host(threads=args.threads)  # profile as the ranks will run
     return measure_problem(job.spec, devices=workers)
 
 

@@ -51,12 +51,11 @@ def _terminate(signum: int, _frame: FrameType | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = _load(args.config)
-    import torch
-
     from adaptis.worker.errors import WorkerError
+    from adaptis.worker.hardware import configure_host
     from adaptis.worker.runner import RankEnv, print_events, run_worker
 
-    torch.set_num_threads(max(1, args.threads))
+    configure_host(threads=args.threads)
     signal.signal(signal.SIGTERM, _terminate)
     try:
         env = RankEnv.from_environ()

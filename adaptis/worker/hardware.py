@@ -21,6 +21,7 @@ reads, so the printed document can be stored there as is.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ from adaptis.worker.errors import WorkerError
 
 __all__ = [
     "REFERENCE_TFLOPS",
+    "configure_host",
     "DeviceProfile",
     "HardwareProfile",
     "LinkProfile",
@@ -62,6 +64,30 @@ REFERENCE_TFLOPS = 989.0
 
 # Message sizes of the ping-pong: small ones pin the latency, large ones the bandwidth.
 _LINK_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 21, 1 << 23)
+
+
+# glibc's mallopt parameters: keep freed memory for reuse instead of handing it back.
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_MALLOPT = ((_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 1 << 30), (_M_TOP_PAD, 64 << 20))
+
+
+def configure_host(*, threads: int) -> None:
+    """Set up this process as a rank (or the profiler) runs: ``threads`` torch threads, and
+    host memory kept for reuse. glibc returns freed tensors above a size to the system and
+    faults their pages in again on the next allocation; a stage with a 16K-vocabulary head
+    then paid 15-30 % more for its backward on CPU than its layers profiled alone, differently
+    per stage. Keeping the memory (up to 1 GiB spare) makes profile and run alike and the run
+    faster. A no-op where the C library has no ``mallopt``."""
+    torch.set_num_threads(max(1, threads))
+    if platform.system() != "Linux":
+        return
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return  # not glibc (e.g. musl): nothing to tune
+    for param, value in _MALLOPT:
+        if mallopt(param, value) != 1:
+            log.debug("mallopt(%d, %d) refused", param, value)
 
 
 @dataclass(frozen=True, slots=True)
