@@ -59,12 +59,13 @@ from adaptis.planner.simulator import simulate
 from adaptis.planner.strategies import plan_strategy
 from adaptis.worker.data import SyntheticTokens
 from adaptis.worker.executor import Executor
-from adaptis.worker.hardware import measure_links
+from adaptis.worker.hardware import configure_host, measure_links
 from adaptis.worker.launcher import free_port
 from adaptis.worker.profiler import (
     LayerProfile,
     ProfileSettings,
     measure_action_overhead,
+    measure_graph_visit,
     problem_from_profiles,
     profile_layers,
 )
@@ -142,12 +143,13 @@ def mean_profiles(runs: list[list[LayerProfile]]) -> list[LayerProfile]:
 
 # --- one rank ----------------------------------------------------------------------------------
 def _rank(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> None:
-    torch.set_num_threads(1)
+    configure_host(threads=1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=600))
     settings = ProfileSettings(warmup=2, repeats=args["repeats"], estimator=args["estimator"])
 
     overheads: list[float] = []
+    visits: list[float] = []
 
     def profile_in_turn(spec: JobSpec) -> list[LayerProfile]:
         mine: list[LayerProfile] = []
@@ -155,6 +157,7 @@ def _rank(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> N
             if turn == rank:
                 mine = profile_layers(spec, settings=settings)
                 overheads.append(measure_action_overhead(settings=settings))
+                visits.append(measure_graph_visit(settings=settings))
             dist.barrier()
         return mine
 
@@ -169,12 +172,13 @@ def _rank(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> N
         dist.all_gather_object(gathered, profiles[0])
         first = mean_profiles(gathered)
         gathered_overhead: list[Any] = [None] * world
-        dist.all_gather_object(gathered_overhead, overheads[-1])
+        dist.all_gather_object(gathered_overhead, (overheads[-1], visits[-1]))
         plans: list[Any] = [None]
         if rank == 0:
             problem = problem_from_profiles(first, name=family, microbatches=spec.training.microbatches,
                                             devices=world, memory_bytes=None, network=network,
-                                            action_overhead_s=statistics.fmean(gathered_overhead))
+                                            action_overhead_s=statistics.fmean(o for o, _v in gathered_overhead),
+                                            graph_visit_s=statistics.fmean(v for _o, v in gathered_overhead))
             plans = [{name: (o.plan.model_dump(mode="json", exclude_none=True) if o.plan else None)
                       for name in args["strategies"] for o in [plan_strategy(problem, name)]}]
         dist.broadcast_object_list(plans, src=0)
@@ -197,19 +201,21 @@ def _rank(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> N
             if rnd and rnd % args["profile_every"] == 0:
                 profiles.append(profile_in_turn(spec))
         gathered = [None] * world
-        dist.all_gather_object(gathered, (profiles, overheads))
+        dist.all_gather_object(gathered, (profiles, overheads, visits))
         if rank == 0:  # progress, in case a time budget stops the run before the report
             for name, got in steps.items():
                 print(f"{family} {name}: measured step ms "
                       f"{sorted(round(x['iteration_s'] * 1e3) for x in got)}", flush=True)
         results["families"][family] = {
-            "profiles": [p for per_rank, _o in gathered for p in per_rank],
-            "action_overhead_s": statistics.fmean(o for _p, per_rank in gathered for o in per_rank),
+            "profiles": [p for per_rank, _o, _v in gathered for p in per_rank],
+            "action_overhead_s": statistics.fmean(o for _p, per_rank, _v in gathered for o in per_rank),
+            "graph_visit_s": statistics.fmean(v for _p, _o, per_rank in gathered for v in per_rank),
             "plans": {k: v for k, v in plans[0].items() if v is not None},
             "steps": steps,
         }
         del executors
         overheads.clear()
+        visits.clear()
     if rank == 0:
         with open(out, "w") as fh:
             json.dump(_jsonable(results), fh)
@@ -244,7 +250,8 @@ def evaluate(data: dict[str, Any], *, estimator: str, action_overhead_ms: float 
         profile = mean_profiles(_layers(fam["profiles"]))
         problem = problem_from_profiles(profile, name=family, microbatches=spec.training.microbatches,
                                         devices=2, memory_bytes=None, network=network,
-                                        action_overhead_s=fam.get("action_overhead_s", 0.0))
+                                        action_overhead_s=fam.get("action_overhead_s", 0.0),
+                                        graph_visit_s=fam.get("graph_visit_s", 0.0))
         costs = Costs.from_problem(problem)
         for name, plan_doc in fam["plans"].items():
             plan = Plan.model_validate(plan_doc)
@@ -261,7 +268,7 @@ def evaluate(data: dict[str, Any], *, estimator: str, action_overhead_ms: float 
                 plus.busy[d] / meas_busy[d] for d in (0, 1))), plan)
             spread = (max(s["iteration_s"] for s in steps) - min(s["iteration_s"] for s in steps)) * 1e3
             rows.append({"family": family, "strategy": name, "stages": len(plan.stages), "plan": plan, "costs": costs,
-                         "profiled_overhead_ms": costs.overhead,
+                         "profiled_overhead_ms": costs.overhead, "graph_visit_s": fam.get("graph_visit_s", 0.0),
                          "meas_ms": meas_ms, "meas_bubble": meas_bubble, "meas_busy": meas_busy,
                          "spread_ms": spread,
                          "planner_ms": sim.iteration_time, "planner_bubble": sim.bubble_ratio,
@@ -277,7 +284,9 @@ def _err(pred: float, meas: float) -> float:
 def format_report(rows: list[dict[str, Any]], *, link: dict[str, float], rounds: int, estimator: str,
                   seconds: float, sequence: int | None = None, overhead_ms: float = 0.0, load: str = "") -> str:
     seq = f" --sequence {sequence}" if sequence else ""
-    profiled_us = ", ".join(dict.fromkeys(f"{r['family']} {r['profiled_overhead_ms'] * 1e3:.0f} us" for r in rows))
+    profiled_us = ", ".join(dict.fromkeys(
+        f"{r['family']} {r['profiled_overhead_ms'] * 1e3:.0f} us, graph walk {r['graph_visit_s'] * 1e9:.0f} ns a node"
+        for r in rows))
     lines = [
         "# Accuracy of the performance model (CPU, 2 local gloo ranks, one torch thread each)",
         "",

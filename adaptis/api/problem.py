@@ -72,6 +72,19 @@ class Layer(_Strict):
         "backward + weight. torch's split passes cost more than its fused one, so a profile "
         "gives both. Optional extension of the contract.",
     )
+    weight_groups: int | None = Field(
+        default=None, ge=0,
+        description="Parameter groups torch's split weight pass makes for this layer: one "
+        "autograd call each, and each call walks the autograd graph of every layer before it in "
+        "the stage (see graph_walk). Optional extension of the contract, default 0.",
+    )
+    graph_walk: NonNeg | None = Field(
+        default=None,
+        description="Time one such walk spends in this layer's autograd graph. A split W of a "
+        "stage costs its layers' weight plus, for each layer, weight_groups times the graph_walk "
+        "of the layers before it in the stage: quadratic in the stage's depth. `adaptis profile` "
+        "counts and measures both. Optional extension of the contract, default 0.",
+    )
     activation_bytes: NonNeg = Field(
         default=0.0, description="Bytes held per microbatch from its F until its W (or fused B)."
     )

@@ -51,6 +51,10 @@ class Costs:
     intra: tuple[float, float] | None
     inter: tuple[float, float] | None
     overhead: float = 0.0  # time_unit added to every action, whatever the device's speed
+    # torch's split weight pass: parameter groups per layer, and the time of one walk through
+    # each layer's autograd graph (empty: none; see stage_costs).
+    groups: tuple[float, ...] = ()
+    walk: tuple[float, ...] = ()
 
     @classmethod
     def from_problem(cls, problem: Problem) -> Costs:
@@ -85,6 +89,8 @@ class Costs:
             intra=link(problem.network.intra_node),
             inter=link(problem.network.inter_node),
             overhead=problem.action_overhead_s / unit,
+            groups=tuple(float(lay.weight_groups or 0) for lay in layers),
+            walk=tuple(lay.graph_walk or 0.0 for lay in layers),
         )
 
     @property
@@ -110,6 +116,11 @@ class Costs:
         The first stage's input is token ids: it has no input gradient to compute, and torch's
         pipelining runtime runs its whole backward in W (its B does nothing). So its B time
         moves into its W; nothing downstream ever waits for it.
+
+        A split W (every other stage's) pays torch's graph walks on top of its layers' weight
+        time: the weight pass makes one autograd call per parameter group, and each call walks
+        the graph of every earlier layer of the stage, so a stage ``[lo, hi)`` adds
+        ``sum(groups[j] * sum(walk[lo:j]) for j in range(lo, hi))``, quadratic in its depth.
         """
 
         def sums(values: tuple[float, ...]) -> tuple[float, ...]:
@@ -118,6 +129,8 @@ class Costs:
 
         backward = sums(self.backward)
         weight = sums(self.weight)
+        if any(self.walk) and any(self.groups):
+            weight = tuple(w + x for w, x in zip(weight, self._walks(stages), strict=True))
         fused = sums(self.fused)
         if stages:
             weight = (fused[0], *weight[1:])  # the first stage's W is its whole backward
@@ -131,6 +144,13 @@ class Costs:
             param_bytes=sums(self.param_bytes),
             output_bytes=tuple(self.output_bytes[hi - 1] for _, hi in stages),
         )
+
+    def _walks(self, stages: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> tuple[float, ...]:
+        # sum_j g_j * (P_j - P_lo), P the prefix sums of walk: O(1) a stage from two more prefix sums.
+        pre_walk = [0.0, *accumulate(self.walk)]
+        pre_g = [0.0, *accumulate(self.groups)]
+        pre_gp = [0.0, *accumulate(g * p for g, p in zip(self.groups, pre_walk))]
+        return tuple((pre_gp[hi] - pre_gp[lo]) - pre_walk[lo] * (pre_g[hi] - pre_g[lo]) for lo, hi in stages)
 
     def layer_work(self) -> tuple[float, ...]:
         """F + B + W of each layer: the balancing weight of partitions."""

@@ -51,6 +51,7 @@ __all__ = [
     "backward_full",
     "backward_input",
     "backward_weight",
+    "weight_pass_graph",
 ]
 
 log = logging.getLogger(__name__)
@@ -182,6 +183,21 @@ def backward_full(*, outputs: Sequence[torch.Tensor], output_grads: Sequence[tor
     out: Any = outputs[0] if len(outputs) == 1 else tuple(outputs)
     grads: Any = None if output_grads is None else (output_grads[0] if len(output_grads) == 1 else tuple(output_grads))
     _torch_backward.stage_backward(out, grads, list(inputs))
+
+
+def weight_pass_graph(*, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
+                      module: nn.Module) -> tuple[int, int]:
+    """(autograd nodes, parameter groups) of one forward's graph as torch's split passes see
+    it: the input pass groups ``module``'s parameters by the graph nodes their gradients
+    leave from, and the weight pass makes one autograd call per group, each walking the graph
+    down to the stage's input. Nodes exclude the inputs' own (the previous layer's)."""
+    roots = [n for n in map(_torch_backward._get_grad_fn_or_grad_acc, outputs) if n is not None]
+    reverse = _torch_backward.construct_reverse_graph(roots)
+    leaves = {n for n in map(_torch_backward._get_grad_fn_or_grad_acc, inputs) if n is not None}
+    weights = [n for p in module.parameters() if p.requires_grad
+               for n in [_torch_backward._get_grad_fn_or_grad_acc(p)] if n is not None]
+    groups = _torch_backward.get_param_groups(list(leaves), weights, reverse) if leaves else []
+    return len((set(reverse) | set(roots)) - leaves), len(groups)
 
 
 class _Runtime(_schedules._PipelineScheduleRuntime):

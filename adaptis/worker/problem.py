@@ -12,7 +12,13 @@ from __future__ import annotations
 from adaptis.api.job import JobSpec, ModelSpec, TrainingSpec
 from adaptis.api.problem import IdenticalDevices, Layer, Problem
 from adaptis.worker.models import LayerInfo, model_layers
-from adaptis.worker.profiler import ProfileSettings, measure_action_overhead, problem_from_profiles, profile_layers
+from adaptis.worker.profiler import (
+    ProfileSettings,
+    measure_action_overhead,
+    measure_graph_visit,
+    problem_from_profiles,
+    profile_layers,
+)
 
 __all__ = ["estimate_problem", "measure_problem"]
 
@@ -98,4 +104,5 @@ def measure_problem(spec: JobSpec, *, devices: int, repeats: int = 3) -> Problem
     profiles = profile_layers(spec, settings=settings)
     return problem_from_profiles(profiles, name=f"{spec.model.blocks[0].kind}-model",
                                  microbatches=spec.training.microbatches, devices=devices, memory_bytes=None,
-                                 action_overhead_s=measure_action_overhead(settings=settings))
+                                 action_overhead_s=measure_action_overhead(settings=settings),
+                                 graph_visit_s=measure_graph_visit(settings=settings))

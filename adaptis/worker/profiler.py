@@ -21,6 +21,12 @@ the job's microbatch size and sequence length, on one device, in one precision:
   needs), so the planner charges BW actions the fused time and can choose, per plan, whether
   splitting the backward pays for itself.
 - **per-action overhead** (``action_overhead_s``): :func:`measure_action_overhead`.
+- **the weight pass's graph walks** (``weight_groups``, ``graph_walk``): torch's split weight
+  pass makes one autograd call per parameter group, and each call walks the autograd graph of
+  every earlier layer of its stage, so a deep stage's W costs more than its layers' sum
+  (quadratic in depth: +30-60 % on 8 Mamba blocks on CPU). Each layer's nodes and groups are
+  counted on its graph (:func:`adaptis.worker.pipelining.weight_pass_graph`) and the time per
+  node walked is measured once (:func:`measure_graph_visit`).
 - each timed with ``warmup`` untimed runs then the median (or min) of ``repeats``, on the device's own
   clock (CUDA events; ``perf_counter`` on CPU, where compute is synchronous).
 - **activation bytes**: unique storages autograd saves in the forward
@@ -54,7 +60,13 @@ from adaptis.worker.hardware import (
     measure_matmul_tflops,
 )
 from adaptis.worker.models import LayerInfo, build_layer, model_layers, token_loss
-from adaptis.worker.pipelining import SplitState, backward_full, backward_input, backward_weight
+from adaptis.worker.pipelining import (
+    SplitState,
+    backward_full,
+    backward_input,
+    backward_weight,
+    weight_pass_graph,
+)
 
 __all__ = [
     "LayerProfile",
@@ -62,6 +74,7 @@ __all__ = [
     "ProfileSettings",
     "bytes_per_param",
     "measure_action_overhead",
+    "measure_graph_visit",
     "profile_job",
     "profile_layers",
     "profile_module",
@@ -109,8 +122,11 @@ class LayerProfile:
     output_bytes: int
     # torch's fused backward (input and weight gradients in one pass): a plan's BW action.
     fused_backward_s: float = 0.0
+    # the split weight pass's view of the layer: autograd nodes and parameter groups.
+    graph_nodes: int = 0
+    weight_groups: int = 0
 
-    def to_layer(self, *, unit_seconds: float) -> Layer:
+    def to_layer(self, *, unit_seconds: float, graph_visit_s: float = 0.0) -> Layer:
         # F must be > 0 in the contract: a layer too fast for the clock still costs a tick.
         def r(x: float) -> float:  # five significant digits: more is clock noise
             return float(f"{x:.5g}")
@@ -122,6 +138,8 @@ class LayerProfile:
             activation_bytes=float(self.activation_bytes), param_bytes=float(self.param_bytes),
             output_bytes=float(self.output_bytes),
             backward_fused=r(self.fused_backward_s / unit_seconds) if self.fused_backward_s else None,
+            weight_groups=self.weight_groups or None,
+            graph_walk=r(self.graph_nodes * graph_visit_s / unit_seconds) if self.graph_nodes and graph_visit_s else None,
         )
 
 
@@ -197,6 +215,8 @@ class ModuleProfile:
     fused_backward_s: float
     activation_bytes: int
     output_bytes: int
+    graph_nodes: int = 0
+    weight_groups: int = 0
 
 
 def profile_module(module: nn.Module, *, example: torch.Tensor, settings: ProfileSettings,
@@ -253,8 +273,10 @@ def profile_module(module: nn.Module, *, example: torch.Tensor, settings: Profil
     saved, (_x, out) = _saved_bytes(forward, exclude=exclude)
     split = _split_grad_bytes(module, lambda: module(example)) if input_grad else 0
     output = 0 if loss is not None else out.numel() * out.element_size()
+    nodes, groups = weight_pass_graph(outputs=[out], inputs=[_x], module=module) if input_grad else (0, 0)
     return ModuleProfile(forward_s=forward_s, backward_s=backward_s, weight_s=weight_s, fused_backward_s=fused_s,
-                         activation_bytes=saved + split, output_bytes=output)
+                         activation_bytes=saved + split, output_bytes=output, graph_nodes=nodes,
+                         weight_groups=groups)
 
 
 def measure_action_overhead(*, settings: ProfileSettings) -> float:
@@ -269,6 +291,23 @@ def measure_action_overhead(*, settings: ProfileSettings) -> float:
     many = replace(settings, repeats=max(settings.repeats, 20), warmup=max(settings.warmup, 3))
     p = profile_module(tiny, example=x, settings=many)
     return statistics.fmean([p.forward_s, p.backward_s, p.weight_s, p.fused_backward_s])
+
+
+def measure_graph_visit(*, settings: ProfileSettings, depth: int = 16) -> float:
+    """Seconds torch's split weight pass spends per autograd node it walks: the W of ``depth``
+    stacked tiny blocks (next to no compute) beyond ``depth`` times one block's, over the
+    nodes its groups walked (each block's groups walk every block below). A property of the
+    host and torch, not of the model; on a GPU it is host time that long kernels may hide."""
+    def block() -> nn.Module:
+        return nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh())
+
+    x = torch.zeros(1, 4, 8, device=settings.device, dtype=settings.dtype)
+    many = replace(settings, repeats=max(settings.repeats, 10), warmup=max(settings.warmup, 2))
+    one = profile_module(block().to(device=settings.device, dtype=settings.dtype), example=x, settings=many)
+    deep = nn.Sequential(*[block() for _ in range(depth)]).to(device=settings.device, dtype=settings.dtype)
+    stacked = profile_module(deep, example=x, settings=many)
+    visits = one.weight_groups * one.graph_nodes * depth * (depth - 1) // 2
+    return max(stacked.weight_s - depth * one.weight_s, 0.0) / visits if visits else 0.0
 
 
 # --- a job's model -----------------------------------------------------------------------------
@@ -311,19 +350,21 @@ def profile_layers(spec: JobSpec, *, settings: ProfileSettings) -> list[LayerPro
         m, pb = cache[key]
         out.append(LayerProfile(name=info.name, kind=info.kind, forward_s=m.forward_s, backward_s=m.backward_s,
                                 weight_s=m.weight_s, activation_bytes=m.activation_bytes, param_bytes=pb,
-                                output_bytes=m.output_bytes, fused_backward_s=m.fused_backward_s))
+                                output_bytes=m.output_bytes, fused_backward_s=m.fused_backward_s,
+                                graph_nodes=m.graph_nodes, weight_groups=m.weight_groups))
     return out
 
 
 def problem_from_profiles(profiles: Sequence[LayerProfile], *, name: str, microbatches: int, devices: int,
                           memory_bytes: float | None, speed: float = 1.0, per_node: int | None = None,
-                          network: Network | None = None, action_overhead_s: float = 0.0) -> Problem:
+                          network: Network | None = None, action_overhead_s: float = 0.0,
+                          graph_visit_s: float = 0.0) -> Problem:
     """The planning problem (time unit ms) of measured layers on ``devices`` identical devices."""
     if devices < 1:
         raise WorkerError(f"profile: devices must be >= 1, got {devices}")
     return Problem(
         name=name, time_unit="ms", microbatches=microbatches,
-        layers=[p.to_layer(unit_seconds=1e-3) for p in profiles],
+        layers=[p.to_layer(unit_seconds=1e-3, graph_visit_s=graph_visit_s) for p in profiles],
         devices=IdenticalDevices(count=devices, per_node=per_node or devices, memory_bytes=memory_bytes,
                                  speed=speed),
         network=network or Network(),
@@ -340,9 +381,11 @@ def profile_job(spec: JobSpec, *, settings: ProfileSettings, devices: int, name:
     problem takes its memory, links and ranks per node, and its speed relative to this device
     (the ratio of matmul throughputs; 1 for the same device name or within noise). Without it: this
     device's memory (on CPU shared by ``devices`` local ranks) and free links. Either way the
-    problem's ``action_overhead_s`` is :func:`measure_action_overhead` here."""
+    problem's ``action_overhead_s`` is :func:`measure_action_overhead` here, and its layers'
+    ``graph_walk`` come from :func:`measure_graph_visit` here."""
     profiles = profile_layers(spec, settings=settings)
     overhead = measure_action_overhead(settings=settings)
+    visit = measure_graph_visit(settings=settings)
     dev = settings.device
     label = f"{name} ({device_name(dev)}, torch {torch.__version__}, {str(settings.dtype).removeprefix('torch.')})"
     if hardware is None:
@@ -350,7 +393,8 @@ def profile_job(spec: JobSpec, *, settings: ProfileSettings, devices: int, name:
         if dev.type == "cpu":
             memory /= devices
         return problem_from_profiles(profiles, name=label, microbatches=spec.training.microbatches,
-                                     devices=devices, memory_bytes=memory, action_overhead_s=overhead)
+                                     devices=devices, memory_bytes=memory, action_overhead_s=overhead,
+                                     graph_visit_s=visit)
     local = measure_matmul_tflops(dev, dtype=settings.dtype)
     ratio = hardware.device.matmul_tflops / local if local > 0 else 1.0
     same = hardware.device.name == device_name(dev) or abs(ratio - 1.0) <= _SAME_DEVICE
@@ -364,4 +408,5 @@ def profile_job(spec: JobSpec, *, settings: ProfileSettings, devices: int, name:
     network = Network(intra_node=link("intra_node"), inter_node=link("inter_node"))
     return problem_from_profiles(profiles, name=label, microbatches=spec.training.microbatches, devices=devices,
                                  memory_bytes=hardware.device.memory_bytes, speed=speed,
-                                 per_node=hardware.ranks_per_node, network=network, action_overhead_s=overhead)
+                                 per_node=hardware.ranks_per_node, network=network, action_overhead_s=overhead,
+                                 graph_visit_s=visit)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from adaptis.api.errors import SpecError
 from adaptis.api.problem import parse_problem
 from adaptis.planner.costs import Costs
 from adaptis.planner.scheduler import Policy, list_schedule
@@ -158,6 +160,30 @@ def test_first_stage_backward_is_all_weight_gradient() -> None:
     sc = costs.stage_costs([(0, 2), (2, 4)])
     assert sc.backward == (0.0, 4.0)
     assert sc.weight == (5.0, 1.0)
+
+
+def test_split_weight_pays_the_graph_walks_of_earlier_layers_in_its_stage() -> None:
+    """torch's weight pass walks, for each parameter group, every earlier layer of the stage:
+    the prefix-sum form must equal the double sum, and the first stage (fused) pays nothing."""
+    groups, walks = [2, 3, 1, 4, 2, 5], [0.1, 0.2, 0.05, 0.3, 0.0, 0.4]
+    layers = [{"name": f"l{i}", "forward": 1.0, "backward": 1.0, "weight": 1.0,
+               "weight_groups": g, "graph_walk": w} for i, (g, w) in enumerate(zip(groups, walks))]
+    costs = Costs.from_problem(parse_problem(_problem(layers=layers, devices={"count": 3}, m=2)))
+    stages = [(0, 2), (2, 5), (5, 6)]
+    sc = costs.stage_costs(stages)
+    brute = [sum(groups[j] * sum(walks[lo:j]) for j in range(lo, hi)) for lo, hi in stages]
+    assert sc.weight[0] == sc.fused[0] == 4.0  # the first stage runs fused: no walks
+    assert math.isclose(sc.weight[1], 3.0 + brute[1]) and math.isclose(brute[1], 4 * 0.05 + 2 * 0.35)
+    assert sc.weight[2] == 1.0  # one layer: no earlier layer to walk
+    # Splitting a deep stage in two removes the walks across the cut.
+    deep, cut = costs.stage_costs([(0, 1), (1, 6)]), costs.stage_costs([(0, 1), (1, 3), (3, 6)])
+    assert deep.weight[1] > cut.weight[1] + cut.weight[2] > 5.0
+
+
+def test_negative_graph_walk_is_rejected_naming_the_field() -> None:
+    doc = _problem(layers=[{"name": "l", "forward": 1.0, "graph_walk": -1.0}], devices={"count": 1}, m=1)
+    with pytest.raises(SpecError, match=r"layers\[0\]\.graph_walk"):
+        parse_problem(doc)
 
 
 def test_fused_backward_time_is_used_for_bw_and_split_when_cheaper() -> None:

@@ -19,13 +19,15 @@ from torch import nn
 from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, OptimizerSpec, ParallelismSpec, TrainingSpec
 from adaptis.api.problem import load_problem, parse_problem
 from adaptis.worker.errors import WorkerError
-from adaptis.worker.hardware import DeviceProfile, HardwareProfile, LinkProfile
+from adaptis.worker.hardware import DeviceProfile, HardwareProfile, LinkProfile, configure_host
 from adaptis.worker.layers import AttentionBlock
+from adaptis.worker.pipelining import weight_pass_graph
 from adaptis.worker.models import model_layers
 from adaptis.worker.profiler import (
     ProfileSettings,
     bytes_per_param,
     measure_action_overhead,
+    measure_graph_visit,
     profile_job,
     profile_layers,
     profile_module,
@@ -196,3 +198,34 @@ def test_cli_profile_reports_a_bad_manifest_in_one_line(tmp_path: Path) -> None:
     out = _adaptis("profile", str(tmp_path / "bad.yaml"))
     assert out.returncode == 2
     assert out.stderr.startswith("adaptis profile:") and "vocab" in out.stderr.lower()
+
+
+def test_weight_pass_graph_counts_add_up_over_stacked_blocks() -> None:
+    """The planner charges a stage's walks from per-layer counts: k stacked blocks must have k
+    times one block's nodes and groups, or the per-layer form is wrong."""
+    def block() -> nn.Module:
+        return AttentionBlock(hidden=16, heads=2)
+
+    x = torch.randn(1, 8, 16, requires_grad=True)
+    single = block()
+    one = weight_pass_graph(outputs=[single(x)], inputs=[x], module=single)
+    stack = nn.Sequential(block(), block(), block())
+    three = weight_pass_graph(outputs=[stack(x)], inputs=[x], module=stack)
+    assert one[0] > 10 and one[1] >= 2
+    assert three == (3 * one[0], 3 * one[1])
+
+
+def test_profiled_problem_carries_the_weight_pass_walks() -> None:
+    visit = measure_graph_visit(settings=FAST)
+    assert 0 < visit < 1e-4  # tens of nanoseconds to a few microseconds a node, never 0.1 ms
+    problem = profile_job(_spec(), settings=FAST, devices=3, name="tiny")
+    blocks = problem.expanded_layers()[1:-1]
+    assert all((lay.weight_groups or 0) >= 1 and (lay.graph_walk or 0) > 0 for lay in blocks)
+    assert problem.expanded_layers()[0].weight_groups is None  # the first stage never splits
+
+
+def test_configure_host_sets_threads() -> None:
+    configure_host(threads=2)
+    assert torch.get_num_threads() == 2
+    configure_host(threads=0)  # clamped: a rank always has a thread
+    assert torch.get_num_threads() == 1
