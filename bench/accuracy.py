@@ -157,7 +157,7 @@ def _rank(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> N
             if turn == rank:
                 mine = profile_layers(spec, settings=settings)
                 overheads.append(measure_action_overhead(settings=settings))
-                visits.append(measure_graph_visit(settings=settings))
+                visits.append(measure_graph_visit(settings=settings, spec=spec))
             dist.barrier()
         return mine
 
@@ -197,7 +197,7 @@ def _rank(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> N
                 st = ex.step(batch)
                 if rnd:  # round 0 warms every plan up (allocator, threads, first messages)
                     steps[name].append({"iteration_s": st.iteration_seconds, "bubble": st.bubble_ratio,
-                                        "busy_s": list(st.busy_seconds)})
+                                        "busy_s": list(st.busy_seconds), "rank0_by_kind": st.busy_by_kind})
             if rnd and rnd % args["profile_every"] == 0:
                 profiles.append(profile_in_turn(spec))
         gathered = [None] * world

@@ -105,4 +105,4 @@ def measure_problem(spec: JobSpec, *, devices: int, repeats: int = 3) -> Problem
     return problem_from_profiles(profiles, name=f"{spec.model.blocks[0].kind}-model",
                                  microbatches=spec.training.microbatches, devices=devices, memory_bytes=None,
                                  action_overhead_s=measure_action_overhead(settings=settings),
-                                 graph_visit_s=measure_graph_visit(settings=settings))
+                                 graph_visit_s=measure_graph_visit(settings=settings, spec=spec))

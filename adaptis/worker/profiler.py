@@ -26,7 +26,7 @@ the job's microbatch size and sequence length, on one device, in one precision:
   every earlier layer of its stage, so a deep stage's W costs more than its layers' sum
   (quadratic in depth: +30-60 % on 8 Mamba blocks on CPU). Each layer's nodes and groups are
   counted on its graph (:func:`adaptis.worker.pipelining.weight_pass_graph`) and the time per
-  node walked is measured once (:func:`measure_graph_visit`).
+  node walked is measured on the job's own blocks (:func:`measure_graph_visit`).
 - each timed with ``warmup`` untimed runs then the median (or min) of ``repeats``, on the device's own
   clock (CUDA events; ``perf_counter`` on CPU, where compute is synchronous).
 - **activation bytes**: unique storages autograd saves in the forward
@@ -41,6 +41,7 @@ the job's microbatch size and sequence length, on one device, in one precision:
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -293,21 +294,70 @@ def measure_action_overhead(*, settings: ProfileSettings) -> float:
     return statistics.fmean([p.forward_s, p.backward_s, p.weight_s, p.fused_backward_s])
 
 
-def measure_graph_visit(*, settings: ProfileSettings, depth: int = 16) -> float:
-    """Seconds torch's split weight pass spends per autograd node it walks: the W of ``depth``
-    stacked tiny blocks (next to no compute) beyond ``depth`` times one block's, over the
-    nodes its groups walked (each block's groups walk every block below). A property of the
-    host and torch, not of the model; on a GPU it is host time that long kernels may hide."""
-    def block() -> nn.Module:
-        return nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh())
+def _weight_pass_s(module: nn.Module, *, example: torch.Tensor, settings: ProfileSettings) -> float:
+    """Seconds of torch's split weight pass through ``module`` (its input pass, untimed, first)."""
+    def after_b() -> SplitState:
+        x = example.detach().requires_grad_(True)
+        out = module(x)
+        return backward_input(outputs=[out], output_grads=[torch.ones_like(out)], inputs=[x], module=module)
 
-    x = torch.zeros(1, 4, 8, device=settings.device, dtype=settings.dtype)
-    many = replace(settings, repeats=max(settings.repeats, 10), warmup=max(settings.warmup, 2))
-    one = profile_module(block().to(device=settings.device, dtype=settings.dtype), example=x, settings=many)
-    deep = nn.Sequential(*[block() for _ in range(depth)]).to(device=settings.device, dtype=settings.dtype)
-    stacked = profile_module(deep, example=x, settings=many)
-    visits = one.weight_groups * one.graph_nodes * depth * (depth - 1) // 2
-    return max(stacked.weight_s - depth * one.weight_s, 0.0) / visits if visits else 0.0
+    def run_w(state: SplitState) -> None:
+        backward_weight(module=module, state=state)
+
+    seconds = _time_of(device_clock(settings.device), run_w, setup=after_b, settings=settings)
+    module.zero_grad(set_to_none=True)
+    return seconds
+
+
+def _graph_counts(layers: list[nn.Module], *, example: torch.Tensor) -> list[tuple[int, int]]:
+    out = []
+    for layer in layers:
+        x = example.detach().requires_grad_(True)
+        out.append(weight_pass_graph(outputs=[layer(x)], inputs=[x], module=layer))
+    return out
+
+
+def measure_graph_visit(*, settings: ProfileSettings, spec: JobSpec | None = None) -> float:
+    """Seconds torch's split weight pass spends per autograd node it walks (see the module
+    docstring). It depends on what runs between the walks (the weight gradients' own compute
+    evicts the graph from the caches: about 0.25 us a node between tiny layers, 0.4-0.55 us
+    between the accuracy benchmark's blocks on CPU), so with ``spec`` it is measured on the
+    job's own blocks in order (up to 8, in two halves: W(both) - W(first) - W(second) is the
+    walks of the second half's groups through the first half's graph, all three measured in
+    context, taking turns, the minimum kept). Without, or with fewer than 4 blocks: W of 16
+    stacked tiny blocks (next to no compute) beyond 16 times one block's, over all the walks."""
+    dev, dtype = settings.device, settings.dtype
+    once = replace(settings, estimator="min")
+    n_blocks = len(model_layers(spec.model)) - 2 if spec is not None else 0
+    if spec is not None and n_blocks >= 4:
+        half = min(8, n_blocks) // 2
+        layers = [build_layer(spec.model, index=1 + i, seed=spec.training.seed).to(device=dev, dtype=dtype)
+                  for i in range(2 * half)]
+        t = spec.training
+        gen = torch.Generator(device=dev).manual_seed(t.seed)
+        x = torch.randn(t.microbatch_size, t.sequence_length, spec.model.hidden, generator=gen, device=dev,
+                        dtype=dtype)
+        counts = _graph_counts(layers, example=x)
+        visits = sum(n for n, _g in counts[:half]) * sum(g for _n, g in counts[half:])
+        stacks = [nn.Sequential(*layers), nn.Sequential(*layers[:half]), nn.Sequential(*layers[half:])]
+        best = [math.inf] * 3
+        for _round in range(3):
+            for i, stack in enumerate(stacks):
+                best[i] = min(best[i], _weight_pass_s(stack, example=x, settings=once))
+        extra = best[0] - best[1] - best[2]
+    else:
+        def block() -> nn.Module:
+            return nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh()).to(device=dev, dtype=dtype)
+
+        depth = 16
+        x = torch.zeros(1, 4, 8, device=dev, dtype=dtype)
+        many = replace(once, repeats=max(settings.repeats, 10), warmup=max(settings.warmup, 2))
+        single = block()
+        (nodes, groups), = _graph_counts([single], example=x)
+        visits = groups * nodes * depth * (depth - 1) // 2
+        extra = (_weight_pass_s(nn.Sequential(*[block() for _ in range(depth)]), example=x, settings=many)
+                 - depth * _weight_pass_s(single, example=x, settings=many))
+    return max(extra, 0.0) / visits if visits else 0.0
 
 
 # --- a job's model -----------------------------------------------------------------------------
@@ -385,7 +435,7 @@ def profile_job(spec: JobSpec, *, settings: ProfileSettings, devices: int, name:
     ``graph_walk`` come from :func:`measure_graph_visit` here."""
     profiles = profile_layers(spec, settings=settings)
     overhead = measure_action_overhead(settings=settings)
-    visit = measure_graph_visit(settings=settings)
+    visit = measure_graph_visit(settings=settings, spec=spec)
     dev = settings.device
     label = f"{name} ({device_name(dev)}, torch {torch.__version__}, {str(settings.dtype).removeprefix('torch.')})"
     if hardware is None:
