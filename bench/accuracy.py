@@ -50,6 +50,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from planner_bench import ACCURACY_HEADING  # bench/ is this script's directory
 
 from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, OptimizerSpec, ParallelismSpec, TrainingSpec, WorkerConfig
 from adaptis.api.plan import Plan
@@ -71,6 +72,7 @@ from adaptis.worker.profiler import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "bench" / "RESULTS-accuracy.md"
 _ANALYSIS = "## Analysis"
 
 FAMILIES: dict[str, JobSpec] = {
@@ -277,6 +279,23 @@ def evaluate(data: dict[str, Any], *, estimator: str, action_overhead_ms: float 
     return rows
 
 
+#: Two plans measured closer than this are a tie on this host (the same plan's best step moves
+#: by more from run to run), so their order is not held against the model.
+PAIR_GAP = 0.05
+
+
+def ordered_pairs(rows: list[dict[str, Any]], *, key: str) -> tuple[int, int]:
+    """(pairs the prediction orders as measured, pairs measured more than PAIR_GAP apart)."""
+    agree = pairs = 0
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            if abs(a["meas_ms"] - b["meas_ms"]) <= PAIR_GAP * min(a["meas_ms"], b["meas_ms"]):
+                continue
+            pairs += 1
+            agree += (a["meas_ms"] < b["meas_ms"]) == (a[key] < b[key])
+    return agree, pairs
+
+
 def _err(pred: float, meas: float) -> float:
     return (pred - meas) / meas
 
@@ -323,9 +342,11 @@ def format_report(rows: list[dict[str, Any]], *, link: dict[str, float], rounds:
         for label, key in (("planner", "planner_ms"), ("model+", "plus_ms")):
             predicted = sorted(fam, key=lambda r: r[key])
             same = [r["strategy"] for r in predicted] == [r["strategy"] for r in measured]
+            agree, pairs = ordered_pairs(fam, key=key)
             lines.append(f"- {family}, {label} ranking {' < '.join(r['strategy'] for r in predicted)} "
                          f"{'matches' if same else 'differs from'} the measured "
-                         f"{' < '.join(r['strategy'] for r in measured)}")
+                         f"{' < '.join(r['strategy'] for r in measured)}; pairs measured more than "
+                         f"{PAIR_GAP:.0%} apart ordered as measured: {agree} of {pairs}")
     lines.append("- busy per rank, ms, measured vs model+: " + "; ".join(
         f"{r['family']}/{r['strategy']} {r['meas_busy'][0]:.0f}/{r['meas_busy'][1]:.0f} vs "
         f"{r['plus_busy'][0]:.0f}/{r['plus_busy'][1]:.0f}" for r in rows))
@@ -343,7 +364,9 @@ def main() -> None:
     p.add_argument("--estimator", choices=("min", "median"), default="min",
                    help="statistic of profiler repeats and of steps (default min: see above)")
     p.add_argument("--sequence", type=int, help="override the families' sequence length (default 128)")
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "RESULTS-accuracy.md")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help="the report (default bench/RESULTS-accuracy.md, which also updates the accuracy "
+                        "section of bench/RESULTS.md)")
     p.add_argument("--raw", type=Path, help="also keep the raw measurements (JSON) here")
     p.add_argument("--from-raw", type=Path, help="report on raw measurements kept earlier; run nothing")
     p.add_argument("--action-overhead-ms", type=float,
@@ -378,6 +401,20 @@ def main() -> None:
     kept = args.out.read_text().partition(_ANALYSIS)[2] if args.out.exists() else ""
     args.out.write_text(report + "\n" + (f"\n{_ANALYSIS}{kept}" if kept else ""))
     print(f"written to {args.out}")
+    if args.out == DEFAULT_OUT and not args.from_raw:
+        write_summary(REPO / "bench" / "RESULTS.md", report=report)
+
+
+def write_summary(results: Path, *, report: str) -> None:
+    """The accuracy section at the end of bench/RESULTS.md: this run's table and figures, and
+    the pointer to the full report and its analysis (planner_bench.py keeps the section)."""
+    body = report.split("\n", 2)[2]  # without the report's own title
+    section = (f"{ACCURACY_HEADING} (issue 4)\n\nThe last `python bench/accuracy.py` run; the analysis (what "
+               f"is off, why, and the runs before) is in `bench/RESULTS-accuracy.md`.\n\n{body}\n")
+    text = results.read_text() if results.exists() else ""
+    head = text.partition(ACCURACY_HEADING)[0].rstrip()
+    results.write_text((head + "\n\n" if head else "") + section)
+    print(f"summary written to {results}")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The section bench/accuracy.py writes into RESULTS.md (kept when this script rewrites the file).
+ACCURACY_HEADING = "## Accuracy of the performance model"
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: `bench` and `adaptis` import
 
 from adaptis.api.plan import STRATEGY_NAMES, Comparison  # noqa: E402
@@ -262,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines)
     print(text)
     if out is not None:
-        out.write_text(text)
+        # bench/accuracy.py owns the accuracy section at the end: keep it.
+        kept = out.read_text().partition(ACCURACY_HEADING)[2] if out.exists() else ""
+        out.write_text(text + (f"\n\n{ACCURACY_HEADING}{kept}" if kept else ""))
         print(f"written to {out}", file=sys.stderr)
     return 0
 
