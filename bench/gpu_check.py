@@ -10,11 +10,16 @@ CUDA GPU; ``--cpu-dry-run`` runs the same steps at toy sizes on the CPU to test 
    written to ``$OUT/profiles/<family>.yaml`` (``bench/profiles/`` without ``$OUT``) with the
    GPU, torch version and precision in a comment and in ``name``. Prints each kind's (F, B, W)
    as ratios to the family's base layer next to the paper's.
-2. **Executor**: a small model profiled in the executor's precision (fp32), planned for one
+   Each problem carries the per-action overhead and the weight pass's graph walks measured on
+   the GPU (``action_overhead_s``, ``weight_groups``, ``graph_walk``).
+2. **Stage depth** (``bench/stage_depth.py`` on the GPU): split W of 1-8 stacked Nemotron-H S
+   blocks, measured against the planner with and without the graph walks, to see how much of
+   that host-side cost the GPU's kernels hide.
+3. **Executor**: a small model profiled in the executor's precision (fp32), planned for one
    rank (every stage on the GPU, as one GPU allows), trained a few steps through the worker's
    launcher; predicted vs measured iteration time.
 
-3. **CPU accuracy** (what time is left before ``--total-s``): ``bench/accuracy.py`` on the
+4. **CPU accuracy** (what time is left before ``--total-s``): ``bench/accuracy.py`` on the
    machine's otherwise idle CPU cores (2 gloo ranks, one thread each), its log streamed to
    ``$OUT/accuracy-cpu.log`` and its table to ``$OUT/RESULTS-accuracy-gpu-host.md``.
 
@@ -44,7 +49,16 @@ from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, ParallelismSpec, Trai
 from adaptis.planner.strategies import plan_strategy
 from adaptis.worker.hardware import device_memory_bytes, device_name, measure_matmul_tflops
 from adaptis.worker.launcher import LocalLauncher
-from adaptis.worker.profiler import ProfileSettings, problem_from_profiles, profile_job, profile_layers
+from adaptis.worker.profiler import (
+    ProfileSettings,
+    measure_action_overhead,
+    measure_graph_visit,
+    problem_from_profiles,
+    profile_job,
+    profile_layers,
+)
+from stage_depth import report as depth_report  # bench/ is this script's directory
+from stage_depth import run as depth_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,10 +107,13 @@ def profile_families(*, device: torch.device, dtype: torch.dtype, dry: bool, dea
             print(f"{family}: skipped (time budget)", flush=True)
             continue
         t0 = time.monotonic()
-        profiles = profile_layers(spec, settings=ProfileSettings(device=device, dtype=dtype, warmup=2, repeats=5))
+        settings = ProfileSettings(device=device, dtype=dtype, warmup=2, repeats=5)
+        profiles = profile_layers(spec, settings=settings)
         problem = problem_from_profiles(
             profiles, name=f"{family}-like-S ({gpu}, torch {torch.__version__}, {prec})",
-            microbatches=spec.training.microbatches, devices=4, memory_bytes=device_memory_bytes(device))
+            microbatches=spec.training.microbatches, devices=4, memory_bytes=device_memory_bytes(device),
+            action_overhead_s=measure_action_overhead(settings=settings),
+            graph_visit_s=measure_graph_visit(settings=settings, spec=spec))
         doc = problem.model_dump(mode="json", exclude_none=True)
         doc.pop("network", None)
         header = (f"# {family}-like S model of method.md, measured by bench/gpu_check.py\n"
@@ -120,6 +137,18 @@ def profile_families(*, device: torch.device, dtype: torch.dtype, dry: bool, dea
                   f"  act {p.activation_bytes / 1e9:6.2f} GB  ratio {ratios[k]}  paper {paper}", flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def stage_depth(*, device: torch.device, dtype: torch.dtype, dry: bool, report: dict[str, Any]) -> None:
+    """Split W of stacked Nemotron-H S blocks: measured vs planned (bench/stage_depth.py)."""
+    spec = families(dry=dry)["nemotron"]
+    t0 = time.monotonic()
+    rows = depth_run(spec=spec, depths=[1, 2, 4, 8], rounds=3, device=device, dtype=dtype)
+    report["stage_depth"] = [{k: round(v, 3) for k, v in r.items()} for r in rows]
+    print(depth_report(rows, spec=spec, label="stage depth, Nemotron-H S blocks", device=device,
+                       seconds=time.monotonic() - t0), flush=True)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def executor_check(*, device: torch.device, dry: bool, report: dict[str, Any]) -> None:
@@ -205,6 +234,8 @@ def main() -> int:
     failed = False
     for section, fn in (("profiles", lambda: profile_families(device=device, dtype=dtype, dry=args.cpu_dry_run,
                                                                deadline=deadline, report=report)),
+                        ("stage_depth", lambda: stage_depth(device=device, dtype=dtype, dry=args.cpu_dry_run,
+                                                            report=report)),
                         ("executor", lambda: executor_check(device=device, dry=args.cpu_dry_run, report=report))):
         if time.monotonic() > deadline:
             report[section] = {"skipped": "time budget"}

@@ -40,21 +40,21 @@ from adaptis.worker.profiler import (  # noqa: E402
 )
 
 
-def deep_spec(family: str, *, blocks: int) -> JobSpec:
-    """The family's model with its block pattern repeated up to ``blocks`` blocks."""
-    spec = FAMILIES[family]
+def deep_spec(spec: JobSpec, *, blocks: int) -> JobSpec:
+    """``spec``'s model with its block pattern repeated up to ``blocks`` blocks."""
     pattern = [b.model_copy(update={"count": 1}) for b in spec.model.blocks for _ in range(b.count)]
     chosen = [pattern[i % len(pattern)] for i in range(blocks)]
     return spec.model_copy(update={"model": spec.model.model_copy(update={"blocks": chosen})})
 
 
-def run(*, family: str, depths: list[int], rounds: int, device: torch.device,
+def run(*, spec: JobSpec, depths: list[int], rounds: int, device: torch.device,
         dtype: torch.dtype) -> list[dict[str, float]]:
-    spec = deep_spec(family, blocks=max(depths))
-    settings = ProfileSettings(device=device, dtype=dtype, warmup=2, repeats=5, estimator="min")
-    problem = problem_from_profiles(profile_layers(spec, settings=settings), name=family,
+    """Measured and planned W of the stacks (ms): the rows of :func:`report`."""
+    spec = deep_spec(spec, blocks=max(depths))
+    settings = ProfileSettings(device=device, dtype=dtype, warmup=2, repeats=5, estimator="min", rounds=3)
+    problem = problem_from_profiles(profile_layers(spec, settings=settings), name="depth",
                                     microbatches=1, devices=1, memory_bytes=None,
-                                    graph_visit_s=measure_graph_visit(settings=settings, spec=FAMILIES[family]))
+                                    graph_visit_s=measure_graph_visit(settings=settings, spec=spec))
     costs = Costs.from_problem(problem)
     flat = Costs.from_problem(problem.model_copy(update={"layers": [
         lay.model_copy(update={"graph_walk": None}) for lay in problem.expanded_layers()]}))
@@ -76,9 +76,10 @@ def run(*, family: str, depths: list[int], rounds: int, device: torch.device,
     return rows
 
 
-def report(rows: list[dict[str, float]], *, family: str, device: torch.device, seconds: float) -> str:
-    blocks = [info.kind for info in model_layers(deep_spec(family, blocks=max(int(r["depth"]) for r in rows)).model)]
-    lines = [f"`python bench/stage_depth.py --family {family}` ({device}, torch {torch.__version__}, "
+def report(rows: list[dict[str, float]], *, spec: JobSpec, label: str, device: torch.device,
+           seconds: float) -> str:
+    blocks = [info.kind for info in model_layers(deep_spec(spec, blocks=max(int(r["depth"]) for r in rows)).model)]
+    lines = [f"{label} ({device}, torch {torch.__version__}, "
              f"{seconds:.0f} s; blocks in order: {', '.join(blocks[1:-1])})", "",
              "| depth | measured W ms | layers' sum ms | err | with the walks ms | err |", "|---|---|---|---|---|---|"]
     for r in rows:
@@ -98,9 +99,11 @@ def main() -> None:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     started = time.time()
-    rows = run(family=args.family, depths=[int(d) for d in args.depths.split(",")], rounds=args.rounds,
+    spec = FAMILIES[args.family]
+    rows = run(spec=spec, depths=[int(d) for d in args.depths.split(",")], rounds=args.rounds,
                device=device, dtype=dtype)
-    print(report(rows, family=args.family, device=device, seconds=time.time() - started))
+    print(report(rows, spec=spec, label=f"`python bench/stage_depth.py --family {args.family}`", device=device,
+                 seconds=time.time() - started))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Two modes, one verb:
 
-- ``adaptis profile JOB.yaml -o problem.yaml [--devices N] [--repeats R] [--hardware-file hw.json]``
+- ``adaptis profile JOB.yaml -o problem.yaml [--devices N] [--repeats R] [--rounds K] [--hardware-file hw.json]``
   times each distinct layer of the job's model on this machine (:mod:`adaptis.worker.profiler`:
   F, torch's split B and W, the per-action overhead) and writes the planning problem
   ``adaptis plan`` reads (stdout without ``-o``).
@@ -40,6 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="merge this hardware profile into the problem's devices and network")
     p.add_argument("--devices", type=int, help="devices of the problem (default: spec.parallelism.workers)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per pass (default 5)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="passes over every layer kind, the statistic taken across them (default 3)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs before them (default 2)")
     p.add_argument("--estimator", choices=("median", "min"), default="median",
                    help="statistic of the repeats (min: least disturbed, for hosts shared with other work)")
@@ -129,7 +131,7 @@ def _layers(args: argparse.Namespace) -> int:
     try:
         hardware = load_hardware(args.hardware_file) if args.hardware_file else None
         settings = ProfileSettings(device=device, dtype=dtype, warmup=args.warmup, repeats=args.repeats,
-                                   estimator=args.estimator)
+                                   estimator=args.estimator, rounds=args.rounds)
         problem = profile_job(job.spec, settings=settings, devices=devices, name=job.metadata.name,
                               hardware=hardware)
     except WorkerError as err:

@@ -76,6 +76,8 @@ def test_profiled_job_is_a_valid_problem_with_positive_times() -> None:
 def test_bad_settings_are_worker_errors() -> None:
     with pytest.raises(WorkerError, match="repeats"):
         ProfileSettings(repeats=0)
+    with pytest.raises(WorkerError, match="rounds"):
+        ProfileSettings(rounds=0)
     with pytest.raises(WorkerError, match="estimator"):
         ProfileSettings(estimator="mean")  # type: ignore[arg-type]
     with pytest.raises(WorkerError, match="optimizer"):
@@ -236,3 +238,12 @@ def test_configure_host_sets_threads() -> None:
     assert torch.get_num_threads() == 2
     configure_host(threads=0)  # clamped: a rank always has a thread
     assert torch.get_num_threads() == 1
+
+
+def test_rounds_take_the_estimator_across_passes() -> None:
+    """Rounds combine whole passes: the bytes (exact) are one pass's, every time is still measured."""
+    spec = _spec()
+    one = profile_layers(spec, settings=ProfileSettings(warmup=0, repeats=1, estimator="min"))
+    three = profile_layers(spec, settings=ProfileSettings(warmup=0, repeats=1, estimator="min", rounds=3))
+    assert [p.activation_bytes for p in three] == [p.activation_bytes for p in one]
+    assert all(p.forward_s > 0 and p.fused_backward_s > 0 for p in three)
