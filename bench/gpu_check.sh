@@ -3,7 +3,7 @@
 #
 #   bash bench/gpu_check.sh                # on the GPU machine: profiles into $OUT/profiles/
 #   bash bench/gpu_check.sh --cpu-dry-run  # anywhere: the same steps at toy sizes on the CPU
-#   ADAPTIS_WHEELS=out/wheels bash bench/gpu_check.sh   # pydantic/pyyaml wheels brought along
+#   ADAPTIS_WHEELS=out/wheels bash bench/gpu_check.sh   # wheels from bench/fetch_gpu_wheels.sh, carried
 #
 # The GPU machine has no internet: it uses the torch installed there and this working tree
 # through PYTHONPATH (no pip install: an editable install would fetch a build backend).
