@@ -28,7 +28,8 @@ the job's microbatch size and sequence length, on one device, in one precision:
   counted on its graph (:func:`adaptis.worker.pipelining.weight_pass_graph`) and the time per
   node walked is measured on the job's own blocks (:func:`measure_graph_visit`).
 - each timed with ``warmup`` untimed runs then the median (or min) of ``repeats``, on the device's own
-  clock (CUDA events; ``perf_counter`` on CPU, where compute is synchronous).
+  clock (CUDA events; ``perf_counter`` on CPU, where compute is synchronous), by
+  :mod:`adaptis.worker.module_timing` (whose names this module re-exports).
 - **activation bytes**: unique storages autograd saves in the forward
   (``saved_tensors_hooks``; parameters excluded), plus the output of every module that owns
   parameters: the gradient there is what a B/W split keeps from B until W.
@@ -41,32 +42,28 @@ the job's microbatch size and sequence length, on one device, in one precision:
 from __future__ import annotations
 
 import logging
-import math
 import statistics
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
-from torch import nn
 
 from adaptis.api.job import JobSpec
 from adaptis.api.problem import IdenticalDevices, Layer, Link, Network, Problem
 from adaptis.worker.errors import WorkerError
 from adaptis.worker.hardware import (
     HardwareProfile,
-    device_clock,
     device_memory_bytes,
     device_name,
     measure_matmul_tflops,
 )
 from adaptis.worker.models import LayerInfo, build_layer, model_layers, token_loss
-from adaptis.worker.pipelining import (
-    SplitState,
-    backward_full,
-    backward_input,
-    backward_weight,
-    weight_pass_graph,
+from adaptis.worker.module_timing import (
+    ModuleProfile,
+    ProfileSettings,
+    measure_action_overhead,
+    measure_graph_visit,
+    profile_module,
 )
 
 __all__ = [
@@ -88,29 +85,6 @@ log = logging.getLogger(__name__)
 _BYTES_PER_PARAM = {"adamw": 16, "sgd": 8}
 # Two matmul throughputs within this ratio are one kind of device measured twice (noise).
 _SAME_DEVICE = 0.05
-
-
-@dataclass(frozen=True, slots=True)
-class ProfileSettings:
-    """How to measure: where, in which precision, how often."""
-
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    dtype: torch.dtype = torch.float32
-    warmup: int = 2
-    repeats: int = 5
-    # median: the usual; min: the undisturbed time on a host shared with other work, where
-    # every disturbance only adds (use the same estimator for what it is compared with).
-    estimator: Literal["median", "min"] = "median"
-    # passes over every layer kind, the estimator taken across them: a host's slow second hits
-    # all repeats of one kind in a row, not every pass.
-    rounds: int = 1
-
-    def __post_init__(self) -> None:
-        if self.repeats < 1 or self.warmup < 0 or self.rounds < 1:
-            raise WorkerError(f"profile: repeats and rounds must be >= 1 and warmup >= 0, got {self.repeats}, "
-                              f"{self.rounds}, {self.warmup}")
-        if self.estimator not in ("median", "min"):
-            raise WorkerError(f"profile: estimator must be median or min, got {self.estimator!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +118,8 @@ class LayerProfile:
             output_bytes=float(self.output_bytes),
             backward_fused=r(self.fused_backward_s / unit_seconds) if self.fused_backward_s else None,
             weight_groups=self.weight_groups or None,
-            graph_walk=r(self.graph_nodes * graph_visit_s / unit_seconds) if self.graph_nodes and graph_visit_s else None,
+            graph_walk=(r(self.graph_nodes * graph_visit_s / unit_seconds)
+                        if self.graph_nodes and graph_visit_s else None),
         )
 
 
@@ -153,215 +128,6 @@ def bytes_per_param(optimizer: str) -> int:
         return _BYTES_PER_PARAM[optimizer]
     except KeyError:
         raise WorkerError(f"profile: no memory rule for optimizer {optimizer!r}") from None
-
-
-# --- one module --------------------------------------------------------------------------------
-def _time_of(clock: Callable[[Callable[[], None]], float], fn: Callable[[], None], *,
-                 setup: Callable[[], Any] | None, settings: ProfileSettings) -> float:
-    """Seconds of ``fn(setup())`` (median or min of the repeats) after warm-ups; ``setup``
-    runs outside the clock."""
-    times = []
-    for i in range(settings.warmup + settings.repeats):
-        state = setup() if setup is not None else None
-        t = clock(lambda: fn(state) if setup is not None else fn())  # type: ignore[call-arg]
-        del state
-        if i >= settings.warmup:
-            times.append(t)
-    return min(times) if settings.estimator == "min" else statistics.median(times)
-
-
-def _saved_bytes(run: Callable[[], Any], *, exclude: set[int]) -> tuple[int, Any]:
-    """Bytes of the unique storages autograd saves while ``run`` executes (``exclude``: data
-    pointers not to count, the parameters)."""
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in exclude and ptr not in seen:
-            seen[ptr] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = run()
-    return sum(seen.values()), out
-
-
-def _split_grad_bytes(module: nn.Module, run: Callable[[], torch.Tensor]) -> int:
-    """Bytes of the outputs of the modules that own parameters: the gradients a B/W split
-    keeps there from B until W computes the weight gradients from them."""
-    total = 0
-    handles = []
-
-    def hook(_m: nn.Module, _inp: Any, out: Any) -> None:
-        nonlocal total
-        if isinstance(out, torch.Tensor):
-            total += out.numel() * out.element_size()
-
-    for sub in module.modules():
-        if any(p.requires_grad for p in sub.parameters(recurse=False)):
-            handles.append(sub.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            run()
-    finally:
-        for h in handles:
-            h.remove()
-    return total
-
-
-@dataclass(frozen=True, slots=True)
-class ModuleProfile:
-    """One module's seconds (F, split B and W, fused backward) and bytes of one microbatch."""
-
-    forward_s: float
-    backward_s: float
-    weight_s: float
-    fused_backward_s: float
-    activation_bytes: int
-    output_bytes: int
-    graph_nodes: int = 0
-    weight_groups: int = 0
-
-
-def profile_module(module: nn.Module, *, example: torch.Tensor, settings: ProfileSettings,
-                   loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                   input_grad: bool = True) -> ModuleProfile:
-    """F, B, W and the fused backward of one microbatch through ``module`` (already on the
-    device, in the precision), timed through torch's own stage backward functions (the
-    adapter's :func:`backward_input`, :func:`backward_weight`, :func:`backward_full`).
-    ``loss``: applied to the output inside F (the head's). ``input_grad``: False when the
-    input takes no gradient (token ids): B is then 0 and W the fused backward, as torch's
-    first stage runs it."""
-    clock = device_clock(settings.device)
-    params = [p for p in module.parameters() if p.requires_grad]
-
-    def forward() -> tuple[torch.Tensor, torch.Tensor]:
-        x = example.detach().requires_grad_(True) if input_grad else example
-        out = module(x)
-        if loss is not None:
-            return x, loss(out)
-        # torch's input pass detaches the outputs in place, which a view does not allow.
-        return x, (out.clone() if out._is_view() else out)
-
-    def seed(out: torch.Tensor) -> list[torch.Tensor] | None:
-        return None if loss is not None else [torch.ones_like(out)]  # a loss seeds itself
-
-    def run_f() -> None:
-        forward()
-
-    def run_b(state: tuple[torch.Tensor, torch.Tensor]) -> None:
-        x, out = state
-        backward_input(outputs=[out], output_grads=seed(out), inputs=[x], module=module)
-
-    def after_b() -> SplitState:
-        x, out = forward()
-        return backward_input(outputs=[out], output_grads=seed(out), inputs=[x], module=module)
-
-    def run_w(state: SplitState) -> None:
-        backward_weight(module=module, state=state)
-
-    def run_full(state: tuple[torch.Tensor, torch.Tensor]) -> None:
-        x, out = state
-        backward_full(outputs=[out], output_grads=seed(out), inputs=[x] if input_grad else [])
-
-    forward_s = _time_of(clock, run_f, setup=None, settings=settings)
-    fused_s = _time_of(clock, run_full, setup=forward, settings=settings) if params or input_grad else 0.0
-    if input_grad:
-        backward_s = _time_of(clock, run_b, setup=forward, settings=settings)
-        weight_s = _time_of(clock, run_w, setup=after_b, settings=settings) if params else 0.0
-    else:  # torch's first stage: I is a no-op, W the fused backward
-        backward_s, weight_s = 0.0, fused_s
-    module.zero_grad(set_to_none=True)  # the timed passes accumulated into .grad
-
-    exclude = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    saved, (_x, out) = _saved_bytes(forward, exclude=exclude)
-    split = _split_grad_bytes(module, lambda: module(example)) if input_grad else 0
-    output = 0 if loss is not None else out.numel() * out.element_size()
-    nodes, groups = weight_pass_graph(outputs=[out], inputs=[_x], module=module) if input_grad else (0, 0)
-    return ModuleProfile(forward_s=forward_s, backward_s=backward_s, weight_s=weight_s, fused_backward_s=fused_s,
-                         activation_bytes=saved + split, output_bytes=output, graph_nodes=nodes,
-                         weight_groups=groups)
-
-
-def measure_action_overhead(*, settings: ProfileSettings) -> float:
-    """Seconds one runtime action costs beyond its compute: F, B, W and the fused backward of
-    a layer with next to no compute (an 8-wide linear and tanh on 4 tokens), through the same timed
-    path, averaged over the four kinds. It is the per-call cost of the adapter and autograd
-    (graph walk, hooks, ``.grad`` bookkeeping); not the schedule runtime's own loop and
-    messages, which only a pipelined run shows (bench/accuracy.py's overhead probe)."""
-    tiny = nn.Sequential(nn.Linear(8, 8), nn.Tanh()).to(device=settings.device, dtype=settings.dtype)
-    x = torch.zeros(1, 4, 8, device=settings.device, dtype=settings.dtype)
-    # Min over more repeats than a layer gets: the quantity is small, and noise only adds.
-    many = replace(settings, repeats=max(settings.repeats, 20), warmup=max(settings.warmup, 3))
-    p = profile_module(tiny, example=x, settings=many)
-    return statistics.fmean([p.forward_s, p.backward_s, p.weight_s, p.fused_backward_s])
-
-
-def _weight_pass_s(module: nn.Module, *, example: torch.Tensor, settings: ProfileSettings) -> float:
-    """Seconds of torch's split weight pass through ``module`` (its input pass, untimed, first)."""
-    def after_b() -> SplitState:
-        x = example.detach().requires_grad_(True)
-        out = module(x)
-        return backward_input(outputs=[out], output_grads=[torch.ones_like(out)], inputs=[x], module=module)
-
-    def run_w(state: SplitState) -> None:
-        backward_weight(module=module, state=state)
-
-    seconds = _time_of(device_clock(settings.device), run_w, setup=after_b, settings=settings)
-    module.zero_grad(set_to_none=True)
-    return seconds
-
-
-def _graph_counts(layers: list[nn.Module], *, example: torch.Tensor) -> list[tuple[int, int]]:
-    out = []
-    for layer in layers:
-        x = example.detach().requires_grad_(True)
-        out.append(weight_pass_graph(outputs=[layer(x)], inputs=[x], module=layer))
-    return out
-
-
-def measure_graph_visit(*, settings: ProfileSettings, spec: JobSpec | None = None) -> float:
-    """Seconds torch's split weight pass spends per autograd node it walks (see the module
-    docstring). It depends on what runs between the walks (the weight gradients' own compute
-    evicts the graph from the caches: about 0.25 us a node between tiny layers, 0.4-0.55 us
-    between the accuracy benchmark's blocks on CPU), so with ``spec`` it is measured on the
-    job's own blocks in order (up to 8, in two halves: W(both) - W(first) - W(second) is the
-    walks of the second half's groups through the first half's graph, all three measured in
-    context, taking turns, the minimum kept). Without, or with fewer than 4 blocks: W of 16
-    stacked tiny blocks (next to no compute) beyond 16 times one block's, over all the walks."""
-    dev, dtype = settings.device, settings.dtype
-    once = replace(settings, estimator="min")
-    n_blocks = len(model_layers(spec.model)) - 2 if spec is not None else 0
-    if spec is not None and n_blocks >= 4:
-        half = min(8, n_blocks) // 2
-        layers = [build_layer(spec.model, index=1 + i, seed=spec.training.seed).to(device=dev, dtype=dtype)
-                  for i in range(2 * half)]
-        t = spec.training
-        gen = torch.Generator(device=dev).manual_seed(t.seed)
-        x = torch.randn(t.microbatch_size, t.sequence_length, spec.model.hidden, generator=gen, device=dev,
-                        dtype=dtype)
-        counts = _graph_counts(layers, example=x)
-        visits = sum(n for n, _g in counts[:half]) * sum(g for _n, g in counts[half:])
-        stacks = [nn.Sequential(*layers), nn.Sequential(*layers[:half]), nn.Sequential(*layers[half:])]
-        best = [math.inf] * 3
-        for _round in range(3):
-            for i, stack in enumerate(stacks):
-                best[i] = min(best[i], _weight_pass_s(stack, example=x, settings=once))
-        extra = best[0] - best[1] - best[2]
-    else:
-        def block() -> nn.Module:
-            return nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh()).to(device=dev, dtype=dtype)
-
-        depth = 16
-        x = torch.zeros(1, 4, 8, device=dev, dtype=dtype)
-        many = replace(once, repeats=max(settings.repeats, 10), warmup=max(settings.warmup, 2))
-        single = block()
-        (nodes, groups), = _graph_counts([single], example=x)
-        visits = groups * nodes * depth * (depth - 1) // 2
-        extra = (_weight_pass_s(nn.Sequential(*[block() for _ in range(depth)]), example=x, settings=many)
-                 - depth * _weight_pass_s(single, example=x, settings=many))
-    return max(extra, 0.0) / visits if visits else 0.0
 
 
 # --- a job's model -----------------------------------------------------------------------------
