@@ -7,7 +7,7 @@ writes the result into the ConfigMap and the pods). Steps:
 2. choose ``workers`` slots, topology first: the narrowest domain (host, then clique, rack,
    zone, ...) that holds enough slots, the fastest nodes within it, ranks ordered along the
    topology so consecutive stages talk over the nearest link;
-3. build :class:`adaptis.api.problem.Problem` (layers from :mod:`adaptis.operator.estimate`,
+3. build :class:`adaptis.api.problem.Problem` (layers from :mod:`adaptis.planner.estimate`,
    one device per rank) and call the planner's strategy, plus I-1F1B for the speedup figure;
 4. return a :class:`PlanRecord`, the cache the reconciler keeps in the ConfigMap so that it
    re-plans only when the spec or a planned node changes.
@@ -29,8 +29,8 @@ from adaptis.api.job import JobSpec
 from adaptis.api.plan import Plan
 from adaptis.api.problem import DeviceList, DeviceSpec, Link, Network, Problem
 from adaptis.operator.errors import Unsatisfiable
-from adaptis.operator.estimate import device_speed, estimate_layers
 from adaptis.operator.profiling import NodeProfile, parse_quantity
+from adaptis.planner.estimate import device_speed, estimate_layers
 from adaptis.planner.strategies import compare, plan_strategy
 
 __all__ = [

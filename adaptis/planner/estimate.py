@@ -1,18 +1,20 @@
 """Layer costs estimated from the model's sizes: the planning problem's ``layers`` without torch.
 
-Sits under :mod:`adaptis.operator.planning`. The operator image carries no torch, so it cannot
-profile layers the way the worker's profiler does; instead it counts FLOPs and bytes from
-:class:`~adaptis.api.job.ModelSpec` and :class:`~adaptis.api.job.TrainingSpec` (pure Python,
-the same arithmetic the paper's cost ratios follow). Times are milliseconds on a device of
-speed 1, which by convention sustains :data:`REFERENCE_TFLOPS`; :func:`device_speed` turns a
-GPU's peak into that scale.
+Sits in the planner (pure Python) for its two users, which have nothing measured to go on: the
+operator (:mod:`adaptis.operator.planning`; its image carries no torch) and ``adaptis run
+--profile estimate`` (:func:`adaptis.worker.problem.estimate_problem`). It counts FLOPs and
+bytes from :class:`~adaptis.api.job.ModelSpec` and :class:`~adaptis.api.job.TrainingSpec` (the
+same arithmetic the paper's cost ratios follow). Times are milliseconds on a device that
+sustains ``flops_per_s``; by default the device of speed 1, which by convention sustains
+:data:`REFERENCE_TFLOPS`, and :func:`device_speed` turns a GPU's peak into that scale.
 
 Per microbatch of ``T = microbatch_size * sequence_length`` tokens and a layer with ``P``
 matmul parameters: forward ``2TP``, input gradient ``2TP``, weight gradient ``2TP``; attention's
 score and value products add ``4Ts h`` forward and ``8Ts h`` to the input gradient and have no
 weights. Activation bytes follow method.md (``34 b s h + 5 b s^2 a`` for an attention block in
-16-bit); parameters hold 16 bytes each with AdamW (weights, gradients, two moments, master
-copy in mixed precision), 8 with SGD.
+16-bit; ``element_bytes`` scales the per-element terms, e.g. 4 for an fp32 CPU run); parameters
+hold 16 bytes each with AdamW (weights, gradients, two moments, master copy in mixed
+precision), 8 with SGD.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ REFERENCE_TFLOPS = 100.0
 #: Fraction of peak that dense training sustains (model FLOPs utilisation).
 MFU = 0.4
 
-_ACT_BYTES = 2  # 16-bit activations
 _MS = 1e3
 # No layer is free: the smallest time keeps Layer.forward > 0 for tiny models.
 _MIN_MS = 1e-6
@@ -49,39 +50,39 @@ def device_speed(peak_tflops: float) -> float:
     return peak_tflops * MFU / REFERENCE_TFLOPS
 
 
-def _attention(*, tokens: float, seq: int, hidden: int, heads: int, batch: int) -> _Flops:
+def _attention(*, tokens: float, seq: int, hidden: int, heads: int, batch: int, elem: float) -> _Flops:
     params = 4.0 * hidden * hidden
     core = 4.0 * tokens * seq * hidden  # QK^T and AV
-    act = 10.0 * batch * seq * hidden + 5.0 * batch * seq * seq * heads
+    act = (5.0 * batch * seq * hidden + 2.5 * batch * seq * seq * heads) * elem
     return _Flops(2 * tokens * params + core, 2 * tokens * params + 2 * core,
                   2 * tokens * params, params, act)
 
 
-def _mlp(*, tokens: float, hidden: int, batch: int, seq: int, width: int = 4) -> _Flops:
+def _mlp(*, tokens: float, hidden: int, batch: int, seq: int, elem: float, width: int = 4) -> _Flops:
     params = 2.0 * width * hidden * hidden
-    act = 24.0 * batch * seq * hidden
+    act = 12.0 * batch * seq * hidden * elem
     return _Flops(2 * tokens * params, 2 * tokens * params, 2 * tokens * params, params, act)
 
 
-def _block(block: BlockSpec, *, model: ModelSpec, training: TrainingSpec) -> _Flops:
+def _block(block: BlockSpec, *, model: ModelSpec, training: TrainingSpec, elem: float) -> _Flops:
     batch, seq, h = training.microbatch_size, training.sequence_length, model.hidden
     tokens = float(batch * seq)
     if block.kind == "dense":
-        return _mlp(tokens=tokens, hidden=h, batch=batch, seq=seq)
+        return _mlp(tokens=tokens, hidden=h, batch=batch, seq=seq, elem=elem)
     if block.kind == "mamba":
         # in/out projections of an expand-2 SSM (about 6h^2) plus the selective scan, which is
         # elementwise over a 16-wide state and has no weight gradient to speak of.
         params = 6.0 * h * h
         scan = 2.0 * tokens * 2 * h * 16 * 6
-        act = 34.0 * batch * seq * h
+        act = 17.0 * batch * seq * h * elem
         return _Flops(2 * tokens * params + scan, 2 * tokens * params + 2 * scan,
                       2 * tokens * params, params, act)
-    attn = _attention(tokens=tokens, seq=seq, hidden=h, heads=model.heads, batch=batch)
+    attn = _attention(tokens=tokens, seq=seq, hidden=h, heads=model.heads, batch=batch, elem=elem)
     if block.kind == "attention":
-        mlp = _mlp(tokens=tokens, hidden=h, batch=batch, seq=seq)
+        mlp = _mlp(tokens=tokens, hidden=h, batch=batch, seq=seq, elem=elem)
         return _sum(attn, mlp)
     # MoE: attention plus top_k experts' MLPs run per token; all experts' weights are held.
-    expert = _mlp(tokens=tokens, hidden=h, batch=batch, seq=seq)
+    expert = _mlp(tokens=tokens, hidden=h, batch=batch, seq=seq, elem=elem)
     router = 2.0 * tokens * h * block.experts
     return _Flops(
         attn.forward + block.top_k * expert.forward + router,
@@ -97,11 +98,10 @@ def _sum(a: _Flops, b: _Flops) -> _Flops:
                   a.params + b.params, a.activation_bytes + b.activation_bytes)
 
 
-def _layer(name: str, *, kind: str, f: _Flops, state_bytes: float, output_bytes: float) -> Layer:
-    rate = REFERENCE_TFLOPS * 1e12
-
+def _layer(name: str, *, kind: str, f: _Flops, state_bytes: float, output_bytes: float,
+           flops_per_s: float) -> Layer:
     def ms(flops: float) -> float:
-        return flops / rate * _MS
+        return flops / flops_per_s * _MS
 
     return Layer(
         name=name,
@@ -115,30 +115,32 @@ def _layer(name: str, *, kind: str, f: _Flops, state_bytes: float, output_bytes:
     )
 
 
-def estimate_layers(model: ModelSpec, training: TrainingSpec) -> list[Layer]:
-    """Embedding, every block, head: estimated costs in ms on the reference device."""
+def estimate_layers(model: ModelSpec, training: TrainingSpec, *, element_bytes: int = 2,
+                    flops_per_s: float = REFERENCE_TFLOPS * 1e12) -> list[Layer]:
+    """Embedding, every block, head (named as the worker's models name them): estimated costs
+    in ms on a device sustaining ``flops_per_s``, activations of ``element_bytes`` each."""
     batch, seq, h, vocab = (training.microbatch_size, training.sequence_length,
                             model.hidden, model.vocab_size)
     tokens = float(batch * seq)
+    elem = float(element_bytes)
     state = 16.0 if training.optimizer.name == "adamw" else 8.0
-    hidden_bytes = tokens * h * _ACT_BYTES
+    hidden_bytes = tokens * h * elem
     # The embedding is a gather (memory bound): count it as touching every output element.
-    embedding = _Flops(2 * tokens * h, 0.0, 2 * tokens * h, float(vocab * h),
-                       _ACT_BYTES * tokens * h)
+    embedding = _Flops(2 * tokens * h, 0.0, 2 * tokens * h, float(vocab * h), elem * tokens * h)
     layers = [_layer("embedding", kind="embedding", f=embedding, state_bytes=state,
-                     output_bytes=hidden_bytes)]
+                     output_bytes=hidden_bytes, flops_per_s=flops_per_s)]
     index = 0
     for block in model.blocks:
-        cost = _block(block, model=model, training=training)
+        cost = _block(block, model=model, training=training, elem=elem)
         for _ in range(block.count):
-            layers.append(_layer(f"{block.kind}{index}", kind=block.kind, f=cost, state_bytes=state,
-                                 output_bytes=hidden_bytes))
+            layers.append(_layer(f"{block.kind}_{index}", kind=block.kind, f=cost, state_bytes=state,
+                                 output_bytes=hidden_bytes, flops_per_s=flops_per_s))
             index += 1
     # Head: projection to the vocabulary plus softmax cross-entropy over fp32 logits.
     proj = 2.0 * tokens * h * vocab
     softmax = 5.0 * tokens * vocab
     head_params = 0.0 if model.tie_embeddings else float(vocab * h)
-    head = _Flops(proj + softmax, proj + softmax, proj, head_params,
-                  tokens * vocab * (_ACT_BYTES + 4))
-    layers.append(_layer("head", kind="head", f=head, state_bytes=state, output_bytes=0.0))
+    head = _Flops(proj + softmax, proj + softmax, proj, head_params, tokens * vocab * (elem + 4))
+    layers.append(_layer("head", kind="head", f=head, state_bytes=state, output_bytes=0.0,
+                         flops_per_s=flops_per_s))
     return layers

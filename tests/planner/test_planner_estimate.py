@@ -1,9 +1,11 @@
-"""Layer costs estimated from model sizes (the operator has no torch to profile with)."""
+"""Layer costs estimated from model sizes (the operator has no torch to profile with; `adaptis run --profile estimate`)."""
 
 from __future__ import annotations
 
+import pytest
+
 from adaptis.api.job import ModelSpec, TrainingSpec
-from adaptis.operator.estimate import device_speed, estimate_layers
+from adaptis.planner.estimate import device_speed, estimate_layers
 
 
 def _model(**kw: object) -> ModelSpec:
@@ -55,3 +57,15 @@ def test_optimizer_state_and_device_speed() -> None:
     adam = estimate_layers(_model(), TrainingSpec())[1].param_bytes
     assert estimate_layers(_model(), sgd)[1].param_bytes == adam / 2
     assert device_speed(989.0) / device_speed(312.0) == 989.0 / 312.0
+
+
+def test_precision_and_device_rate_scale_bytes_and_times() -> None:
+    """The worker's fp32 estimate and the operator's 16-bit one are one arithmetic: per-element
+    bytes scale with the element size, times inversely with the device's rate."""
+    model = _model(blocks=[{"kind": "mamba"}, {"kind": "attention"}, {"kind": "moe", "experts": 4, "topK": 2}])
+    half = estimate_layers(model, TrainingSpec())
+    full = estimate_layers(model, TrainingSpec(), element_bytes=4, flops_per_s=50e12)
+    for a, b in zip(half[:-1], full[:-1], strict=True):  # the head keeps fp32 logits either way
+        assert b.activation_bytes == 2 * a.activation_bytes and b.output_bytes == 2 * a.output_bytes
+        assert b.forward == pytest.approx(2 * a.forward) and b.param_bytes == a.param_bytes
+    assert [lay.name for lay in half] == ["embedding", "mamba_0", "attention_1", "moe_2", "head"]
