@@ -11,7 +11,9 @@ CUDA GPU; ``--cpu-dry-run`` runs the same steps at toy sizes on the CPU to test 
    GPU, torch version and precision in a comment and in ``name``. Prints each kind's (F, B, W)
    as ratios to the family's base layer next to the paper's.
    Each problem carries the per-action overhead and the weight pass's graph walks measured on
-   the GPU (``action_overhead_s``, ``weight_groups``, ``graph_walk``).
+   the GPU (``action_overhead_s``, ``weight_groups``, ``graph_walk``). Committed under
+   ``bench/profiles/``, ``python bench/planner_bench.py`` plans them in its "Measured profiles"
+   table.
 2. **Stage depth** (``bench/stage_depth.py`` on the GPU): split W of 1-8 stacked Nemotron-H S
    blocks, measured against the planner with and without the graph walks, to see how much of
    that host-side cost the GPU's kernels hide.

@@ -126,6 +126,8 @@ def _mean_rows(rows: list[Row]) -> list[list[str]]:
 
 
 def suite_tables(title: str, rows: list[Row]) -> list[str]:
+    if not rows:
+        return [f"## {title}", "", "No configuration matches `--only`.", ""]
     unit = rows[0].comparison.time_unit
     out = [f"## {title}", "", f"Iteration time ({unit}; `oom`: exceeds a device's memory, `n/a`: "
            "the strategy cannot run the model) and the lower bound:", ""]
@@ -236,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="configurations whose name contains this (a quick look; "
                         "written only with an explicit --out)")
     parser.add_argument("--out", type=Path, help="markdown output (default bench/RESULTS.md)")
+    parser.add_argument("--profiles", type=Path, default=workloads.PROFILES,
+                        help="measured profiles to plan too (default bench/profiles/, from bench/gpu_check.sh)")
     args = parser.parse_args(argv)
     out = args.out or (None if args.only else ROOT / "bench" / "RESULTS.md")
 
@@ -256,6 +260,12 @@ def main(argv: list[str] | None = None) -> int:
                               run_suite("sequence", pick(workloads.sequence_sweep())))
         lines += suite_tables("Scaling series: Gemma L on 4 to 32 devices",
                               run_suite("scaling", pick(workloads.scaling_series())))
+    measured = pick(workloads.measured(args.profiles))
+    title = f"Measured profiles ({args.profiles.relative_to(ROOT) if args.profiles.is_relative_to(ROOT) else args.profiles})"
+    if measured:
+        lines += suite_tables(title, run_suite("measured", measured))
+    else:
+        lines += [f"## {title}", "", "None yet: `bench/gpu_check.sh` writes them on a GPU machine.", ""]
     largest = workloads.problem(*LARGEST)
     print(f"[timing] {largest['name']}: search and `adaptis plan`, best of {args.repeat} ...",
           file=sys.stderr, flush=True)

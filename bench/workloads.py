@@ -19,7 +19,13 @@ between nodes (25 GB/s, 20 us). Microbatches: 8 per device.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import yaml
+
+#: Where bench/gpu_check.sh's measured profiles are committed.
+PROFILES = Path(__file__).resolve().parent / "profiles"
 
 FAMILIES = ("gemma", "deepseek", "nemotron-h")
 SIZES = ("S", "M", "L")
@@ -154,3 +160,13 @@ def sequence_sweep() -> list[dict[str, Any]]:
 
 def scaling_series() -> list[dict[str, Any]]:
     return [problem("gemma", "L", devices=p) for p in (4, 8, 16, 32)]
+
+
+def measured(directory: Path = PROFILES) -> list[dict[str, Any]]:
+    """The measured profiles (``<family>.yaml``, written by bench/gpu_check.sh), named after
+    their file; none when the directory is missing or empty."""
+    docs = []
+    for path in sorted(directory.glob("*.yaml")) if directory.is_dir() else []:
+        doc = yaml.safe_load(path.read_text())
+        docs.append({**doc, "name": f"{path.stem} (measured)"})
+    return docs

@@ -31,3 +31,17 @@ def test_one_configuration_end_to_end(tmp_path: Path) -> None:
     verdicts = [line.split(":")[0] for line in text.splitlines() if line.startswith(("- PASS", "- MISS"))]
     assert len(verdicts) == 5
     assert "geometric mean" in text and "ceiling" in text
+
+
+def test_measured_profiles_are_planned_too(tmp_path: Path) -> None:
+    """A profile in the profiles folder (as bench/gpu_check.sh writes one) gets its own table."""
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "tiny.yaml").write_text((ROOT / "examples" / "problems" / "nemotron-h-small.yaml").read_text())
+    out = tmp_path / "RESULTS.md"
+    assert _bench().main(["--only", "tiny", "--repeat", "1", "--out", str(out), "--profiles", str(profiles)]) == 0
+    text = out.read_text()
+    assert f"## Measured profiles ({profiles})" in text
+    row = next(line for line in text.splitlines() if line.startswith("| tiny (measured)"))
+    times = [float(c) for c in [c.strip() for c in row.strip("|").split("|")][1:8] if c not in ("oom", "n/a")]
+    assert times and times[0] == min(times)  # adaptis first and never worse
