@@ -29,6 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                        help="watch every namespace")
     parser.add_argument("--liveness", metavar="URL",
                         help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve the operator's Prometheus metrics on this port, path /metrics (default: off)")
     parser.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: $KUBECONFIG)")
     parser.add_argument("--worker-image", help="default image of the worker pods")
     parser.add_argument("--topology-keys", metavar="K1,K2,...",
@@ -39,6 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="jobs reconciled in parallel (default 2)")
     parser.add_argument("--resync-seconds", type=float, default=30.0, metavar="S",
                         help="look at every job at least this often (default 30)")
+    parser.add_argument("--profile-timeout-seconds", type=float, default=600.0, metavar="S",
+                        help="how long a profiler pod (spec.planner.profile: measure) may take, scheduling and "
+                             "image pull included, before its node is planned from its labels (default 600)")
     parser.set_defaults(func=_run)
 
 
@@ -70,10 +75,11 @@ def _run(args: argparse.Namespace) -> int:
         namespaces=tuple(args.namespace),
         all_namespaces=args.all_namespaces,
         liveness_endpoint=args.liveness,
+        metrics_port=args.metrics_port or None,
         reconcile_workers=max(1, args.reconcile_workers),
         resync_seconds=max(1.0, args.resync_seconds),
         reconcile=ReconcileSettings(topology_keys=topology, manifests=manifests,
-                                    inter_node=inter),
+                                    inter_node=inter, profile_timeout_s=max(1.0, args.profile_timeout_seconds)),
     )
     try:
         run_operator(options)

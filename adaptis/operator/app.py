@@ -3,7 +3,8 @@
 Sits at the top of the operator layer; ``adaptis operator`` (``adaptis.cli.operator``) parses
 the command line into :class:`OperatorOptions` and calls :func:`run_operator`. kopf owns the
 event loop and the watch streams; the reconciler runs in the work queue's threads, so a slow
-plan never blocks a watch.
+plan never blocks a watch. With a metrics port, :mod:`adaptis.operator.metrics` serves the
+operator's own figures.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import kopf
 
 from adaptis.operator.handlers import JobKey, build_registry
 from adaptis.operator.kube import KubeCluster
+from adaptis.operator.metrics import OperatorMetrics
 from adaptis.operator.reconcile import ReconcileSettings, Reconciler
 from adaptis.operator.workqueue import WorkQueue
 
@@ -32,6 +34,7 @@ class OperatorOptions:
     namespaces: tuple[str, ...] = ()
     all_namespaces: bool = False
     liveness_endpoint: str | None = None
+    metrics_port: int | None = None  # serve /metrics here (None: no metrics server)
     reconcile_workers: int = 2
     resync_seconds: float = 30.0
     reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
@@ -57,12 +60,18 @@ def run_operator(options: OperatorOptions, *, stop_flag: threading.Event | None 
     cluster = KubeCluster()
     reconciler = Reconciler(cluster, settings=options.reconcile)
 
+    metrics = OperatorMetrics(queue_depth=lambda: queue.depth())
+
     def process(key: JobKey) -> float | None:
-        return reconciler.reconcile(*key).requeue_after
+        with metrics.observe_pass(key) as done:
+            result = reconciler.reconcile(*key)
+            done(result)
+        return result.requeue_after
 
     queue: WorkQueue[JobKey] = WorkQueue(process, workers=options.reconcile_workers,
                                          resync_s=options.resync_seconds)
     registry = build_registry(queue)
+    server = metrics.serve(port=options.metrics_port) if options.metrics_port else None
     queue.start()
     log.info("adaptis operator: %s", "all namespaces" if options.all_namespaces
              else f"namespaces {', '.join(options.namespaces) or 'default'}")
@@ -79,3 +88,5 @@ def run_operator(options: OperatorOptions, *, stop_flag: threading.Event | None 
         asyncio.run(coroutine)
     finally:
         queue.stop()
+        if server is not None:
+            server.shutdown()

@@ -35,9 +35,11 @@ class ReconcileSettings:
 
 @dataclass(frozen=True)
 class Result:
-    """What the pass asks of its caller: look again after this many seconds (None: no need)."""
+    """What the pass asks of its caller: look again after this many seconds (None: no need),
+    and the job's phase after the pass (None: the job is gone)."""
 
     requeue_after: float | None = None
+    phase: str | None = None
 
 
 @dataclass

@@ -98,7 +98,7 @@ class Reconciler:
             if generation is not None:
                 p.update(observed_generation=generation)
             self._write(p)
-        return Result(requeue_after=min(p.requeue) if p.requeue else None)
+        return Result(requeue_after=min(p.requeue) if p.requeue else None, phase=p.status.phase)
 
     # --- the pass ---------------------------------------------------------------------------
     def _step(self, p: PassState, *, spec_raw: Mapping[str, Any], generation: int | None) -> None:

@@ -111,6 +111,11 @@ class WorkQueue(Generic[K]):
         for t in self._threads:
             t.join(timeout=timeout_s)
 
+    def depth(self) -> int:
+        """Keys queued now (not those running or delayed)."""
+        with self._cv:
+            return len(self._queue)
+
     def idle(self) -> bool:
         """Nothing queued or running (delayed keys do not count)."""
         with self._cv:

@@ -13,11 +13,15 @@ from chartkit import by_kind, one, operator_container
 MONITORING_KINDS = ("PodMonitor", "ServiceMonitor", "PrometheusRule")
 
 
-def test_monitoring_is_off_by_default(default_objects: list[dict[str, Any]]) -> None:
+def test_monitoring_objects_are_off_by_default_and_the_operator_metrics_on(
+    default_objects: list[dict[str, Any]],
+) -> None:
     kinds = {o["kind"] for o in default_objects}
-    assert not kinds & {*MONITORING_KINDS, "ConfigMap", "Service"}
-    # The operator serves no metrics port unless asked.
-    assert [p["name"] for p in operator_container(default_objects)["ports"]] == ["health"]
+    # The Prometheus Operator's kinds need its CRDs, and the dashboard a Grafana: asked for.
+    assert not kinds & {*MONITORING_KINDS, "ConfigMap"}
+    # The operator's own metrics need nothing: served, behind a Service, by default.
+    assert [p["name"] for p in operator_container(default_objects)["ports"]] == ["health", "metrics"]
+    assert [o["metadata"]["name"] for o in by_kind(default_objects, "Service")] == ["adaptis-metrics"]
 
 
 def test_every_monitor_carries_the_additional_labels(full_objects: list[dict[str, Any]]) -> None:
@@ -55,10 +59,13 @@ def test_service_monitor_finds_the_operator_service(full_objects: list[dict[str,
     container_ports = {p["name"]: p["containerPort"] for p in
                        operator_container(full_objects)["ports"]}
     assert container_ports["metrics"] == 8000
+    args = operator_container(full_objects)["args"]
+    assert args[args.index("--metrics-port") + 1] == "8000"  # the operator serves what is scraped
 
 
 def test_service_monitor_without_metrics_is_refused(helm_home: Path) -> None:
-    args = ["template", *chartkit.template_args(sets={"monitoring.serviceMonitor.enabled": True})]
+    args = ["template", *chartkit.template_args(sets={"monitoring.serviceMonitor.enabled": True,
+                                                      "operator.metrics.enabled": False})]
     result = chartkit.run_helm(args, home=helm_home, check=False)
     assert result.returncode != 0
     assert "operator.metrics.enabled" in result.stderr

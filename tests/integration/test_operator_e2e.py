@@ -54,12 +54,22 @@ class Operator(OperatorProcess):
     def __init__(self, cp: Any, log_path: Path) -> None:
         super().__init__(cp, log_path, namespace=NS)
         self.liveness = ""
+        self.metrics = ""
 
     def start(self, *, extra_args: Sequence[str] = ()) -> None:
         self.liveness = f"http://127.0.0.1:{_free_port()}/healthz"
-        super().start(extra_args=["--liveness", self.liveness, "--topology-keys",
+        port = _free_port()
+        self.metrics = f"http://127.0.0.1:{port}/metrics"
+        super().start(extra_args=["--liveness", self.liveness, "--metrics-port", str(port), "--topology-keys",
                                   "topology.kubernetes.io/zone,topology.adaptis.io/rack",
                                   *extra_args])
+
+    def scrape(self) -> dict[str, float]:
+        """The operator's metrics, by sample name with labels, e.g. ``adaptis_operator_jobs{phase="Failed"}``."""
+        with urllib.request.urlopen(self.metrics, timeout=5) as resp:  # noqa: S310 - a local test server
+            text = resp.read().decode()
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line and not line.startswith("#")}
 
     def condition(self, name: str, type_: str) -> dict[str, Any] | None:
         return next((c for c in self.status(name).get("conditions", [])
@@ -173,6 +183,13 @@ def test_job_is_planned_bound_as_planned_and_succeeds(operator: Operator) -> Non
     final = operator.status(name)
     assert final["completionTime"] >= final["startTime"]
     assert operator.condition(name, "Succeeded")["status"] == "True"  # type: ignore[index]
+    # The operator's own metrics, as Prometheus scrapes them: passes ran, the job is counted.
+    metrics = operator.wait("the job counted as Succeeded in the operator's metrics",
+                            lambda: (m := operator.scrape()).get('adaptis_operator_jobs{phase="Succeeded"}', 0) >= 1
+                            and m)
+    assert metrics['adaptis_operator_reconciles_total{result="ok"}'] >= 3  # pending, planned, running...
+    assert metrics["adaptis_operator_reconcile_seconds_count"] >= metrics['adaptis_operator_reconciles_total{result="ok"}']
+    assert "adaptis_operator_queue_depth" in metrics
 
 
 def test_unsatisfiable_placement_shows_in_status(operator: Operator) -> None:
