@@ -68,10 +68,12 @@ class Operator:
     """`adaptis operator` as a local process, with the installed Deployment's arguments."""
 
     def __init__(self, *, args: list[str], kubeconfig: Path, log_path: Path) -> None:
-        self.health_port = free_ports(1)[0]
-        # Same arguments, but kopf's liveness endpoint on a free loopback port.
+        self.health_port, self.metrics_port = free_ports(2)
+        # Same arguments, but kopf's liveness endpoint and the metrics on free ports.
         at = args.index("--liveness")
         args = [*args[:at + 1], f"http://127.0.0.1:{self.health_port}/healthz", *args[at + 2:]]
+        at = args.index("--metrics-port")
+        args = [*args[:at + 1], str(self.metrics_port), *args[at + 2:]]
         self.args = args
         self.kubeconfig = kubeconfig
         self.log_path = log_path
