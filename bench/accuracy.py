@@ -150,16 +150,16 @@ def _rank(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> N
                             timeout=timedelta(seconds=600))
     settings = ProfileSettings(warmup=2, repeats=args["repeats"], estimator=args["estimator"])
 
-    overheads: list[float] = []
-    visits: list[float] = []
+    # (action overhead, graph visit) seconds of each profile pass, measured beside the layers
+    runtime: list[tuple[float, float]] = []
 
     def profile_in_turn(spec: JobSpec) -> list[LayerProfile]:
         mine: list[LayerProfile] = []
         for turn in range(world):
             if turn == rank:
                 mine = profile_layers(spec, settings=settings)
-                overheads.append(measure_action_overhead(settings=settings))
-                visits.append(measure_graph_visit(settings=settings, spec=spec))
+                runtime.append((measure_action_overhead(settings=settings),
+                                measure_graph_visit(settings=settings, spec=spec)))
             dist.barrier()
         return mine
 
@@ -174,7 +174,7 @@ def _rank(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> N
         dist.all_gather_object(gathered, profiles[0])
         first = mean_profiles(gathered)
         gathered_overhead: list[Any] = [None] * world
-        dist.all_gather_object(gathered_overhead, (overheads[-1], visits[-1]))
+        dist.all_gather_object(gathered_overhead, runtime[-1])
         plans: list[Any] = [None]
         if rank == 0:
             problem = problem_from_profiles(first, name=family, microbatches=spec.training.microbatches,
@@ -203,21 +203,20 @@ def _rank(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> N
             if rnd and rnd % args["profile_every"] == 0:
                 profiles.append(profile_in_turn(spec))
         gathered = [None] * world
-        dist.all_gather_object(gathered, (profiles, overheads, visits))
+        dist.all_gather_object(gathered, (profiles, runtime))
         if rank == 0:  # progress, in case a time budget stops the run before the report
             for name, got in steps.items():
                 print(f"{family} {name}: measured step ms "
                       f"{sorted(round(x['iteration_s'] * 1e3) for x in got)}", flush=True)
         results["families"][family] = {
-            "profiles": [p for per_rank, _o, _v in gathered for p in per_rank],
-            "action_overhead_s": statistics.fmean(o for _p, per_rank, _v in gathered for o in per_rank),
-            "graph_visit_s": statistics.fmean(v for _p, _o, per_rank in gathered for v in per_rank),
+            "profiles": [p for per_rank, _r in gathered for p in per_rank],
+            "action_overhead_s": statistics.fmean(o for _p, per_rank in gathered for o, _v in per_rank),
+            "graph_visit_s": statistics.fmean(v for _p, per_rank in gathered for _o, v in per_rank),
             "plans": {k: v for k, v in plans[0].items() if v is not None},
             "steps": steps,
         }
         del executors
-        overheads.clear()
-        visits.clear()
+        runtime.clear()
     if rank == 0:
         with open(out, "w") as fh:
             json.dump(_jsonable(results), fh)

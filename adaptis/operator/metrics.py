@@ -24,7 +24,7 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any, get_args
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from adaptis.api.job import Phase
 from adaptis.operator.passes import Result
@@ -91,7 +91,3 @@ class OperatorMetrics:
         """Serve /metrics on ``port`` from a daemon thread; returns the server (``shutdown()``)."""
         server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         return server
-
-    def text(self) -> str:
-        """The exposition text, as a scrape would see it."""
-        return generate_latest(self.registry).decode()

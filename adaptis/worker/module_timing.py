@@ -144,41 +144,24 @@ def profile_module(module: nn.Module, *, example: torch.Tensor, settings: Profil
     first stage runs it."""
     clock = device_clock(settings.device)
     params = [p for p in module.parameters() if p.requires_grad]
-
-    def forward() -> tuple[torch.Tensor, torch.Tensor]:
-        x = example.detach().requires_grad_(True) if input_grad else example
-        out = module(x)
-        if loss is not None:
-            return x, loss(out)
-        # torch's input pass detaches the outputs in place, which a view does not allow.
-        return x, (out.clone() if out._is_view() else out)
-
-    def seed(out: torch.Tensor) -> list[torch.Tensor] | None:
-        return None if loss is not None else [torch.ones_like(out)]  # a loss seeds itself
+    forward = _forward_of(module, example=example, loss=loss, input_grad=input_grad)
 
     def run_f() -> None:
         forward()
 
     def run_b(state: tuple[torch.Tensor, torch.Tensor]) -> None:
         x, out = state
-        backward_input(outputs=[out], output_grads=seed(out), inputs=[x], module=module)
-
-    def after_b() -> SplitState:
-        x, out = forward()
-        return backward_input(outputs=[out], output_grads=seed(out), inputs=[x], module=module)
-
-    def run_w(state: SplitState) -> None:
-        backward_weight(module=module, state=state)
+        backward_input(outputs=[out], output_grads=_seed(out, loss=loss), inputs=[x], module=module)
 
     def run_full(state: tuple[torch.Tensor, torch.Tensor]) -> None:
         x, out = state
-        backward_full(outputs=[out], output_grads=seed(out), inputs=[x] if input_grad else [])
+        backward_full(outputs=[out], output_grads=_seed(out, loss=loss), inputs=[x] if input_grad else [])
 
     forward_s = _time_of(clock, run_f, setup=None, settings=settings)
     fused_s = _time_of(clock, run_full, setup=forward, settings=settings) if params or input_grad else 0.0
     if input_grad:
         backward_s = _time_of(clock, run_b, setup=forward, settings=settings)
-        weight_s = _time_of(clock, run_w, setup=after_b, settings=settings) if params else 0.0
+        weight_s = _weight_pass_s(module, example=example, settings=settings, loss=loss) if params else 0.0
     else:  # torch's first stage: I is a no-op, W the fused backward
         backward_s, weight_s = 0.0, fused_s
     module.zero_grad(set_to_none=True)  # the timed passes accumulated into .grad
@@ -207,12 +190,32 @@ def measure_action_overhead(*, settings: ProfileSettings) -> float:
     return statistics.fmean([p.forward_s, p.backward_s, p.weight_s, p.fused_backward_s])
 
 
-def _weight_pass_s(module: nn.Module, *, example: torch.Tensor, settings: ProfileSettings) -> float:
-    """Seconds of torch's split weight pass through ``module`` (its input pass, untimed, first)."""
-    def after_b() -> SplitState:
-        x = example.detach().requires_grad_(True)
+def _forward_of(module: nn.Module, *, example: torch.Tensor, loss: Callable[[torch.Tensor], torch.Tensor] | None,
+                input_grad: bool) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """F as the timed passes run it: (the input, the output or the loss)."""
+    def forward() -> tuple[torch.Tensor, torch.Tensor]:
+        x = example.detach().requires_grad_(True) if input_grad else example
         out = module(x)
-        return backward_input(outputs=[out], output_grads=[torch.ones_like(out)], inputs=[x], module=module)
+        if loss is not None:
+            return x, loss(out)
+        # torch's input pass detaches the outputs in place, which a view does not allow.
+        return x, (out.clone() if out._is_view() else out)
+
+    return forward
+
+
+def _seed(out: torch.Tensor, *, loss: Callable[[torch.Tensor], torch.Tensor] | None) -> list[torch.Tensor] | None:
+    return None if loss is not None else [torch.ones_like(out)]  # a loss seeds itself
+
+
+def _weight_pass_s(module: nn.Module, *, example: torch.Tensor, settings: ProfileSettings,
+                   loss: Callable[[torch.Tensor], torch.Tensor] | None = None) -> float:
+    """Seconds of torch's split weight pass through ``module`` (its input pass, untimed, first)."""
+    forward = _forward_of(module, example=example, loss=loss, input_grad=True)
+
+    def after_b() -> SplitState:
+        x, out = forward()
+        return backward_input(outputs=[out], output_grads=_seed(out, loss=loss), inputs=[x], module=module)
 
     def run_w(state: SplitState) -> None:
         backward_weight(module=module, state=state)

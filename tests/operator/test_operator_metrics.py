@@ -6,6 +6,7 @@ import socket
 import urllib.request
 
 import pytest
+from prometheus_client import generate_latest
 
 from adaptis.operator.metrics import PHASES, OperatorMetrics
 from adaptis.operator.passes import Result
@@ -13,7 +14,8 @@ from adaptis.operator.passes import Result
 
 def _samples(metrics: OperatorMetrics) -> dict[str, float]:
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in metrics.text().splitlines() if line and not line.startswith("#")}
+            for line in generate_latest(metrics.registry).decode().splitlines()
+            if line and not line.startswith("#")}
 
 
 def _jobs(metrics: OperatorMetrics) -> dict[str, float]:
