@@ -219,7 +219,7 @@ def test_weight_pass_graph_counts_add_up_over_stacked_blocks() -> None:
 
 
 def test_graph_visit_is_measured_and_each_layer_walk_is_its_nodes_times_it() -> None:
-    # 16 tiny blocks walk each other 120 times over: tens of ms against ~0.1 ms of noise.
+    # 32 tiny blocks walk each other 496 times over: milliseconds against ~0.1 ms of noise.
     visit = measure_graph_visit(settings=FAST)
     assert 0 < visit < 1e-4  # tens of nanoseconds to a few microseconds a node, never 0.1 ms
     profiles = profile_layers(_spec(), settings=FAST)
