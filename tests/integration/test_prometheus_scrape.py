@@ -163,8 +163,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                         raise AssertionError(f"rank {r.rank} failed:\n"
                                              f"{r.log_path.read_text()[-4000:]}")
                 got = prom.query(f'min(adaptis_steps_total{{adaptis_job="{JOB}"}})')
+                # rate() needs two samples of a series: a short run may be scraped once only.
+                sampled = prom.query(f'count_over_time(adaptis_busy_seconds_total{{adaptis_job="{JOB}"}}[5m]) >= 2')
                 done = got and float(got[0]["value"][1]) >= steps and len(prom.query(
-                    f'adaptis_steps_total{{adaptis_job="{JOB}"}}')) == len(ranks)
+                    f'adaptis_steps_total{{adaptis_job="{JOB}"}}')) == len(ranks) and len(sampled) == len(ranks)
                 return prom.server_time() if done else None
 
             at = chartkit.poll_until(finished, timeout=240, interval=0.5,
