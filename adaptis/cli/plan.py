@@ -6,7 +6,9 @@ of them (``--compare``), and prints either exactly the contract's JSON (``--json
 else on stdout) or an aligned table. ``--save-plan`` writes the chosen strategy's plan (with
 ``--compare`` and no ``--strategy``: adaptis's) and ``--timeline`` draws it. A search that
 runs longer than about a second shows one updating progress line on a terminal's stderr (a
-log line when it ends otherwise). Bad input is one line per fault and exit status 2.
+log line when it ends otherwise). Bad input is one line per fault and exit status 2; a
+requested strategy (default adaptis, with ``--compare`` too) that has no plan fitting in memory
+is exit status 1 after the report, with the memory it needs per device on stderr.
 """
 
 from __future__ import annotations
@@ -30,6 +32,15 @@ __all__ = ["ProgressLine", "format_table", "register", "run"]
 
 log = logging.getLogger(__name__)
 
+# Exit statuses scripts can branch on (also in the --help epilog): 0 the requested strategy
+# (default adaptis, also under --compare) has a plan that fits; 1 it has none (the table or
+# JSON is still printed, stderr says how much memory it would need); 2 bad usage or input,
+# including a strategy that cannot apply to the problem at all (too few layers).
+EXIT_OK, EXIT_INFEASIBLE, EXIT_USAGE = 0, 1, 2
+_EPILOG = ("exit status: 0 the requested strategy (default adaptis; with --compare too) has a "
+           "plan that fits; 1 it is infeasible (the report is still printed; stderr says the "
+           "memory it needs per device); 2 bad usage or input")
+
 # Searches shorter than this show no progress at all: a flicker helps no one.
 _PROGRESS_AFTER_S = 1.0
 _REDRAW_EVERY_S = 0.1
@@ -38,7 +49,7 @@ _REDRAW_EVERY_S = 0.1
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser(
         "plan", help="plan a pipeline for a problem file and compare strategies",
-        description=__doc__.splitlines()[0],
+        description=__doc__.splitlines()[0], epilog=_EPILOG,
     )
     p.add_argument("problem", metavar="FILE", help="planning problem, YAML or JSON (the contract's input)")
     p.add_argument("--compare", action="store_true", help="run every strategy of the contract")
@@ -230,13 +241,20 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError(str(err)) from None
         except OSError as err:
             raise CLIError(f"--timeline: cannot write {args.timeline}: {err.strerror}") from None
+    if not outcome.result.feasible:
+        # The report above is complete; the status is what a script branches on (1: nothing
+        # of the requested strategy fits), and stderr says why in full, memory per device.
+        unsaved = " (--save-plan: nothing written)" if args.save_plan is not None else ""
+        print(f"adaptis plan: strategy {chosen} is infeasible: {outcome.result.reason}{unsaved}",
+              file=sys.stderr)
+        return EXIT_INFEASIBLE
     if args.save_plan is not None:
-        if outcome.plan is None or not outcome.result.feasible:
-            raise CLIError(f"--save-plan: strategy {chosen} has no feasible plan: {outcome.result.reason}")
+        if outcome.plan is None:
+            raise CLIError(f"--save-plan: strategy {chosen} has no plan: {outcome.result.reason}")
         try:
             args.save_plan.parent.mkdir(parents=True, exist_ok=True)
             args.save_plan.write_text(outcome.plan.to_json() + "\n")
         except OSError as err:
             raise CLIError(f"--save-plan: cannot write {args.save_plan}: {err.strerror}") from None
         print(f"plan of {chosen} written to {args.save_plan}", file=sys.stderr)
-    return 0
+    return EXIT_OK

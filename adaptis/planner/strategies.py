@@ -19,6 +19,7 @@ The lower bound (``lower_bound``) is the largest of three limits no plan can bea
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -129,11 +130,35 @@ def _adaptis(costs: Costs, baselines: dict[str, Outcome], on_progress: Progress 
     seconds = time.perf_counter() - t0
     if best is None:
         return Outcome("adaptis", None, None, StrategyResult(
-            feasible=False, reason="no partition fits in device memory", search_seconds=seconds))
+            feasible=False, reason=_least_memory_reason(costs, baselines), search_seconds=seconds))
     assert best.plan is not None and best.simulation is not None  # invariant, not user input
     plan = best.plan.model_copy(update={"strategy": "adaptis"})
     result = best.result.model_copy(update={"search_seconds": seconds})
     return Outcome("adaptis", plan, best.simulation, result)
+
+
+def _least_memory_reason(costs: Costs, seen: dict[str, Outcome]) -> str:
+    """Why adaptis found nothing: the memory the leanest simulated plan needs, per device.
+
+    The search starts from the baselines and only keeps plans that fit; when none does, the
+    baseline whose worst device overshoots least says how far off the cluster is (in the
+    simulator's wording, as the baselines' notes are), so the user can size memory.
+    """
+    peaks = {name: o.simulation.peak_memory for name, o in seen.items() if o.simulation is not None}
+    if not peaks:
+        return "no partition fits in device memory"
+
+    def worst(name: str) -> tuple[float, int]:
+        ratios = [p / c if c > 0 else math.inf for p, c in zip(peaks[name], costs.memory)]
+        return max(ratios), ratios.index(max(ratios))
+
+    lean = min(peaks, key=worst)
+    ratio, dev = worst(lean)
+    every = "; ".join(f"device {d} needs {p:.4g} bytes, has {c:.4g}"
+                      for d, (p, c) in enumerate(zip(peaks[lean], costs.memory)))
+    return (f"no partition fits in device memory: the leanest plan seen ({lean}) needs "
+            f"{peaks[lean][dev]:.4g} bytes on device {dev}, which has {costs.memory[dev]:.4g} "
+            f"({ratio:.2f}x); {every}")
 
 
 def plan_strategy(problem: Problem, name: str, *, on_progress: Progress | None = None) -> Outcome:

@@ -277,3 +277,37 @@ def test_plan_does_not_import_torch_or_kubernetes() -> None:
     out = subprocess.run([sys.executable, "-c", code, str(SMALL)], capture_output=True, text=True,
                          check=True, env=env, cwd=ROOT, timeout=60)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _short_of_memory(tmp_path: Path, memory_bytes: float) -> Path:
+    doc = yaml.safe_load(SMALL.read_text())
+    doc["devices"]["memory_bytes"] = memory_bytes
+    path = tmp_path / "short.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.parametrize("argv", [[], ["--compare"], ["--compare", "--json"]])
+def test_infeasible_problem_exits_1_naming_the_memory_needed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    code, out, err = _cli(["plan", str(_short_of_memory(tmp_path, 1.0e9)), *argv], capsys)
+    assert code == 1, err
+    assert out  # the report is still printed: the status is what changes
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("adaptis plan:")]
+    assert "strategy adaptis is infeasible: no partition fits in device memory" in line
+    # The worst device of the leanest plan, then every device's need against its 1e+09 bytes.
+    assert "which has 1e+09" in line and line.count("bytes, has 1e+09") == 8, line
+
+
+def test_feasible_problem_exits_0_and_requested_baseline_decides(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _cli(["plan", str(SMALL), "--compare"], capsys)
+    assert code == 0 and "infeasible" not in err, err
+    # 12 GB: adaptis (and 1f1b) fit, gpipe's 26 GB on device 0 does not.
+    short = _short_of_memory(tmp_path, 1.2e10)
+    code, _, err = _cli(["plan", str(short), "--compare"], capsys)
+    assert code == 0, err
+    code, _, err = _cli(["plan", str(short), "--compare", "--strategy", "gpipe"], capsys)
+    assert code == 1 and "strategy gpipe is infeasible: device 0 needs" in err, err
