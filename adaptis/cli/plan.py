@@ -236,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             draw_timeline(outcome.simulation, path=args.timeline,
                           title=f"{problem.name or Path(args.problem).stem}: {chosen}",
-                          time_unit=problem.time_unit)
+                          time_unit=problem.time_unit, plan=outcome.plan, problem=problem)
         except PlannerError as err:
             raise CLIError(str(err)) from None
         except OSError as err:
