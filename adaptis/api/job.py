@@ -12,8 +12,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 from adaptis.api.errors import SpecError, from_validation_error
 
@@ -21,6 +30,8 @@ __all__ = [
     "API_VERSION",
     "AdaPtisJob",
     "BlockSpec",
+    "CHUNKED_STRATEGIES",
+    "CHUNKS_PER_RANK",
     "JobSpec",
     "JobStatus",
     "KIND",
@@ -52,10 +63,14 @@ BlockKind = Literal["attention", "mamba", "moe", "dense"]
 class BlockSpec(_Spec):
     """A run of identical blocks in pipeline order."""
 
+    # The API server applies the scalar defaults before CEL runs, so topK and experts are set;
+    # the has() guards only keep the rule total. Only moe blocks route, so only they are held
+    # to it (the same as _top_k_within_experts).
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                {"rule": "!has(self.topK) || !has(self.experts) || self.topK <= self.experts",
+                {"rule": "self.kind != 'moe' || !has(self.topK) || !has(self.experts) || "
+                         "self.topK <= self.experts",
                  "message": "topK must not exceed experts", "fieldPath": ".topK"}
             ]
         }
@@ -65,6 +80,19 @@ class BlockSpec(_Spec):
     count: int = Field(default=1, ge=1, le=4096, description="How many such blocks in a row.")
     experts: int = Field(default=4, ge=1, le=256, description="MoE only: number of experts.")
     top_k: int = Field(default=2, ge=1, le=16, description="MoE only: experts per token.")
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_within_experts(cls, top_k: int, info: ValidationInfo) -> int:
+        # A field validator (not a model validator) so the error's path ends in .topK; kind and
+        # experts are declared first, so info.data holds them unless they were invalid.
+        experts = info.data.get("experts")
+        if info.data.get("kind") == "moe" and experts is not None and top_k > experts:
+            # A custom error type keeps pydantic's "Value error, " prefix off the message.
+            raise PydanticCustomError("top_k_exceeds_experts",
+                                      "{top_k} exceeds experts ({experts})",
+                                      {"top_k": top_k, "experts": experts})
+        return top_k
 
 
 class ModelSpec(_Spec):
@@ -234,8 +262,43 @@ class MetricsSpec(_Spec):
     port: int = Field(default=9400, ge=1024, le=65535, description="Container port named metrics.")
 
 
+# Schedules that give every rank CHUNKS_PER_RANK model chunks, hence need that many layers.
+CHUNKED_STRATEGIES: tuple[str, ...] = ("i1f1b", "zb-v")
+CHUNKS_PER_RANK = 2
+
+
+def _job_cel_rules() -> list[dict[str, str]]:
+    """CEL for the rules of adaptis.api.rules that need only the spec, so the API server
+    refuses those manifests as the operator and ``adaptis run`` do. Nested objects get no
+    default from the API server when absent, so the models' defaults stand in for them."""
+    workers_default = ParallelismSpec.model_fields["workers"].default
+    steps_default = TrainingSpec.model_fields["steps"].default
+    workers = ("(has(self.parallelism) && has(self.parallelism.workers) "
+               f"? self.parallelism.workers : {workers_default})")
+    # blocks has maxItems 1024, which bounds the map's cost well within the per-rule limit.
+    layers = "(2 + self.model.blocks.map(b, has(b.count) ? b.count : 1).sum())"
+    steps = ("(has(self.training) && has(self.training.steps) "
+             f"? self.training.steps : {steps_default})")
+    chunked = ", ".join(f"'{name}'" for name in CHUNKED_STRATEGIES)
+    chunks = CHUNKS_PER_RANK
+    return [
+        {"rule": f"{workers} <= {layers}", "fieldPath": ".parallelism.workers",
+         "message": "workers must not exceed the model's layers (2 + the sum of block counts)"},
+        {"rule": "!has(self.planner) || !has(self.planner.strategy) || "
+                 f"!(self.planner.strategy in [{chunked}]) || {chunks} * {workers} <= {layers}",
+         "fieldPath": ".planner.strategy",
+         "message": f"{'/'.join(CHUNKED_STRATEGIES)} need {chunks} layers per worker"},
+        {"rule": "!has(self.checkpoint) || !has(self.checkpoint.everySteps) || "
+                 f"self.checkpoint.everySteps <= {steps}",
+         "fieldPath": ".checkpoint.everySteps",
+         "message": "everySteps must not exceed training.steps"},
+    ]
+
+
 class JobSpec(_Spec):
     """An AdaPtisJob: a model trained with a planned pipeline over a gang of worker pods."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _job_cel_rules()})
 
     model: ModelSpec = Field(description="The model to train.")
     training: TrainingSpec = Field(default=TrainingSpec(), description="The training run.")

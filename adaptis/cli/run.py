@@ -21,6 +21,7 @@ from typing import Any
 from adaptis.api.job import AdaPtisJob, WorkerConfig, load_job
 from adaptis.api.plan import STRATEGY_NAMES, Plan
 from adaptis.api.problem import TIME_UNIT_SECONDS, Problem, load_problem
+from adaptis.api.rules import check_job
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -98,6 +99,12 @@ def run(args: argparse.Namespace) -> int:
     strategy = args.strategy or spec.planner.strategy
     workdir = Path(args.workdir or Path(".adaptis") / job.metadata.name)
     ckpt_every = spec.checkpoint.every_steps if args.checkpoint_every is None else args.checkpoint_every
+    # The cluster's rules (adaptis.api.rules), on the spec as the flags change it, before any
+    # checkpoint is cleared, profile taken or rank started; a SpecError exits 2 naming the field.
+    check_job(name=job.metadata.name, spec=spec.model_copy(update={
+        "parallelism": spec.parallelism.model_copy(update={"workers": workers}),
+        "training": training, "planner": spec.planner.model_copy(update={"strategy": strategy}),
+        "checkpoint": spec.checkpoint.model_copy(update={"every_steps": ckpt_every})}))
     ckpt_dir = workdir / "checkpoints"
     if not args.resume:
         # Locally, running the command again means training again; the pods always resume.

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from adaptis.api.job import GROUP, KIND, PLURAL, SHORT_NAMES, VERSION, JobSpec, JobStatus
+from adaptis.api.rules import JOB_CEL_RULES
 
 __all__ = ["CRD_FILENAME", "crd_manifest", "crd_yaml", "structural_schema"]
 
@@ -146,6 +147,8 @@ def crd_manifest() -> dict[str, Any]:
             "status": status,
         },
         "required": ["spec"],
+        # Only the root may read metadata.name; the name rule is the api layer's.
+        "x-kubernetes-validations": [dict(r) for r in JOB_CEL_RULES],
     }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from adaptis.api.job import API_VERSION, KIND, JobSpec, WorkerConfig
+# The names live in the api layer, whose rules check that they fit DNS labels; re-exported.
+from adaptis.api.rules import config_map_name, pod_name, service_name
 from adaptis.operator.planning import PlanRecord
 
 __all__ = [
@@ -89,18 +91,6 @@ class ManifestSettings:
 
     image: str = "ghcr.io/adaptis/adaptis:0.1.0"
     image_pull_policy: str = "IfNotPresent"
-
-
-def config_map_name(job: str) -> str:
-    return f"{job}-config"
-
-
-def service_name(job: str) -> str:
-    return f"{job}-workers"
-
-
-def pod_name(job: str, rank: int) -> str:
-    return f"{job}-worker-{rank}"
 
 
 def plan_hash(record: PlanRecord) -> str:

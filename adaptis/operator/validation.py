@@ -1,16 +1,16 @@
 """Semantic validation: the rules of an AdaPtisJob that the CRD's schema cannot express.
 
 Sits at the start of every reconcile. The API server already enforces types, bounds, enums and
-the CEL rules of the CRD; what remains needs the whole object or the operator's own choices:
-the child names must fit DNS labels, a pipeline cannot have more ranks than layers, the baseline
-schedules need enough layers for their chunks, the operator's own environment, ports, volumes
-and GPU request must not be overridden. Each violation names its field
+the CEL rules of the CRD; the job-level rules every entry point shares (DNS-label child names,
+no more ranks than layers, two layers per rank for the two-chunk schedules, checkpoints within
+the run) come from :func:`adaptis.api.rules.job_violations`, the same function ``adaptis run``
+applies. Added here are only the operator's own choices: its environment, rendezvous port,
+volumes and GPU request must not be overridden. Each violation names its field
 (``spec.parallelism.workers: ...``) because it becomes a condition and an Event the user reads.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,21 +18,17 @@ from pydantic import ValidationError
 
 from adaptis.api.errors import from_validation_error
 from adaptis.api.job import JobSpec
+from adaptis.api.rules import Violation, format_violations, job_violations
 from adaptis.operator.errors import InvalidJob
 from adaptis.operator.manifests import (
     CONFIG_VOLUME,
     CHECKPOINT_VOLUME,
     DIST_PORT,
     RESERVED_ENV,
-    pod_name,
-    service_name,
 )
 from adaptis.operator.profiling import GPU_RESOURCE
 
 __all__ = ["validate_job"]
-
-_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_MAX_LABEL = 63
 
 
 def _parse_spec(raw: Mapping[str, Any]) -> JobSpec:
@@ -45,33 +41,9 @@ def _parse_spec(raw: Mapping[str, Any]) -> JobSpec:
         raise InvalidJob("\n".join(lines), fields=fields) from None
 
 
-def validate_job(*, name: str, spec_raw: Mapping[str, Any]) -> JobSpec:
-    """The parsed spec; raise :class:`InvalidJob` listing every violated rule with its field."""
-    spec = _parse_spec(spec_raw)
-    problems: list[tuple[str, str]] = []
-    workers = spec.parallelism.workers
-
-    if not _DNS_1035.match(name):
-        problems.append(("metadata.name", f"{name!r} must be a DNS-1035 label (a-z, 0-9, '-', "
-                         "starting with a letter): it names the headless Service"))
-    longest = max(pod_name(name, workers - 1), service_name(name), key=len)
-    if len(longest) > _MAX_LABEL:
-        problems.append(("metadata.name", f"{name!r} is too long: child name {longest!r} "
-                         f"exceeds {_MAX_LABEL} characters"))
-
-    layers = 2 + sum(b.count for b in spec.model.blocks)
-    if workers > layers:
-        problems.append(("spec.parallelism.workers", f"{workers} ranks but the model has only "
-                         f"{layers} layers (embedding, blocks, head); each rank needs one"))
-    chunks = {"i1f1b": 2, "zb-v": 2}.get(spec.planner.strategy)
-    if chunks and layers < chunks * workers:
-        problems.append(("spec.planner.strategy", f"{spec.planner.strategy} needs at least "
-                         f"{chunks} layers per rank ({chunks * workers}); the model has {layers}"))
-    for i, block in enumerate(spec.model.blocks):
-        if block.kind == "moe" and block.top_k > block.experts:
-            problems.append((f"spec.model.blocks[{i}].topK",
-                             f"{block.top_k} exceeds experts ({block.experts})"))
-
+def _operator_violations(spec: JobSpec) -> list[Violation]:
+    """What the operator sets on every worker pod and a spec must therefore leave alone."""
+    problems: list[Violation] = []
     for i, env in enumerate(spec.worker.env):
         if env.get("name") in RESERVED_ENV:
             problems.append((f"spec.worker.env[{i}].name",
@@ -96,11 +68,13 @@ def validate_job(*, name: str, spec_raw: Mapping[str, Any]) -> JobSpec:
         if mount.get("name") not in known:
             problems.append((f"spec.worker.volumeMounts[{i}].name",
                              f"{mount.get('name')!r} is not in spec.worker.volumes"))
-    if spec.checkpoint.every_steps > spec.training.steps:
-        problems.append(("spec.checkpoint.everySteps", f"{spec.checkpoint.every_steps} exceeds "
-                         f"spec.training.steps ({spec.training.steps}): no checkpoint would be "
-                         "written"))
+    return problems
+
+
+def validate_job(*, name: str, spec_raw: Mapping[str, Any]) -> JobSpec:
+    """The parsed spec; raise :class:`InvalidJob` listing every violated rule with its field."""
+    spec = _parse_spec(spec_raw)
+    problems = job_violations(name=name, spec=spec) + _operator_violations(spec)
     if problems:
-        raise InvalidJob("\n".join(f"{f}: {m}" for f, m in problems),
-                         fields=[f for f, _ in problems])
+        raise InvalidJob(format_violations(problems), fields=[f for f, _ in problems])
     return spec

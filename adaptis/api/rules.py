@@ -1,0 +1,136 @@
+"""The job-level rules of an AdaPtisJob: one place for the cluster and the local run.
+
+Sits in the api layer, on top of :mod:`adaptis.api.job`. The pydantic models reject what one
+object can judge alone (bounds, ``topK <= experts``, ``heads`` divides ``hidden``); the rules
+here need the whole spec and the job's name: the names of the children must be DNS labels, a
+pipeline cannot have more ranks than layers, the two-chunk schedules need two layers per rank,
+a periodic checkpoint must fall within the run. Every entry point applies them before anything
+starts: the operator's :func:`adaptis.operator.validation.validate_job` (which adds only its own
+checks: reserved env, volumes, ports, GPU request) and ``adaptis run``. Where CEL can say the
+same, :class:`~adaptis.api.job.JobSpec` carries it as an ``x-kubernetes-validations`` rule so
+the API server refuses the manifest too; :data:`JOB_CEL_RULES` holds the one CEL rule that needs
+``metadata.name`` and therefore sits at the CRD's root.
+
+The child names live here (not in the operator) because the length rule must know them; the
+operator's manifests import them, so the names checked are the names created.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from adaptis.api.errors import SpecError
+from adaptis.api.job import (
+    CHUNKED_STRATEGIES,
+    CHUNKS_PER_RANK,
+    JobSpec,
+    ModelSpec,
+    ParallelismSpec,
+)
+
+__all__ = [
+    "JOB_CEL_RULES",
+    "MAX_NAME_LENGTH",
+    "Violation",
+    "check_job",
+    "config_map_name",
+    "format_violations",
+    "job_violations",
+    "layer_count",
+    "pod_name",
+    "service_name",
+]
+
+# Kubernetes' DNS-1035 label: the Service (and the ranks' hostnames) are named after the job.
+_DNS_1035 = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+_DNS_1035_RE = re.compile(_DNS_1035)
+MAX_NAME_LENGTH = 63
+# The longest fixed suffix of a child: f"-worker-{rank}" vs "-workers" vs "-config".
+_WORKER_INFIX = "-worker-"
+
+Violation = tuple[str, str]  # (dotted field path, what is wrong and how to fix it)
+
+
+def config_map_name(job: str) -> str:
+    return f"{job}-config"
+
+
+def service_name(job: str) -> str:
+    return f"{job}-workers"
+
+
+def pod_name(job: str, rank: int) -> str:
+    return f"{job}{_WORKER_INFIX}{rank}"
+
+
+def layer_count(model: ModelSpec) -> int:
+    """Pipeline layers: embedding, every block, head."""
+    return 2 + sum(b.count for b in model.blocks)
+
+
+def _name_violations(name: str, *, workers: int) -> list[Violation]:
+    out: list[Violation] = []
+    if not _DNS_1035_RE.match(name):
+        out.append(("metadata.name", f"{name!r} must be a DNS-1035 label (a-z, 0-9, '-', "
+                    "starting with a letter): it names the headless Service"))
+    longest = max(pod_name(name, workers - 1), service_name(name), config_map_name(name),
+                  key=len)
+    if len(longest) > MAX_NAME_LENGTH:
+        out.append(("metadata.name", f"{name!r} is too long: child name {longest!r} exceeds "
+                    f"{MAX_NAME_LENGTH} characters; shorten the name by "
+                    f"{len(longest) - MAX_NAME_LENGTH}"))
+    return out
+
+
+def job_violations(*, name: str, spec: JobSpec) -> list[Violation]:
+    """Every job-level rule ``spec`` (named ``name``) breaks; empty when it follows them all."""
+    out = _name_violations(name, workers=spec.parallelism.workers)
+    workers = spec.parallelism.workers
+    layers = layer_count(spec.model)
+    if workers > layers:
+        out.append(("spec.parallelism.workers", f"{workers} exceeds the model's {layers} layers "
+                    f"(embedding, blocks, head): each rank needs one; use at most {layers}"))
+    chunks = CHUNKS_PER_RANK
+    if spec.planner.strategy in CHUNKED_STRATEGIES and layers < chunks * workers:
+        out.append(("spec.planner.strategy", f"{spec.planner.strategy} needs {chunks} layers per "
+                    f"rank ({chunks * workers} for {workers} workers); the model has {layers}: "
+                    "use fewer workers or another strategy"))
+    if spec.checkpoint.every_steps > spec.training.steps:
+        out.append(("spec.checkpoint.everySteps", f"{spec.checkpoint.every_steps} exceeds "
+                    f"spec.training.steps ({spec.training.steps}): no checkpoint would be "
+                    "written; use 0 (off) or at most the steps"))
+    return out
+
+
+def format_violations(violations: Sequence[Violation]) -> str:
+    """One line per violation: ``field: message``."""
+    return "\n".join(f"{field}: {message}" for field, message in violations)
+
+
+def check_job(*, name: str, spec: JobSpec) -> None:
+    """Raise :class:`SpecError` (one line per broken rule, naming its field) unless ``spec``
+    follows every job-level rule."""
+    violations = job_violations(name=name, spec=spec)
+    if violations:
+        raise SpecError(format_violations(violations), fields=[f for f, _ in violations])
+
+
+def _name_cel() -> dict[str, Any]:
+    # At the CRD's root CEL sees metadata.name; the longest child is the last rank's pod,
+    # whose index has as many digits as workers - 1 (the model's default when unset).
+    default = ParallelismSpec.model_fields["workers"].default
+    workers = ("(has(self.spec.parallelism) && has(self.spec.parallelism.workers) "
+               f"? self.spec.parallelism.workers : {default})")
+    digits = f"string({workers} - 1).size()"
+    return {
+        "rule": f"self.metadata.name.matches('{_DNS_1035}') && "
+                f"self.metadata.name.size() + {len(_WORKER_INFIX)} + {digits} "
+                f"<= {MAX_NAME_LENGTH}",
+        "message": f"metadata.name must be a DNS-1035 label and its worker pod names "
+                   f"(<name>-worker-<rank>) must fit {MAX_NAME_LENGTH} characters",
+    }
+
+
+JOB_CEL_RULES: tuple[dict[str, Any], ...] = (_name_cel(),)
