@@ -95,9 +95,11 @@ class WorkerMetrics:
         )
         self._f = f
         self._labels = {"adaptis_job": job, "rank": str(rank)}
-        for fam in (f.busy, f.idle, f.bubble, f.predicted_bubble, f.predicted_iteration, f.step_duration,
-                    f.tokens, f.samples, f.steps, f.loss, f.peak_memory, f.sent, f.received):
-            fam.labels(**self._labels)  # export zeros before the first step
+        # Totals start at zero before the first step (rate() needs that first sample); the
+        # gauges of the last step (bubble ratio, loss, peak memory) appear with the first step,
+        # since a 0 there would be a false observation on every dashboard.
+        for fam in (f.busy, f.idle, f.step_duration, f.tokens, f.samples, f.steps, f.sent, f.received):
+            fam.labels(**self._labels)
         self._server: WSGIServer | None = None
 
     def set_prediction(self, *, bubble_ratio: float | None, iteration_seconds: float | None) -> None:

@@ -106,12 +106,21 @@ def run_worker(config: WorkerConfig, *, env: RankEnv, emit: Emit, linger_s: floa
         done = _loop(config, env=env, executor=executor, metrics=metrics, emit=emit, port=port,
                      predicted=(pred_bubble, pred_iter))
         if linger_s > 0 and port is not None:
-            time.sleep(linger_s)
+            _linger(linger_s, rank=env.rank)
         return done
     finally:
         if metrics is not None:
             metrics.close()
         dist.destroy_process_group()
+
+
+def _linger(seconds: float, *, rank: int) -> None:
+    """Keep serving the final metrics; a stop meanwhile (SIGTERM, Ctrl-C) ends only the wait:
+    the training is complete, so the rank still exits as done."""
+    try:
+        time.sleep(seconds)
+    except KeyboardInterrupt:
+        log.info("rank %d stopped while lingering after its last step", rank)
 
 
 def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: WorkerMetrics,

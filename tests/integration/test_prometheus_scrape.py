@@ -48,7 +48,8 @@ UPDATE_DOCS = bool(os.environ.get("ADAPTIS_UPDATE_DOCS"))
 TRAINING = {"steps": 80 if UPDATE_DOCS else 16, "microbatches": 8, "microbatchSize": 1,
             "sequenceLength": 32}
 VOCAB = 4096
-LINGER_S = 8.0
+# The ranks serve their final metrics until the fixture stops them (SIGTERM).
+LINGER_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class Run:
     steps: int
     predicted_bubble_ratio: float
     started: float
-    at: float  # a moment when every rank had finished its last step and was still scraped
+    at: float  # every rank finished and still scraped; every rule evaluated since
     final: dict[int, dict[str, float]]  # rank -> sample name -> value, from the worker itself
 
 
@@ -96,6 +97,8 @@ def _render_pods() -> tuple[list[dict[str, Any]], dict[str, Any], float]:
                        "allocatable": {"cpu": "8", "memory": "32Gi"},
                        "conditions": [{"type": "Ready", "status": "True"}]}}
     record = plan_job(spec, [profile_node(node, topology_keys=DEFAULT_TOPOLOGY_KEYS)], name=JOB)
+    if UPDATE_DOCS:
+        record = _measured(record, spec=spec)
     ref = JobRef(name=JOB, namespace=NAMESPACE, uid="0000-test")
     config_map = render_config_map(ref, spec, record)
     pods = [render_pod(ref, spec, record, rank=r, attempt=0, settings=ManifestSettings())
@@ -103,8 +106,28 @@ def _render_pods() -> tuple[list[dict[str, Any]], dict[str, Any], float]:
     return pods, config_map, record.predicted_bubble_ratio
 
 
+def _measured(record: Any, *, spec: Any) -> Any:
+    """The same job planned from its layers timed on this machine (``adaptis profile``'s way),
+    for the picture in docs/: the operator's FLOP estimate has no per-operation overheads,
+    which dominate this tiny CPU model, so its prediction would sit far from the observation."""
+    from adaptis.api.problem import TIME_UNIT_SECONDS
+    from adaptis.planner.strategies import plan_strategy
+    from adaptis.worker.hardware import configure_host
+    from adaptis.worker.problem import measure_problem
+
+    configure_host(threads=1)  # as each rank runs
+    outcome = plan_strategy(measure_problem(spec, devices=len(record.nodes)), "adaptis")
+    assert outcome.plan is not None and outcome.result.feasible, outcome.result.reason
+    predicted = outcome.plan.predicted
+    assert predicted is not None
+    return record.model_copy(update={
+        "plan": outcome.plan, "predicted_bubble_ratio": outcome.result.bubble_ratio,
+        "predicted_iteration_seconds":
+            predicted.iteration_time * TIME_UNIT_SECONDS[predicted.time_unit]})
+
+
 def _start_rank(pod: dict[str, Any], config_map: dict[str, Any], *, workdir: Path,
-                master_port: int) -> Rank:
+                master_port: int, port: int) -> Rank:
     (container,) = pod["spec"]["containers"]
     rank = int(pod["metadata"]["labels"]["adaptis.io/rank"])
     # The pod's mounts, as files: the ConfigMap's worker.json and a checkpoint directory.
@@ -120,7 +143,6 @@ def _start_rank(pod: dict[str, Any], config_map: dict[str, Any], *, workdir: Pat
     assert command[:2] == ["adaptis", "worker"], command
     command[0] = str(Path(sys.executable).with_name("adaptis"))  # the venv's entry point
     env = {e["name"]: e["value"] for e in container["env"]}
-    port = promkit.free_port()
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port),
                ADAPTIS_METRICS_PORT=str(port))
     log_path = workdir / f"rank-{rank}.log"
@@ -129,6 +151,44 @@ def _start_rank(pod: dict[str, Any], config_map: dict[str, Any], *, workdir: Pat
         env={**os.environ, **env}, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
         text=True, cwd=workdir)
     return Rank(rank=rank, port=port, process=process, log_path=log_path)
+
+
+def _all_scraped(prom: promkit.PrometheusServer, ranks: list[Rank], *,
+                 steps: int) -> float | None:
+    """Prometheus' time once every rank's final step count is stored, and an earlier sample
+    taken while it trained; None before. A rank that exits ends the wait with its log."""
+    for r in ranks:
+        if r.process.poll() is not None:
+            raise AssertionError(f"rank {r.rank} exited with {r.process.returncode} before the "
+                                 f"test stopped it:\n{r.log_path.read_text()[-4000:]}")
+    now = prom.server_time()
+    series = f'adaptis_steps_total{{adaptis_job="{JOB}"}}'
+    final = prom.query(f"{series} >= {steps}", at=now)
+    # A sample from before the last step (the counters exist at 0 from the first scrape): the
+    # 5 minute rates then span part of the training, not two copies of the final values.
+    during = prom.query(f"min_over_time({series}[5m]) < {steps}", at=now)
+    if len(final) == len(ranks) and len(during) < len(ranks):
+        raise AssertionError(f"a rank finished its {steps} steps before Prometheus sampled it "
+                             "while training: rate() sees no increase; raise TRAINING['steps']")
+    return now if len(final) == len(during) == len(ranks) else None
+
+
+# Every recorded series the tests read, and how many series each must have.
+_RECORDED = {"adaptis:bubble_ratio:rate5m": "ranks", "adaptis:job_bubble_ratio:rate5m": 1,
+             "adaptis:job_steps:rate5m": 1}
+
+
+def _rules_evaluated_after(prom: promkit.PrometheusServer, t: float) -> float | None:
+    """Prometheus' time once every recording rule has been evaluated after ``t`` (so over the
+    final samples) for all its series; None before. Rule evaluations lag scrapes, more so on a
+    busy machine: this is the condition the recorded values are compared under."""
+    now = prom.server_time()
+    ranks = len(prom.query(f'adaptis_steps_total{{adaptis_job="{JOB}"}}', at=now))
+    for record, want in _RECORDED.items():
+        fresh = prom.query(f'timestamp({record}{{adaptis_job="{JOB}"}}) > {t}', at=now)
+        if len(fresh) != (ranks if want == "ranks" else want):
+            return None
+    return now
 
 
 def _scrape(port: int) -> dict[str, float]:
@@ -145,43 +205,43 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     pods, config_map, predicted = _render_pods()
     steps = TRAINING["steps"]
     master_port = promkit.free_port()
+    ports = [promkit.free_port() for _ in pods]
+    targets = [promkit.Target(port=port, labels={
+        "namespace": NAMESPACE, "pod": pod["metadata"]["name"], "adaptis_job": JOB,
+        "rank": pod["metadata"]["labels"]["adaptis.io/rank"]}) for pod, port in zip(pods, ports)]
+    config = promkit.write_config(workdir / "prometheus.yml", targets=targets,
+                                  rule_files=[chartkit.RULES_FILE])
     ranks: list[Rank] = []
     started = time.time()
-    try:
-        for pod in pods:
-            ranks.append(_start_rank(pod, config_map, workdir=workdir, master_port=master_port))
-        targets = [promkit.Target(port=r.port, labels={
-            "namespace": NAMESPACE, "pod": pods[r.rank]["metadata"]["name"],
-            "adaptis_job": JOB, "rank": str(r.rank)}) for r in ranks]
-        config = promkit.write_config(workdir / "prometheus.yml", targets=targets,
-                                      rule_files=[chartkit.RULES_FILE])
-        with promkit.PrometheusServer(config, workdir=workdir) as prom:
-
-            def finished() -> float | None:
-                for r in ranks:
-                    if r.process.poll() not in (None, 0):
-                        raise AssertionError(f"rank {r.rank} failed:\n"
-                                             f"{r.log_path.read_text()[-4000:]}")
-                got = prom.query(f'min(adaptis_steps_total{{adaptis_job="{JOB}"}})')
-                # rate() needs two samples of a series: a short run may be scraped once only.
-                sampled = prom.query(f'count_over_time(adaptis_busy_seconds_total{{adaptis_job="{JOB}"}}[5m]) >= 2')
-                done = got and float(got[0]["value"][1]) >= steps and len(prom.query(
-                    f'adaptis_steps_total{{adaptis_job="{JOB}"}}')) == len(ranks) and len(sampled) == len(ranks)
-                return prom.server_time() if done else None
-
-            at = chartkit.poll_until(finished, timeout=240, interval=0.5,
-                                     what="every rank's last step to be scraped")
+    # Prometheus first, already scraping the ranks' (still closed) ports: a short run is then
+    # sampled while it trains, which rate() needs (two samples that differ), on any machine.
+    with promkit.PrometheusServer(config, workdir=workdir) as prom:
+        chartkit.poll_until(lambda: len(prom.query(f'up{{adaptis_job="{JOB}"}}')) == len(pods),
+                            timeout=60, what="prometheus to try every rank's port once")
+        try:
+            for pod, port in zip(pods, ports):
+                ranks.append(_start_rank(pod, config_map, workdir=workdir,
+                                         master_port=master_port, port=port))
+            done_at = chartkit.poll_until(lambda: _all_scraped(prom, ranks, steps=steps),
+                                          timeout=240, what="every rank's last step to be "
+                                          "scraped, after a sample taken while it trained")
+            at = chartkit.poll_until(lambda: _rules_evaluated_after(prom, done_at), timeout=120,
+                                     what="the recording rules to be evaluated after the last "
+                                          "step was scraped")
             final = {r.rank: _scrape(r.port) for r in ranks}
-            time.sleep(3.0)  # let the 1 s rule evaluations pass `at`
             yield Run(prom=prom, ranks=tuple(ranks), steps=steps,
                       predicted_bubble_ratio=predicted, started=started, at=at, final=final)
+            # The ranks linger (still scraped: `up` holds at `at`) until told to stop; a stop
+            # while lingering is a clean exit, the training being complete.
             for r in ranks:
-                assert r.process.wait(timeout=LINGER_S + 30) == 0, r.log_path.read_text()[-3000:]
-    finally:
-        for r in ranks:
-            if r.process.poll() is None:
                 r.process.terminate()
-                r.process.wait(timeout=15)
+            for r in ranks:
+                assert r.process.wait(timeout=60) == 0, r.log_path.read_text()[-3000:]
+        finally:
+            for r in ranks:
+                if r.process.poll() is None:
+                    r.process.kill()
+                    r.process.wait(timeout=15)
 
 
 def _by_rank(result: list[dict[str, Any]]) -> dict[int, float]:

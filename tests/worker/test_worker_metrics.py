@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from worker_harness import small_config
 
 from adaptis.worker.launcher import LocalLauncher
-from adaptis.worker.metrics import METRIC_NAMES
+from adaptis.worker.metrics import METRIC_NAMES, WorkerMetrics
 
 STEPS = 3
 
@@ -116,3 +116,11 @@ def test_promtool_accepts_the_exposition(rank: int, scraped) -> None:
     result = subprocess.run([_promtool(), "check", "metrics"], input=texts[rank], capture_output=True,
                             text=True, timeout=30)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_last_step_gauges_appear_with_the_first_step() -> None:
+    # A loss, bubble ratio or peak memory of 0 before any step would be plotted as observed.
+    metrics = WorkerMetrics(job="early", rank=0)
+    before = {s.name for fam in metrics.registry.collect() for s in fam.samples}
+    assert "adaptis_steps_total" in before and "adaptis_busy_seconds_total" in before
+    assert not before & {"adaptis_loss", "adaptis_bubble_ratio", "adaptis_peak_memory_bytes"}
