@@ -14,7 +14,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -139,20 +138,23 @@ def test_invalid_manifest_is_rejected_by_the_api_server(
 
 
 def test_semantically_invalid_job_fails_with_condition_and_event(operator: Operator) -> None:
-    operator.cp.apply(_job("too-many-ranks", parallelism={"workers": 12}))
-    operator.wait("phase Failed", operator.phase_is("too-many-ranks", "Failed"))
-    failed = operator.condition("too-many-ranks", "Failed")
+    # An operator-only rule (the rendezvous port): the job-level rules that CEL can express
+    # (workers > layers, ...) the API server refuses before the operator sees them
+    # (tests/integration/test_crd_rules.py).
+    operator.cp.apply(_job("port-clash", metrics={"port": 29500}))
+    operator.wait("phase Failed", operator.phase_is("port-clash", "Failed"))
+    failed = operator.condition("port-clash", "Failed")
     assert failed is not None and failed["reason"] == "InvalidSpec"
-    assert failed["message"].startswith("spec.parallelism.workers:")
+    assert failed["message"].startswith("spec.metrics.port:")
 
     def event() -> list[dict[str, Any]]:
         items = operator.cp.get_json(
-            "events", "-n", NS, "--field-selector", "involvedObject.name=too-many-ranks")["items"]
+            "events", "-n", NS, "--field-selector", "involvedObject.name=port-clash")["items"]
         return [e for e in items if e["reason"] == "InvalidSpec" and e["type"] == "Warning"]
 
     (ev,) = operator.wait("an InvalidSpec event", event)
-    assert "spec.parallelism.workers" in ev["message"]
-    assert operator.pods("too-many-ranks") == []
+    assert "spec.metrics.port" in ev["message"]
+    assert operator.pods("port-clash") == []
 
 
 def test_job_is_planned_bound_as_planned_and_succeeds(operator: Operator) -> None:
@@ -284,7 +286,16 @@ def test_operator_restart_keeps_the_same_pods(operator: Operator) -> None:
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in operator.pods(name)}
     operator.stop()
     operator.start()  # resumes: lists every job and reconciles it again
-    time.sleep(5)  # longer than a resync period of the new operator
+    jobs = len(operator.cp.get_json("adaptisjobs", "-A")["items"])
+
+    def passed_twice() -> bool:
+        # The new process's own counters: it has left a job Running, and made two passes per
+        # job (the first on start, then a resync), any of which could have replaced a pod.
+        seen = operator.scrape()
+        return (seen.get('adaptis_operator_jobs{phase="Running"}', 0) >= 1
+                and seen.get('adaptis_operator_reconciles_total{result="ok"}', 0) >= 2 * jobs)
+
+    operator.wait("the restarted operator to pass every job twice", passed_twice, timeout=90)
     operator.wait("phase Running", operator.phase_is(name, "Running"))
     after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in operator.pods(name)}
     assert after == before
