@@ -1,4 +1,4 @@
-"""The paper's workloads (shared/method.md) as planning problems.
+"""The AdaPtis paper's workloads as planning problems.
 
 Costs are the paper's ratios to the base layer's forward time at 4K sequence (base = 1 ms,
 about what a 1.5K-hidden layer takes on an H100-class GPU at 4K tokens). Other sequence lengths

@@ -46,10 +46,16 @@ class Predicted(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    iteration_time: float = Field(ge=0)
-    bubble_ratio: float = Field(ge=0, le=1)
-    time_unit: Literal["s", "ms", "us"] = "ms"
-    peak_memory_bytes: list[float] = Field(default_factory=list)
+    iteration_time: float = Field(
+        ge=0, description="Predicted time of one iteration, in time_unit."
+    )
+    bubble_ratio: float = Field(ge=0, le=1, description="Predicted idle fraction of device time.")
+    time_unit: Literal["s", "ms", "us"] = Field(
+        default="ms", description="Unit of iteration_time (the problem's time_unit)."
+    )
+    peak_memory_bytes: list[float] = Field(
+        default_factory=list, description="peak_memory_bytes[d]: simulated peak of device d."
+    )
 
 
 class Plan(BaseModel):
@@ -65,9 +71,13 @@ class Plan(BaseModel):
     )
     actions: list[list[Action]] = Field(description="actions[d]: device d's work, in order.")
     # Optional extensions (the contract allows new optional keys).
-    strategy: str | None = None
-    microbatches: int | None = Field(default=None, ge=1)
-    predicted: Predicted | None = None
+    strategy: str | None = Field(default=None, description="The strategy that made the plan.")
+    microbatches: int | None = Field(
+        default=None, ge=1, description="Microbatches per iteration the plan schedules."
+    )
+    predicted: Predicted | None = Field(
+        default=None, description="What the performance model predicts for this plan."
+    )
 
     # --- derived views --------------------------------------------------------------------
     @property
@@ -155,14 +165,24 @@ class StrategyResult(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    feasible: bool
-    reason: str | None = None
-    iteration_time: float | None = None
-    bubble_ratio: float | None = None
-    peak_memory_bytes: list[float] | None = None
-    stages: int | None = None
-    placement: list[list[int]] | None = None
-    search_seconds: float | None = None
+    feasible: bool = Field(description="false: the strategy cannot run this problem (see reason).")
+    reason: str | None = Field(default=None, description="Why the strategy is infeasible.")
+    iteration_time: float | None = Field(
+        default=None, description="Predicted time of one iteration, in time_unit."
+    )
+    bubble_ratio: float | None = Field(
+        default=None, description="Predicted idle fraction of device time."
+    )
+    peak_memory_bytes: list[float] | None = Field(
+        default=None, description="peak_memory_bytes[d]: simulated peak of device d."
+    )
+    stages: int | None = Field(default=None, description="Number of pipeline stages.")
+    placement: list[list[int]] | None = Field(
+        default=None, description="placement[d]: the stage indices on device d."
+    )
+    search_seconds: float | None = Field(
+        default=None, description="Wall time the strategy took to plan, in seconds."
+    )
 
 
 class Comparison(BaseModel):
@@ -170,10 +190,16 @@ class Comparison(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str | None = None
-    time_unit: str
-    lower_bound: float
-    strategies: dict[str, StrategyResult]
+    name: str | None = Field(default=None, description="The problem's name.")
+    time_unit: str = Field(description="Unit of every time in the document (the problem's).")
+    lower_bound: float = Field(
+        description="An iteration time no plan can beat, in time_unit: the largest of all "
+        "work spread over all devices, the heaviest layer's work on the fastest device, and "
+        "critical paths of one microbatch (adaptis.planner.strategies.lower_bound)."
+    )
+    strategies: dict[str, StrategyResult] = Field(
+        description="Result of each strategy run, by name, in the order they ran."
+    )
 
     def payload(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)

@@ -1,10 +1,11 @@
-"""The planning problem: the input contract of ``adaptis plan`` (see shared/planning-problem.md).
+"""The planning problem: the input contract of ``adaptis plan`` (reference: docs/problem.md).
 
 A problem is a model (layers in pipeline order, each with profiled F/B/W times and bytes), a
 number of microbatches, a set of devices (identical, or a heterogeneous list) and the network
 between them. These models only parse and check; costs are derived in ``adaptis.planner``.
 
-Extend this contract with new optional keys only; never break it.
+Extend this contract with new optional keys only; never break it. The field descriptions
+below are the user-facing reference: ``adaptis docs`` renders them into docs/problem.md.
 """
 
 from __future__ import annotations
@@ -63,12 +64,17 @@ class Layer(_Strict):
         default=None,
         description="Free-form kind; `embedding` and `head` are placed specially by the baselines.",
     )
-    forward: float = Field(gt=0, description="F: forward time of one microbatch.")
-    backward: NonNeg = Field(default=0.0, description="B: input-gradient time of one microbatch.")
-    weight: NonNeg = Field(default=0.0, description="W: weight-gradient time of one microbatch.")
+    forward: float = Field(gt=0, description="F: forward time of one microbatch, in time_unit.")
+    backward: NonNeg = Field(
+        default=0.0, description="B: input-gradient time of one microbatch, in time_unit."
+    )
+    weight: NonNeg = Field(
+        default=0.0, description="W: weight-gradient time of one microbatch, in time_unit."
+    )
     backward_fused: NonNeg | None = Field(
         default=None,
-        description="Time of the fused backward (B and W in one pass, a BW action); default "
+        description="Time of the fused backward (B and W in one pass, a BW action), in "
+        "time_unit; default "
         "backward + weight. torch's split passes cost more than its fused one, so a profile "
         "gives both. Optional extension of the contract.",
     )
@@ -80,7 +86,8 @@ class Layer(_Strict):
     )
     graph_walk: NonNeg | None = Field(
         default=None,
-        description="Time one such walk spends in this layer's autograd graph. A split W of a "
+        description="Time one such walk spends in this layer's autograd graph, in time_unit. "
+        "A split W of a "
         "stage costs its layers' weight plus, for each layer, weight_groups times the graph_walk "
         "of the layers before it in the stage: quadratic in the stage's depth. `adaptis profile` "
         "counts and measures both. Optional extension of the contract, default 0.",
@@ -100,7 +107,9 @@ class RepeatBlock(_Strict):
     """``repeat: n`` copies of ``layers`` in place; names get the copy index as a suffix."""
 
     repeat: int = Field(ge=1, description="How many times the block repeats (at least 1).")
-    layers: list[LayerEntry] = Field(min_length=1)
+    layers: list[LayerEntry] = Field(
+        min_length=1, description="The layers (or nested repeat blocks) to copy, in order."
+    )
 
 
 def _layer_tag(value: Any) -> str:
@@ -119,23 +128,39 @@ RepeatBlock.model_rebuild()
 class IdenticalDevices(_Strict):
     """``count`` identical devices, ``per_node`` of them in each node."""
 
-    count: int = Field(ge=1)
-    per_node: int = Field(default=8, ge=1)
-    memory_bytes: float | None = Field(default=None, gt=0, description="None: unbounded.")
-    speed: float = Field(default=1.0, gt=0)
+    count: int = Field(ge=1, description="Number of devices.")
+    per_node: int = Field(
+        default=8, ge=1, description="Devices per node; device i sits on node i // per_node."
+    )
+    memory_bytes: float | None = Field(
+        default=None, gt=0, description="Memory of each device in bytes; null: unbounded."
+    )
+    speed: float = Field(
+        default=1.0, gt=0, description="Relative speed: a layer takes its time / speed."
+    )
 
 
 class DeviceSpec(_Strict):
     """One device of a heterogeneous cluster."""
 
-    name: str | None = None
+    name: str | None = Field(
+        default=None, description="Device name; default device0, device1, ... by index."
+    )
     node: str = Field(description="Devices with the same node share the intra-node link.")
-    speed: float = Field(default=1.0, gt=0)
-    memory_bytes: float | None = Field(default=None, gt=0)
+    speed: float = Field(
+        default=1.0, gt=0, description="Relative speed: a layer takes its time / speed."
+    )
+    memory_bytes: float | None = Field(
+        default=None, gt=0, description="Memory of the device in bytes; null: unbounded."
+    )
 
 
 class DeviceList(_Strict):
-    list: Annotated[list[DeviceSpec], Field(min_length=1)]
+    """A heterogeneous cluster: every device listed with its node, speed and memory."""
+
+    list: Annotated[
+        list[DeviceSpec], Field(min_length=1, description="The devices, in device-index order.")
+    ]
 
 
 def _devices_tag(value: Any) -> str:
@@ -151,26 +176,41 @@ Devices = Annotated[
 
 
 class Link(_Strict):
-    bandwidth_bytes_per_s: float = Field(gt=0)
-    latency_s: NonNeg = 0.0
+    """One kind of link: a transfer of n bytes costs latency_s + n / bandwidth_bytes_per_s."""
+
+    bandwidth_bytes_per_s: float = Field(gt=0, description="Bandwidth in bytes per second.")
+    latency_s: NonNeg = Field(default=0.0, description="Latency of one transfer in seconds.")
 
 
 class Network(_Strict):
     """Links between devices. A missing link is free (zero cost)."""
 
-    intra_node: Link | None = None
-    inter_node: Link | None = None
+    intra_node: Link | None = Field(
+        default=None, description="Between devices of the same node; null: free."
+    )
+    inter_node: Link | None = Field(
+        default=None, description="Between devices of different nodes; null: free."
+    )
 
 
 class Problem(_Strict):
     """A planning problem, parsed and checked. Use :meth:`expanded_layers` for the flat model."""
 
-    name: str | None = None
-    time_unit: Literal["s", "ms", "us"] = "ms"
-    microbatches: int = Field(ge=1)
-    layers: list[LayerEntry] = Field(min_length=1)
-    devices: Devices
-    network: Network = Network()
+    name: str | None = Field(default=None, description="Optional name, echoed in the output.")
+    time_unit: Literal["s", "ms", "us"] = Field(
+        default="ms", description="Unit of every layer time, and of the planner's output times."
+    )
+    microbatches: int = Field(ge=1, description="Microbatches per iteration.")
+    layers: list[LayerEntry] = Field(
+        min_length=1,
+        description="The model in pipeline order: layers and repeat blocks (expanded in place).",
+    )
+    devices: Devices = Field(
+        description="Identical devices (count, per_node, ...) or a heterogeneous list."
+    )
+    network: Network = Field(
+        default=Network(), description="Links between devices; default: free communication."
+    )
     action_overhead_s: NonNeg = Field(
         default=0.0,
         description="Fixed runtime cost of every F/B/W action in seconds (launches, bookkeeping); "

@@ -22,6 +22,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "worker": ("adaptis.cli.worker", "run one pipeline rank (the worker pods' entry point)"),
     "profile": ("adaptis.cli.profile", "profile layers or hardware into a planning problem"),
     "crd": ("adaptis.cli.crd", "print the AdaPtisJob CustomResourceDefinition"),
+    "docs": ("adaptis.cli.docs", "write the problem and AdaPtisJob references (docs/)"),
     "operator": ("adaptis.cli.operator", "run the operator (kopf) against the current cluster"),
 }
 

@@ -2,7 +2,7 @@
 
 Sits in the planner layer next to the joint search: ``adaptis plan --compare`` scores every
 entry of :data:`BASELINES` with :mod:`adaptis.planner.simulator`. Each is the strategy of the
-contract's table (shared/planning-problem.md), written as its authors run it, because a weak
+strategy table (docs/problem.md), written as its authors run it, because a weak
 yardstick would make our speedup a lie:
 
 - ``gpipe``: Megatron partition, one stage per device, all F then all (fused) backward;

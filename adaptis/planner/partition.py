@@ -1,7 +1,7 @@
 """Partitions: how the baselines cut the layer sequence into contiguous stages.
 
 Sits in the planner layer under :mod:`adaptis.planner.baselines` (and is free for the joint
-search to start from). Two rules, both from shared/planning-problem.md:
+search to start from). Two rules, both from the strategy table of docs/problem.md:
 
 - :func:`megatron_partition`: Megatron-LM's default, by layer *count*: the body layers (all but
   a leading run of ``embedding`` layers and a trailing run of ``head`` layers) split evenly,

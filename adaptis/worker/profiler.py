@@ -2,7 +2,7 @@
 
 Sits in the worker layer between the model zoo (:mod:`adaptis.worker.models`, whose modules it
 times, so what is profiled is what is trained) and the planner's input contract
-(:class:`adaptis.api.problem.Problem`, shared/planning-problem.md); ``adaptis profile`` is its
+(:class:`adaptis.api.problem.Problem`, docs/problem.md); ``adaptis profile`` is its
 CLI face; :mod:`adaptis.worker.problem`'s ``measure_problem`` (what ``adaptis run`` uses)
 calls it with few repeats, next to its FLOP-count estimate.
 
