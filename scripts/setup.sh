@@ -2,8 +2,11 @@
 # Set up everything AdaPtis needs on a fresh machine, idempotently:
 #   - a Python virtual environment shared by every clone (torch is several GB: install once),
 #     at $ADAPTIS_VENV (default ~/.cache/adaptis/venv), with this checkout installed editable;
-#   - with --test: the real Kubernetes control plane binaries and Prometheus (hack/).
-# Prints the venv's bin directory on its last line.
+#   - with --test: the real Kubernetes control plane binaries and Prometheus (hack/);
+#   - the `adaptis` command linked into ~/.local/bin (scripts/link-cli.sh), with a hint when
+#     that directory is not on PATH.
+# Prints the venv's bin directory on its last line (the only line on stdout; messages go to
+# stderr).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${ADAPTIS_VENV:-$HOME/.cache/adaptis/venv}
@@ -28,4 +31,5 @@ fi
 if [ "${1:-}" = "--test" ]; then
   bash hack/build-control-plane.sh >&2
 fi
+bash scripts/link-cli.sh "$VENV/bin" >&2
 echo "$VENV/bin"
