@@ -5,7 +5,9 @@ file with ``--problem``, else a quick profile of this machine, or the analytic e
 plans with the job's strategy, launches one local process per worker, shows progress (step,
 loss, tokens/s, measured vs predicted bubble ratio) and a final summary (``--json``: the
 summary as one JSON document, nothing else on stdout). Ctrl-C stops every rank; a crashed
-rank stops the others and the error names it.
+rank stops the others and the error names it. Checkpoints are never lost silently: a rerun
+resumes from ``<workdir>/checkpoints`` when they fit the job (same model spec), refuses those
+that do not, and only ``--fresh`` deletes them (``--resume``: fail when there is nothing).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adaptis.api.job import AdaPtisJob, WorkerConfig, load_job
+from adaptis.api.job import AdaPtisJob, ModelSpec, WorkerConfig, load_job
 from adaptis.api.plan import STRATEGY_NAMES, Plan
 from adaptis.api.problem import TIME_UNIT_SECONDS, Problem, load_problem
 from adaptis.api.rules import check_job
@@ -37,8 +39,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="how to get layer costs without --problem (default: spec.planner.profile)")
     p.add_argument("--workdir", help="logs, worker.json and checkpoints (default .adaptis/<job>)")
     p.add_argument("--checkpoint-every", type=int, help="override spec.checkpoint.everySteps")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from this job's last complete checkpoint (default: start fresh)")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="insist on resuming: fail if the workdir has no checkpoint of this job "
+                            "(without either flag a run resumes when it can, else starts fresh)")
+    again.add_argument("--fresh", action="store_true",
+                       help="delete the workdir's checkpoints and start over (the only thing that "
+                            "deletes them)")
     p.add_argument("--metrics-port", type=int,
                    help="first rank's metrics port (rank r: +r); default: spec.metrics.port, 0: off")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
@@ -86,7 +93,6 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from adaptis.cli import CLIError
-    from adaptis.worker.checkpoint import clear_checkpoints
     from adaptis.worker.errors import RankFailedError
     from adaptis.worker.launcher import LocalLauncher
 
@@ -106,9 +112,9 @@ def run(args: argparse.Namespace) -> int:
         "training": training, "planner": spec.planner.model_copy(update={"strategy": strategy}),
         "checkpoint": spec.checkpoint.model_copy(update={"every_steps": ckpt_every})}))
     ckpt_dir = workdir / "checkpoints"
-    if not args.resume:
-        # Locally, running the command again means training again; the pods always resume.
-        clear_checkpoints(ckpt_dir)
+    resume_from = _checkpoints(args, ckpt_dir, model=spec.model, workers=workers)
+    if resume_from is not None:
+        _say(args, f"resuming from the checkpoint of step {resume_from} in {ckpt_dir} (--fresh to start over)")
 
     t0 = time.perf_counter()
     problem = _problem(args, job, workers=workers)
@@ -120,10 +126,11 @@ def run(args: argparse.Namespace) -> int:
                f"{plan.placement}; predicted iteration {_fmt(pred_iter, 's')}, bubble {_pct(pred_bubble)} "
                f"({time.perf_counter() - t0:.1f} s to profile and plan)")
     port = spec.metrics.port if args.metrics_port is None else args.metrics_port
+    # The directory goes to the ranks even when this run saves none: they resume from it.
     config = WorkerConfig(
         job_name=job.metadata.name, model=spec.model, training=training,
         plan=plan.model_dump(mode="json", exclude_none=True),
-        metrics_port=None if port == 0 else port, checkpoint_dir=str(ckpt_dir.resolve()) if ckpt_every else None,
+        metrics_port=None if port == 0 else port, checkpoint_dir=str(ckpt_dir.resolve()),
         checkpoint_every=ckpt_every,
     )
     steps: list[dict[str, Any]] = []
@@ -132,10 +139,9 @@ def run(args: argparse.Namespace) -> int:
     def on_event(event: dict[str, Any]) -> None:
         if event["event"] == "start":
             starts[event["rank"]] = event
-            if event["rank"] == 0 and event["resumed_step"]:
-                done = " (already complete: drop --resume to train again)" \
-                    if event["resumed_step"] >= training.steps else ""
-                _say(args, f"resumed from the checkpoint of step {event['resumed_step']}{done}")
+            if event["rank"] == 0 and event["resumed_step"] >= training.steps:
+                _say(args, f"the checkpoint of step {event['resumed_step']} already completes the "
+                           f"{training.steps} steps: raise --steps to train on, or --fresh to train again")
         elif event["event"] == "step" and event["rank"] == 0:
             steps.append(event)
             _say(args, f"step {event['step']:>4}/{training.steps}  loss {event['loss']:.4f}  "
@@ -156,12 +162,43 @@ def run(args: argparse.Namespace) -> int:
         return 130
     summary = _summary(job.metadata.name, strategy=strategy, plan=plan, workers=workers, steps=steps,
                        pred=(pred_bubble, pred_iter), seconds=time.perf_counter() - started,
-                       workdir=workdir, ports=[starts[r].get("metrics_port") for r in sorted(starts)])
+                       workdir=workdir, ports=[starts[r].get("metrics_port") for r in sorted(starts)],
+                       checkpoints=(ckpt_dir, ckpt_every, starts[0]["resumed_step"] if 0 in starts else 0))
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         _print_summary(summary)
     return 0
+
+
+def _checkpoints(args: argparse.Namespace, ckpt_dir: Path, *, model: ModelSpec, workers: int) -> int | None:
+    """Fresh or resumed, decided before anything runs; the step to resume from (None: fresh).
+
+    Rerunning after Ctrl-C must not lose the training: a run resumes by default when the
+    checkpoints fit this job (same model spec, a file of every rank; see scan_checkpoints),
+    refuses rather than deletes those that do not, and only ``--fresh`` deletes (and says so).
+    """
+    from adaptis.cli import CLIError
+    from adaptis.worker.checkpoint import clear_checkpoints, scan_checkpoints
+
+    if args.fresh:
+        gone = clear_checkpoints(ckpt_dir)
+        what = (f"removed {gone.files} checkpoint files (steps {_steps(gone.steps)}) from {ckpt_dir}"
+                if gone.files else f"no checkpoints in {ckpt_dir} to remove")
+        print(f"adaptis run: --fresh: {what}; starting fresh", file=sys.stderr, flush=True)
+        return None
+    scan = scan_checkpoints(ckpt_dir, model=model, workers=workers)
+    if scan.incompatible:
+        raise CLIError(f"{ckpt_dir} holds checkpoints (steps {_steps(scan.steps)}) this job cannot resume: "
+                       f"{scan.incompatible}. Nothing was deleted: run with --fresh to delete them and "
+                       f"start over, or choose another --workdir")
+    if scan.resume_step is None and args.resume:
+        raise CLIError(f"--resume: no checkpoint in {ckpt_dir}; run without --resume to start fresh")
+    return scan.resume_step
+
+
+def _steps(steps: tuple[int, ...]) -> str:
+    return ", ".join(map(str, steps)) if len(steps) <= 4 else f"{steps[0]}-{steps[-1]}"
 
 
 def _device(gpus_per_worker: int, *, workers: int) -> str:
@@ -175,7 +212,7 @@ def _device(gpus_per_worker: int, *, workers: int) -> str:
 
 def _summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[dict[str, Any]],
              pred: tuple[float | None, float | None], seconds: float, workdir: Path,
-             ports: list[Any]) -> dict[str, Any]:
+             ports: list[Any], checkpoints: tuple[Path, int, int]) -> dict[str, Any]:
     steady = steps[1:] or steps  # the first step pays one-off costs (allocator, threads)
     return {
         "job": name, "strategy": strategy, "workers": workers,
@@ -191,6 +228,9 @@ def _summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[
         "train_seconds": seconds,
         "metrics_ports": ports,
         "workdir": str(workdir),
+        "checkpoint_dir": str(checkpoints[0]),
+        "checkpoint_every": checkpoints[1],
+        "resumed_from_step": checkpoints[2] or None,  # None: started fresh
     }
 
 
@@ -203,6 +243,9 @@ def _print_summary(s: dict[str, Any]) -> None:
     print(f"  iteration       measured {_fmt(s['measured_iteration_seconds'], 's')}, "
           f"predicted {_fmt(s['predicted_iteration_seconds'], 's')}")
     print(f"  logs            {s['workdir']}/rank-*.log")
+    every = f"every {s['checkpoint_every']} steps" if s["checkpoint_every"] else "none saved (--checkpoint-every 0)"
+    began = "started fresh" if s["resumed_from_step"] is None else f"resumed from step {s['resumed_from_step']}"
+    print(f"  checkpoints     {s['checkpoint_dir']} ({every}); {began}")
 
 
 def _pct(x: float | None) -> str:

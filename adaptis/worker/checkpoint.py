@@ -8,6 +8,12 @@ on every rank (agreed with one all-gather, so it works whether the ranks share t
 as a PVC does, or each sees only its own). When the plan changed since (a replan after a
 restart), weights are still restored by layer name from whichever rank files are visible, and
 the optimizer starts fresh.
+
+Each file also records the model spec it was taken of: weights restore by layer name, so a
+checkpoint is *compatible* with a job when its model spec is the same (whatever the plan) and
+the newest step has a file of every one of the job's ranks. :func:`scan_checkpoints` answers
+that before a local run starts (no process group), so ``adaptis run`` can resume by default
+and refuse, rather than delete, what it cannot resume.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from adaptis.api.job import ModelSpec
 from adaptis.api.plan import Plan
 from adaptis.worker.errors import CheckpointError
 from adaptis.worker.executor import Executor
 
-__all__ = ["Resumed", "clear_checkpoints", "latest_common_step", "load_checkpoint", "plan_fingerprint", "save_checkpoint"]
+__all__ = ["Resumed", "Scan", "clear_checkpoints", "latest_common_step", "load_checkpoint", "plan_fingerprint",
+           "save_checkpoint", "scan_checkpoints"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +71,7 @@ def save_checkpoint(directory: str | Path, *, executor: Executor, step: int, pos
     state: dict[str, Any] = {
         "step": step, "position": position, "tokens": tokens, "samples": samples,
         "fingerprint": plan_fingerprint(executor.plan), "world_size": executor.world_size,
+        "model_spec": _model_doc(executor.config.model),
         "model": {k: p.detach().cpu() for k, p in executor.named_parameters().items()},
         "optimizer": executor.optimizer.state_dict(),
     }
@@ -110,6 +119,10 @@ def load_checkpoint(directory: str | Path, *, executor: Executor, step: int) -> 
     """Restore this rank from the checkpoint of ``step`` (see :func:`latest_common_step`)."""
     root = Path(directory)
     own = torch.load(_rank_file(root, step=step, rank=executor.rank), weights_only=False)
+    recorded = own.get("model_spec")
+    if recorded is not None and recorded != _model_doc(executor.config.model):
+        raise CheckpointError(f"checkpoint of step {step} in {root} is of another model "
+                              f"({_model_difference(recorded, executor.config.model)})")
     params = executor.named_parameters()
     exact = own["fingerprint"] == plan_fingerprint(executor.plan)
     weights: dict[str, torch.Tensor] = dict(own["model"])
@@ -131,6 +144,77 @@ def load_checkpoint(directory: str | Path, *, executor: Executor, step: int) -> 
                    samples=int(own["samples"]), exact=exact)
 
 
-def clear_checkpoints(directory: str | Path) -> None:
-    """Remove every checkpoint under ``directory`` (a fresh run)."""
-    shutil.rmtree(directory, ignore_errors=True)
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """What a checkpoint directory holds for a job about to run (before any rank starts)."""
+
+    directory: Path
+    files: int  # rank files over every step
+    steps: tuple[int, ...]  # steps with at least one rank file, oldest first
+    resume_step: int | None  # the step the ranks will resume from; None: nothing compatible
+    incompatible: str | None  # why files exist yet cannot be resumed (None: they can, or none)
+
+
+def _model_doc(model: ModelSpec) -> dict[str, Any]:
+    return model.model_dump(mode="json", by_alias=True)
+
+
+def _model_difference(recorded: dict[str, Any], model: ModelSpec) -> str:
+    now = _model_doc(model)
+    diffs = [f"model.{k}: {recorded.get(k)!r} there, {now.get(k)!r} in this job"
+             for k in sorted(set(recorded) | set(now)) if recorded.get(k) != now.get(k)]
+    return "; ".join(diffs) or "model spec differs"
+
+
+def _rank_files(root: Path) -> dict[int, set[int]]:
+    """step -> ranks with a file there (temporary files of an interrupted write excluded)."""
+    found: dict[int, set[int]] = {}
+    if not root.is_dir():
+        return found
+    for f in root.glob("step-*/rank-*.pt"):
+        step, rank = f.parent.name[5:], f.stem[5:]
+        if step.isdigit() and rank.isdigit():
+            found.setdefault(int(step), set()).add(int(rank))
+    return found
+
+
+def scan_checkpoints(directory: str | Path, *, model: ModelSpec, workers: int) -> Scan:
+    """Whether a job of ``model`` on ``workers`` ranks would resume from ``directory``, and from
+    which step; mirrors :func:`latest_common_step` (the newest step every rank has a file of)."""
+    root = Path(directory)
+    ranks = _rank_files(root)
+    steps = tuple(sorted(ranks))
+    files = sum(len(r) for r in ranks.values())
+    if not steps:
+        return Scan(root, files=0, steps=(), resume_step=None, incompatible=None)
+    every = [s for s in steps if set(range(workers)) <= ranks[s]]
+    if not every:
+        newest = steps[-1]
+        return Scan(root, files=files, steps=steps, resume_step=None, incompatible=(
+            f"no step has a checkpoint of each of this run's {workers} workers (step {newest} has "
+            f"ranks {', '.join(map(str, sorted(ranks[newest])))}; set --workers to match)"))
+    step = every[-1]
+    try:
+        # mmap: only the header is read, not the weights.
+        state = torch.load(_rank_file(root, step=step, rank=0), map_location="cpu", mmap=True,
+                           weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unreadable file is reported, not raised
+        return Scan(root, files=files, steps=steps, resume_step=None,
+                    incompatible=f"step {step}'s checkpoint cannot be read ({type(err).__name__}: {err})")
+    recorded = state.get("model_spec") if isinstance(state, dict) else None
+    if recorded is None:
+        why = f"step {step}'s checkpoint does not record its model (written by an older adaptis)"
+    elif recorded != _model_doc(model):
+        why = f"step {step}'s checkpoint is of another model ({_model_difference(recorded, model)})"
+    else:
+        why = None
+    return Scan(root, files=files, steps=steps, resume_step=None if why else step, incompatible=why)
+
+
+def clear_checkpoints(directory: str | Path) -> Scan:
+    """Remove every checkpoint under ``directory`` (a fresh run); returns what was there."""
+    root = Path(directory)
+    ranks = _rank_files(root)
+    shutil.rmtree(root, ignore_errors=True)
+    return Scan(root, files=sum(len(r) for r in ranks.values()), steps=tuple(sorted(ranks)),
+                resume_step=None, incompatible=None)

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from worker_harness import small_config
 
+from adaptis.worker.checkpoint import scan_checkpoints
 from adaptis.worker.errors import RankFailedError
 from adaptis.worker.launcher import LocalLauncher
 
@@ -70,3 +72,30 @@ def test_killed_rank_resumes_from_last_complete_checkpoint(tmp_path: Path) -> No
     done = [e for e in second if e["event"] == "done"]
     assert {e["steps"] for e in done} == {STEPS}
     assert {e["tokens"] for e in done} == {STEPS * 4 * 16}  # counters continue, not restart
+
+
+def test_a_checkpoint_of_another_model_is_refused_not_guessed_at(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    config = small_config(steps=2, world=1, checkpoint_dir=str(ckpt), checkpoint_every=1)
+    LocalLauncher(config, world_size=1, workdir=tmp_path / "run1").run(lambda event: None)
+    model = config.model
+    found = scan_checkpoints(ckpt, model=model, workers=1)
+    assert (found.resume_step, found.incompatible, found.steps, found.files) == (2, None, (1, 2), 2)
+    more = scan_checkpoints(ckpt, model=model, workers=2)
+    assert more.resume_step is None and "each of this run's 2 workers" in str(more.incompatible)
+    other = model.model_copy(update={"hidden": 2 * model.hidden})
+    changed = scan_checkpoints(ckpt, model=other, workers=1)
+    assert changed.resume_step is None
+    assert f"model.hidden: {model.hidden} there, {2 * model.hidden} in this job" in str(changed.incompatible)
+    # Pods resume without the CLI's scan: the worker itself refuses the other model.
+    with pytest.raises(RankFailedError) as failure:
+        LocalLauncher(config.model_copy(update={"model": other}), world_size=1,
+                      workdir=tmp_path / "run2").run(lambda event: None)
+    assert "is of another model" in failure.value.cause
+    # A file that predates the model record cannot be vouched for.
+    newest = ckpt / "step-00000002" / "rank-0.pt"
+    state = torch.load(newest, weights_only=False)
+    del state["model_spec"]
+    torch.save(state, newest)
+    legacy = scan_checkpoints(ckpt, model=model, workers=1)
+    assert legacy.resume_step is None and "does not record its model" in str(legacy.incompatible)
