@@ -33,6 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="serve the operator's Prometheus metrics on this port, path /metrics (default: off)")
     parser.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: $KUBECONFIG)")
     parser.add_argument("--worker-image", help="default image of the worker pods")
+    parser.add_argument("--worker-run-as-user", type=int, default=10001, metavar="UID",
+                        help="numeric user of the worker image, which worker and profiler pods "
+                             "run as (runAsNonRoot needs a number; default 10001, the image's)")
+    parser.add_argument("--worker-run-as-group", type=int, default=10001, metavar="GID",
+                        help="numeric group of the worker and profiler pods (default 10001)")
     parser.add_argument("--topology-keys", metavar="K1,K2,...",
                         help="node label keys from the widest topology domain to the narrowest")
     parser.add_argument("--inter-node-bandwidth", type=float, metavar="BYTES_PER_S",
@@ -64,8 +69,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.kubeconfig is not None:
         # kopf's login and the reconciler's client both read it from the environment.
         os.environ["KUBECONFIG"] = str(args.kubeconfig)
-    manifests = ManifestSettings(image=args.worker_image) if args.worker_image \
-        else ManifestSettings()
+    if args.worker_run_as_user < 1 or args.worker_run_as_group < 0:
+        print("adaptis operator: --worker-run-as-user must be a non-root UID (>= 1) and "
+              "--worker-run-as-group >= 0", file=sys.stderr)
+        return 2
+    manifests = ManifestSettings(run_as_user=args.worker_run_as_user,
+                                 run_as_group=args.worker_run_as_group,
+                                 **({"image": args.worker_image} if args.worker_image else {}))
     topology = (tuple(k.strip() for k in args.topology_keys.split(",") if k.strip())
                 if args.topology_keys else DEFAULT_TOPOLOGY_KEYS)
     inter = (Link(bandwidth_bytes_per_s=args.inter_node_bandwidth,

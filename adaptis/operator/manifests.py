@@ -9,7 +9,8 @@ an operator restart harmless (a create that meets an existing name is a 409, i.e
   ``adaptis worker``) and ``plan-record.json`` (the operator's cached plan).
 - Service ``<job>-workers``: headless; gives rank 0 the stable DNS name that ``MASTER_ADDR``
   holds (``<job>-worker-0.<job>-workers.<ns>.svc``).
-- Pod ``<job>-worker-<rank>``: required node affinity to the node the plan gives the rank.
+- Pod ``<job>-worker-<rank>``: required node affinity to the node the plan gives the rank;
+  restricted as :mod:`adaptis.operator.pod_security` renders it (Pod Security ``restricted``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ from adaptis.api.job import API_VERSION, KIND, JobSpec, WorkerConfig
 # The names live in the api layer, whose rules check that they fit DNS labels; re-exported.
 from adaptis.api.rules import config_map_name, pod_name, service_name
 from adaptis.operator.planning import PlanRecord
+from adaptis.operator.pod_security import (
+    container_security_context,
+    pod_security_context,
+    scratch_env,
+    scratch_mounts,
+    scratch_volumes,
+)
 
 __all__ = [
     "CHECKPOINT_VOLUME",
@@ -87,10 +95,17 @@ class JobRef:
 
 @dataclass(frozen=True, slots=True)
 class ManifestSettings:
-    """Operator-wide defaults of the worker pods."""
+    """Operator-wide defaults of the worker pods.
+
+    ``run_as_user``/``run_as_group``: the numeric user of the worker image (the Dockerfile's
+    ``USER 10001:10001``); the pods run as it, since runAsNonRoot can only be checked against
+    a number.
+    """
 
     image: str = "ghcr.io/adaptis/adaptis:0.1.0"
     image_pull_policy: str = "IfNotPresent"
+    run_as_user: int = 10001
+    run_as_group: int = 10001
 
 
 def plan_hash(record: PlanRecord) -> str:
@@ -222,7 +237,7 @@ def render_pod(
         "image": spec.worker.image or settings.image,
         "imagePullPolicy": spec.worker.image_pull_policy or settings.image_pull_policy,
         "command": ["adaptis", "worker", "--config", f"{CONFIG_MOUNT}/worker.json"],
-        "env": [*_env(job, rank=rank, world=world), *spec.worker.env],
+        "env": [*_env(job, rank=rank, world=world), *scratch_env(), *spec.worker.env],
         "ports": [
             {"name": "dist", "containerPort": DIST_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": spec.metrics.port, "protocol": "TCP"},
@@ -231,8 +246,10 @@ def render_pod(
         "volumeMounts": [
             {"name": CONFIG_VOLUME, "mountPath": CONFIG_MOUNT, "readOnly": True},
             {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.path},
+            *scratch_mounts(),
             *spec.worker.volume_mounts,
         ],
+        "securityContext": container_security_context(),
         # The worker writes its observed figures (bubble ratio) here; the operator reads them.
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -244,6 +261,8 @@ def render_pod(
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 30,
+        "securityContext": pod_security_context(run_as_user=settings.run_as_user,
+                                                run_as_group=settings.run_as_group),
         "affinity": {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -261,6 +280,7 @@ def render_pod(
         "volumes": [
             {"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(job.name)}},
             {"name": CHECKPOINT_VOLUME, **checkpoint},
+            *scratch_volumes(),
             *spec.worker.volumes,
         ],
     }

@@ -73,7 +73,9 @@ def measure_candidates(
                 p.job, node, image=spec.worker.image or settings.manifests.image,
                 image_pull_policy=(spec.worker.image_pull_policy
                                    or settings.manifests.image_pull_policy),
-                tolerations=spec.worker.tolerations, timeout_s=max(1, int(timeout))))
+                tolerations=spec.worker.tolerations, timeout_s=max(1, int(timeout)),
+                run_as_user=settings.manifests.run_as_user,
+                run_as_group=settings.manifests.run_as_group))
             waiting.append(node.name)
             p.requeue.append(timeout)
             continue

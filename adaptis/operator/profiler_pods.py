@@ -30,6 +30,13 @@ from typing import Any, Literal
 
 from adaptis.operator.errors import OperatorError
 from adaptis.operator.manifests import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY, JobRef
+from adaptis.operator.pod_security import (
+    container_security_context,
+    pod_security_context,
+    scratch_env,
+    scratch_mounts,
+    scratch_volumes,
+)
 from adaptis.operator.profiling import GPU_RESOURCE, HOSTNAME_LABEL, NodeProfile
 from adaptis.operator.status import parse_time
 
@@ -113,6 +120,8 @@ def render_profiler_pod(
     image_pull_policy: str,
     tolerations: Sequence[Mapping[str, Any]],
     timeout_s: int,
+    run_as_user: int,
+    run_as_group: int,
 ) -> dict[str, Any]:
     """The profiler pod of one node: owned by the job, pinned to the node, one GPU if it has any.
 
@@ -130,7 +139,10 @@ def render_profiler_pod(
         "image": image,
         "imagePullPolicy": image_pull_policy,
         "command": list(PROFILER_COMMAND),
+        "env": scratch_env(),
         "resources": resources,
+        "volumeMounts": scratch_mounts(),
+        "securityContext": container_security_context(),
         "terminationMessagePath": TERMINATION_LOG,
         # The document is the message; a crash leaves the log tail there instead, which
         # parse_hardware_message rejects with the tail in the reason.
@@ -140,6 +152,8 @@ def render_profiler_pod(
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
+        "securityContext": pod_security_context(run_as_user=run_as_user,
+                                                run_as_group=run_as_group),
         # The kubelet stops a profiler that hangs once started; the reconciler's own timeout
         # also covers a pod that never starts.
         "activeDeadlineSeconds": timeout_s,
@@ -149,6 +163,7 @@ def render_profiler_pod(
             }]}],
         }}},
         "containers": [container],
+        "volumes": scratch_volumes(),
     }
     if tols:
         pod_spec["tolerations"] = tols

@@ -92,7 +92,7 @@ def test_pod_of_a_rank(planned: tuple[JobSpec, PlanRecord]) -> None:
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert mounts == {"adaptis-config": "/etc/adaptis", "checkpoints": "/checkpoints",
-                      "data": "/data"}
+                      "adaptis-tmp": "/tmp", "adaptis-home": "/home/adaptis", "data": "/data"}
     tolerations = [t["key"] for t in ps["tolerations"]]
     assert tolerations == ["x", "nvidia.com/gpu"]
     assert is_current_pod(pod, plan=plan_hash(record), attempt=2)

@@ -36,6 +36,7 @@ JOB = JobRef(name="demo", namespace="ns", uid="uid-demo")
 DOC = {"device": {"name": "NVIDIA H100", "speed": 0.81}, "links": {},
        "tflops": 800.0, "memory_bytes": 85899345920.0, "intra_node_bandwidth": 4.0e11}
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+UID = {"run_as_user": 10001, "run_as_group": 10001}
 
 
 def _profile(node: dict[str, Any]) -> Any:
@@ -73,11 +74,11 @@ def test_profiler_pod_is_pinned_owned_and_runs_the_hardware_profiler(make_node: 
     node = _profile(make_node("gpu-node-with-a-long-name", gpus=8))
     tol = {"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}
     pod = render_profiler_pod(JOB, node, image="img:1", image_pull_policy="Always",
-                              tolerations=[tol], timeout_s=120)
+                              tolerations=[tol], timeout_s=120, **UID)
     meta, spec = pod["metadata"], pod["spec"]
     assert meta["name"] == profiler_pod_name("demo", "gpu-node-with-a-long-name")
     assert meta["name"] == render_profiler_pod(JOB, node, image="other", image_pull_policy="Never",
-                                               tolerations=[], timeout_s=1)["metadata"]["name"]
+                                               tolerations=[], timeout_s=1, **UID)["metadata"]["name"]
     assert meta["name"] != profiler_pod_name("demo", "another-node")
     assert meta["labels"] == {LABEL_MANAGED_BY: "adaptis", LABEL_JOB: "demo",
                               LABEL_ROLE: "profiler"}
@@ -105,7 +106,7 @@ def test_profiler_pod_of_a_cpu_node_asks_for_no_gpu(make_node: Any) -> None:
     raw["status"]["allocatable"].pop("nvidia.com/gpu")
     raw["metadata"]["labels"]["nvidia.com/gpu.count"] = "0"
     pod = render_profiler_pod(JOB, _profile(raw), image="img", image_pull_policy="IfNotPresent",
-                              tolerations=[], timeout_s=60)
+                              tolerations=[], timeout_s=60, **UID)
     assert pod["spec"]["containers"][0]["resources"] == {}
     assert "tolerations" not in pod["spec"]
 

@@ -1,0 +1,114 @@
+"""Worker and profiler pods pass the Pod Security Standard ``restricted`` as rendered.
+
+:func:`restricted_violations` is the standard's checks (Kubernetes' pod-security-admission,
+level restricted, written out from its documentation) on a pod dict, so a field dropped from
+the rendering fails here; tests/integration/test_restricted_workers.py has the real API
+server's admission judge the same pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from adaptis.api.job import JobSpec
+from adaptis.operator.manifests import JobRef, ManifestSettings, render_pod
+from adaptis.operator.planning import plan_job
+from adaptis.operator.pod_security import HOME_DIR, TMP_DIR
+from adaptis.operator.profiler_pods import render_profiler_pod
+from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, profile_node
+
+JOB = JobRef(name="demo", namespace="ns", uid="uid-1")
+_ALLOWED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                    "persistentVolumeClaim", "projected", "secret"}
+
+
+def restricted_violations(pod: Mapping[str, Any]) -> list[str]:
+    """What keeps ``pod`` out of a namespace that enforces ``restricted`` (empty: nothing)."""
+    spec = pod["spec"]
+    psc = spec.get("securityContext") or {}
+    bad: list[str] = []
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(key):
+            bad.append(key)
+    for vol in spec.get("volumes") or []:
+        kinds = set(vol) - {"name"}
+        if not kinds <= _ALLOWED_VOLUMES:
+            bad.append(f"volume {vol['name']}: {sorted(kinds)}")
+    if psc.get("runAsUser") == 0:
+        bad.append("pod runAsUser 0")
+    for c in [*spec.get("initContainers", []), *spec["containers"]]:
+        sc = c.get("securityContext") or {}
+        name = c["name"]
+        if sc.get("privileged"):
+            bad.append(f"{name}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            bad.append(f"{name}: allowPrivilegeEscalation must be false")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in (caps.get("drop") or []):
+            bad.append(f"{name}: capabilities.drop must hold ALL")
+        if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
+            bad.append(f"{name}: capabilities.add {caps['add']}")
+        if not (sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True):
+            bad.append(f"{name}: runAsNonRoot must be true")
+        if sc.get("runAsUser", psc.get("runAsUser")) == 0:
+            bad.append(f"{name}: runAsUser 0")
+        seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+        if seccomp not in {"RuntimeDefault", "Localhost"}:
+            bad.append(f"{name}: seccompProfile {seccomp}")
+        for port in c.get("ports") or []:
+            if port.get("hostPort"):
+                bad.append(f"{name}: hostPort")
+    return bad
+
+
+@pytest.fixture
+def worker_pod(make_node: Any, make_job: Any) -> dict[str, Any]:
+    spec = JobSpec.model_validate(make_job()["spec"])
+    nodes = [profile_node(make_node(n, gpus=2), topology_keys=DEFAULT_TOPOLOGY_KEYS)
+             for n in ("gpu-a", "gpu-b")]
+    record = plan_job(spec, nodes, name="ns/demo")
+    return render_pod(JOB, spec, record, rank=0, attempt=0,
+                      settings=ManifestSettings(run_as_user=4242, run_as_group=4343))
+
+
+@pytest.fixture
+def profiler_pod(make_node: Any) -> dict[str, Any]:
+    node = profile_node(make_node("gpu-a", gpus=2), topology_keys=DEFAULT_TOPOLOGY_KEYS)
+    return render_profiler_pod(JOB, node, image="img", image_pull_policy="IfNotPresent",
+                               tolerations=[], timeout_s=60, run_as_user=4242, run_as_group=4343)
+
+
+@pytest.mark.parametrize("which", ["worker_pod", "profiler_pod"])
+def test_operator_pods_pass_the_restricted_standard(which: str,
+                                                    request: pytest.FixtureRequest) -> None:
+    pod = request.getfixturevalue(which)
+    assert restricted_violations(pod) == []
+    psc = pod["spec"]["securityContext"]
+    # The image's numeric user, as configured (the check of runAsNonRoot needs a number).
+    assert (psc["runAsUser"], psc["runAsGroup"], psc["fsGroup"]) == (4242, 4343, 4343)
+    (container,) = pod["spec"]["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # What torch and Python write goes to emptyDirs, the root filesystem being read-only.
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    for path in (TMP_DIR, HOME_DIR):
+        assert "emptyDir" in volumes[mounts[path]], path
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["HOME"] == HOME_DIR
+    for key in ("XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        assert env[key].startswith(HOME_DIR + "/"), key
+    assert pod["spec"]["automountServiceAccountToken"] is False
+
+
+def test_the_checker_sees_what_restricted_refuses(worker_pod: dict[str, Any]) -> None:
+    # The checker itself could fail: each relaxation is one violation.
+    container = worker_pod["spec"]["containers"][0]
+    container["securityContext"]["allowPrivilegeEscalation"] = True
+    container["securityContext"]["capabilities"] = {"add": ["SYS_ADMIN"]}
+    worker_pod["spec"]["securityContext"].pop("seccompProfile")
+    container["securityContext"].pop("seccompProfile")
+    worker_pod["spec"]["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+    assert len(restricted_violations(worker_pod)) == 5
