@@ -63,7 +63,8 @@ def test_example_runs_and_reports_measured_and_predicted_bubble(tmp_path: Path) 
 def test_a_crashing_rank_stops_the_run_and_is_named(tmp_path: Path) -> None:
     job = _manifest(tmp_path, steps=3, data={"source": "token-file", "path": str(tmp_path / "missing.bin")})
     out = _adaptis("run", str(job), "--profile", "estimate", "--workdir", str(tmp_path / "w"),
-                   "--metrics-port", "0", "--strategy", "1f1b", timeout=120)
+                   "--metrics-port", "0", "--strategy", "1f1b", "--checkpoint-every", "0",
+                   timeout=120)  # every 0: the example's 10 would exceed the 3 steps (refused)
     assert out.returncode == 2
     assert "adaptis run: rank " in out.stderr and " failed: " in out.stderr
     assert "missing.bin does not exist" in out.stderr
