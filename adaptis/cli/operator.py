@@ -15,6 +15,16 @@ from pathlib import Path
 
 __all__ = ["register"]
 
+_PROFILE_NS = "adaptis-system"
+_SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def _own_namespace() -> str:
+    try:
+        return _SA_NAMESPACE.read_text().strip() or _PROFILE_NS
+    except OSError:
+        return _PROFILE_NS
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser(
@@ -38,6 +48,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                              "run as (runAsNonRoot needs a number; default 10001, the image's)")
     parser.add_argument("--worker-run-as-group", type=int, default=10001, metavar="GID",
                         help="numeric group of the worker and profiler pods (default 10001)")
+    parser.add_argument("--profiler-image", metavar="IMAGE",
+                        help="image of the profiler pods (spec.planner.profile: measure); default: "
+                             "the worker image. Never a job's own image: a profile changes every "
+                             "tenant's plans")
+    parser.add_argument("--profile-namespace", metavar="NS",
+                        help="the operator's own namespace, where profiler pods run and measured "
+                             "profiles are stored; no tenant may write there (default: the "
+                             f"service account's namespace in a pod, else {_PROFILE_NS})")
     parser.add_argument("--topology-keys", metavar="K1,K2,...",
                         help="node label keys from the widest topology domain to the narrowest")
     parser.add_argument("--inter-node-bandwidth", type=float, metavar="BYTES_PER_S",
@@ -89,7 +107,9 @@ def _run(args: argparse.Namespace) -> int:
         reconcile_workers=max(1, args.reconcile_workers),
         resync_seconds=max(1.0, args.resync_seconds),
         reconcile=ReconcileSettings(topology_keys=topology, manifests=manifests,
-                                    inter_node=inter, profile_timeout_s=max(1.0, args.profile_timeout_seconds)),
+                                    inter_node=inter, profile_timeout_s=max(1.0, args.profile_timeout_seconds),
+                                    profile_namespace=args.profile_namespace or _own_namespace(),
+                                    profiler_image=args.profiler_image or None),
     )
     try:
         run_operator(options)

@@ -21,6 +21,7 @@ import kopf
 
 from adaptis.api.job import GROUP, PLURAL, VERSION
 from adaptis.operator.manifests import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY
+from adaptis.operator.profiler_pods import LABEL_JOB_NAMESPACE
 from adaptis.operator.workqueue import WorkQueue
 
 __all__ = ["JobKey", "build_registry", "wants_reconcile"]
@@ -62,7 +63,8 @@ def build_registry(queue: WorkQueue[JobKey]) -> kopf.OperatorRegistry:
     def pod_event(labels: kopf.Labels, namespace: str, **_: Any) -> None:
         job = labels.get(LABEL_JOB)
         if job:
-            queue.add((namespace, job))
+            # Profiler pods run in the operator's namespace and name their job's namespace.
+            queue.add((labels.get(LABEL_JOB_NAMESPACE) or namespace, job))
 
     @kopf.on.event("v1", "nodes", registry=registry)
     def node_event(type: str | None, **_: Any) -> None:

@@ -49,9 +49,10 @@ class Cluster(Protocol):
                          status: Mapping[str, Any]) -> None: ...
     def delete_job(self, namespace: str, name: str) -> None: ...
     def list_nodes(self) -> list[dict[str, Any]]: ...
-    def annotate_node(self, name: str, *, annotations: Mapping[str, str]) -> None: ...
     def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]: ...
     def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def list_config_maps(self, namespace: str, *,
+                         selector: Mapping[str, str]) -> list[dict[str, Any]]: ...
     def create(self, obj: Mapping[str, Any]) -> bool: ...
     def replace_config_map(self, obj: Mapping[str, Any]) -> None: ...
     def delete_pod(self, namespace: str, name: str, *, force: bool = False) -> None: ...
@@ -164,12 +165,6 @@ class KubeCluster:
         return list(self.request("GET", "/api/v1/nodes",
                                  query={"resourceVersion": "0"})[1].get("items") or [])
 
-    def annotate_node(self, name: str, *, annotations: Mapping[str, str]) -> None:
-        # A merge patch of the annotations only: labels, taints and status stay the kubelet's.
-        self.request("PATCH", f"/api/v1/nodes/{quote(name)}",
-                     body={"metadata": {"annotations": dict(annotations)}}, content_type=_MERGE,
-                     ok=frozenset({404}))
-
     def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         selector = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB}={job}"
         return list(self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/pods",
@@ -180,6 +175,12 @@ class KubeCluster:
             "GET", f"/api/v1/namespaces/{quote(namespace)}/configmaps/{quote(name)}",
             ok=frozenset({404}))
         return None if status == 404 else body
+
+    def list_config_maps(self, namespace: str, *,
+                         selector: Mapping[str, str]) -> list[dict[str, Any]]:
+        query = {"labelSelector": ",".join(f"{k}={v}" for k, v in sorted(selector.items()))}
+        return list(self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/configmaps",
+                                 query=query)[1].get("items") or [])
 
     def create(self, obj: Mapping[str, Any]) -> bool:
         status, _ = self.request("POST", _collection(obj), body=obj, ok=frozenset({409}))

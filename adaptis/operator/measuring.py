@@ -3,16 +3,16 @@
 Sits between :mod:`adaptis.operator.reconcile` (which calls :func:`measure_candidates` before
 planning) and :mod:`adaptis.operator.profiler_pods` (the pure rendering and reading of the
 profiler pods). One call looks at the candidate nodes once: it creates the missing profiler
-pods, caches each finished profile on its node (annotation
-:data:`~adaptis.operator.profiling.PROFILE_ANNOTATION`, so the next job needs no pod), gives up
-on nodes whose profiler failed, wrote nothing usable or outlived the timeout (they keep the
-label-based estimate), and says whether planning must wait. Deleting the pods is the caller's
-business: it happens once a plan exists, whatever made it.
+pods (in the operator's namespace, with the admin's profiler image), stores each finished and
+validated profile in the node's ConfigMap of :mod:`adaptis.operator.profile_store` (so the
+next job needs no pod), gives up on nodes whose profiler failed, wrote nothing within the
+schema or outlived the timeout (they keep the label-based estimate, and the job gets a
+``ProfilingFailed`` Event), and says whether planning must wait. Deleting the pods is the
+caller's business: it happens once a plan exists, whatever made it.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
@@ -26,22 +26,36 @@ from adaptis.operator.profiler_pods import (
     render_profiler_pod,
     seconds_left,
 )
-from adaptis.operator.profiling import PROFILE_ANNOTATION, NodeProfile, profile_node
+from adaptis.operator.profile_store import (
+    hardware_fingerprint,
+    measured_figures,
+    profile_config_map_name,
+    render_profile_config_map,
+)
+from adaptis.operator.profiling import NodeProfile, profile_node
 
 __all__ = ["Measured", "measure_candidates"]
+
+# How often a job waiting for its profilers looks again: the pods live in the operator's
+# namespace, whose events reach the job only where the operator watches that namespace.
+_POLL_S = 5.0
 
 #: The candidates with the new measurements applied, and one note per node that keeps the
 #: label-based estimate because its profiler gave nothing usable.
 Measured = tuple[list[NodeProfile], list[str]]
 
 
-def _with_profile(raw: Mapping[str, Any], profile: str, *,
-                  settings: ReconcileSettings) -> NodeProfile:
-    """The node as it reads once the annotation just written is there."""
-    node = copy.deepcopy(dict(raw))
-    meta = node.setdefault("metadata", {})
-    meta["annotations"] = {**(meta.get("annotations") or {}), PROFILE_ANNOTATION: profile}
-    return profile_node(node, topology_keys=settings.topology_keys)
+def _store(cluster: Cluster, *, settings: ReconcileSettings, raw: Mapping[str, Any],
+           document: str) -> NodeProfile:
+    """Keep the document under the node's hardware fingerprint; the node as it now reads."""
+    name = str((raw.get("metadata") or {}).get("name", ""))
+    fingerprint = hardware_fingerprint(raw)
+    cm = render_profile_config_map(namespace=settings.profile_namespace, node=name,
+                                   fingerprint=fingerprint, document=document)
+    if not cluster.create(cm):
+        cluster.replace_config_map(cm)  # a merge: the node's other fingerprints stay
+    figures = measured_figures({name: {fingerprint: document}}, raw)
+    return profile_node(raw, topology_keys=settings.topology_keys, measured=figures)
 
 
 def measure_candidates(
@@ -69,31 +83,32 @@ def measure_candidates(
     for node in nodes_to_profile(candidates, given_up=given_up):
         pod = by_node.get(node.name)
         if pod is None:
+            # The admin's image and pull policy, never the job's: see profiler_pods.
             to_create.append(render_profiler_pod(
-                p.job, node, image=spec.worker.image or settings.manifests.image,
-                image_pull_policy=(spec.worker.image_pull_policy
-                                   or settings.manifests.image_pull_policy),
+                p.job, node, namespace=settings.profile_namespace,
+                image=settings.profiler_image or settings.manifests.image,
+                image_pull_policy=settings.manifests.image_pull_policy,
                 tolerations=spec.worker.tolerations, timeout_s=max(1, int(timeout)),
                 run_as_user=settings.manifests.run_as_user,
                 run_as_group=settings.manifests.run_as_group))
             waiting.append(node.name)
-            p.requeue.append(timeout)
+            p.requeue.append(min(timeout, _POLL_S))
             continue
         outcome = read_profiler_pod(pod, now=p.now, timeout_s=timeout)
         if outcome.state == "measured" and outcome.profile is not None:
-            # Cached at once, before planning: a crash in between loses no measurement.
-            cluster.annotate_node(node.name, annotations={PROFILE_ANNOTATION: outcome.profile})
-            measured[node.name] = _with_profile(raw_nodes[node.name], outcome.profile,
-                                                settings=settings)
+            # Stored at once, before planning: a crash in between loses no measurement.
+            measured[node.name] = _store(cluster, settings=settings, raw=raw_nodes[node.name],
+                                         document=outcome.profile)
             p.events.append(("Normal", "NodeProfiled", f"node {node.name}: measured hardware "
-                             f"profile cached in annotation {PROFILE_ANNOTATION}"))
+                             f"profile stored in ConfigMap {settings.profile_namespace}/"
+                             f"{profile_config_map_name(node.name)}"))
         elif outcome.state == "failed":
             given_up[node.name] = outcome.reason
             p.events.append(("Warning", "ProfilingFailed", f"node {node.name}: "
                              f"{outcome.reason}; using the label-based estimate"))
         else:
             waiting.append(node.name)
-            p.requeue.append(seconds_left(pod, now=p.now, timeout_s=timeout))
+            p.requeue.append(min(_POLL_S, seconds_left(pod, now=p.now, timeout_s=timeout)))
     created = create_all(to_create)
     if created:
         p.events.append(("Normal", "CreatedProfilerPods",

@@ -31,6 +31,12 @@ class ReconcileSettings:
     # How long a profiler pod (spec.planner.profile: measure) may take, scheduling and image
     # pull included, before its node is planned from the label-based estimate instead.
     profile_timeout_s: float = 600.0
+    # Where profiler pods run and measured profiles are stored: a namespace no tenant may
+    # write (the chart's release namespace), since a profile changes every tenant's plans.
+    profile_namespace: str = "adaptis-system"
+    # The image of the profiler pods, chosen by the admin (None: manifests.image); never a
+    # job's spec.worker.image, whose code could write any profile it liked.
+    profiler_image: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,26 @@
 """Measured node profiles: the profiler pods of ``spec.planner.profile: measure``, as pure functions.
 
-Sits beside :mod:`adaptis.operator.profiling` (which reads a measured profile from the node
-annotation :data:`~adaptis.operator.profiling.PROFILE_ANNOTATION`) and under
-:mod:`adaptis.operator.reconcile` (which creates, reads and deletes the pods, and writes the
-annotation). The flow, one node at a time:
+Sits beside :mod:`adaptis.operator.profile_store` (where a measured profile is kept) and under
+:mod:`adaptis.operator.measuring` (which creates, reads and deletes the pods, and stores the
+results). The flow, one node at a time:
 
-1. :func:`nodes_to_profile`: a candidate node without a cached measurement (and not already
+1. :func:`nodes_to_profile`: a candidate node without a stored measurement (and not already
    given up on) needs a profiler pod;
 2. :func:`render_profiler_pod`: one pod per such node, pinned to it by required node affinity,
-   running ``adaptis profile --hardware -o /dev/termination-log`` in the worker image;
+   running ``adaptis profile --hardware -o /dev/termination-log`` in the image the cluster
+   admin configured (``adaptis operator --profiler-image``, never the job's
+   ``spec.worker.image``), in the operator's own namespace (``--profile-namespace``), not the
+   job's: a tenant who may create, exec into or replace pods in its namespace can then neither
+   run the profiler's code nor write its termination message;
 3. :func:`read_profiler_pod`: a finished pod's termination message is the hardware profiler's
-   JSON document (:mod:`adaptis.worker.hardware`), checked by :func:`parse_hardware_message` and
-   cached on the node as is, so the next job on that node needs no pod; a failed pod, an
-   unreadable message or a pod that outlives the timeout means the node keeps the label-based
-   estimate.
+   JSON document (:mod:`adaptis.worker.hardware`), held to the strict schema of
+   :mod:`adaptis.api.hardware` by :func:`parse_hardware_message` and stored, so the next job on
+   that node needs no pod; a failed pod, a document outside the schema or a pod that outlives
+   the timeout means the node keeps the label-based estimate.
+
+Pods in another namespace cannot be owned by the job (owner references stay in a namespace),
+so they carry the job's name and namespace as labels, and the reconciler deletes them once the
+job has a plan or is gone.
 
 Nothing here talks to the API server, so every decision is unit-tested on plain dicts.
 """
@@ -22,12 +29,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from adaptis.api.errors import SpecError
+from adaptis.api.hardware import parse_measured_hardware
 from adaptis.operator.errors import OperatorError
 from adaptis.operator.manifests import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY, JobRef
 from adaptis.operator.pod_security import (
@@ -41,6 +49,7 @@ from adaptis.operator.profiling import GPU_RESOURCE, HOSTNAME_LABEL, NodeProfile
 from adaptis.operator.status import parse_time
 
 __all__ = [
+    "LABEL_JOB_NAMESPACE",
     "LABEL_ROLE",
     "NODE_ANNOTATION",
     "PROFILER_COMMAND",
@@ -48,6 +57,7 @@ __all__ = [
     "ProfilerOutputError",
     "ROLE_PROFILER",
     "TERMINATION_LOG",
+    "is_profiler_of",
     "is_profiler_pod",
     "nodes_to_profile",
     "parse_hardware_message",
@@ -59,14 +69,11 @@ __all__ = [
 ]
 
 LABEL_ROLE = "adaptis.io/role"
+LABEL_JOB_NAMESPACE = "adaptis.io/job-namespace"
 ROLE_PROFILER = "profiler"
 NODE_ANNOTATION = "adaptis.io/node"
 TERMINATION_LOG = "/dev/termination-log"
 PROFILER_COMMAND: tuple[str, ...] = ("adaptis", "profile", "--hardware", "-o", TERMINATION_LOG)
-# The keys of the hardware profiler's document that the node annotation is read for; the two
-# first are always printed, so a document without them is not the profiler's.
-_REQUIRED_KEYS = ("tflops", "memory_bytes")
-_OPTIONAL_KEYS = ("intra_node_bandwidth",)
 _MAX_REASON = 200
 
 
@@ -88,15 +95,23 @@ class ProfilerOutcome:
     reason: str = ""
 
 
-def profiler_pod_name(job: str, node: str) -> str:
-    """Deterministic per (job, node); the node name is hashed because it may be 253 long."""
-    digest = hashlib.sha256(node.encode()).hexdigest()[:10]
-    return f"{job}-profiler-{digest}"
+def profiler_pod_name(job: JobRef, node: str) -> str:
+    """Deterministic per (job namespace, job, node), hashed: the pods of jobs of the same name
+    in different namespaces share the operator's namespace, and a node name may be 253 long."""
+    digest = hashlib.sha256(f"{job.namespace}/{job.name}/{node}".encode()).hexdigest()[:16]
+    return f"adaptis-profiler-{digest}"
 
 
 def is_profiler_pod(pod: Mapping[str, Any]) -> bool:
     labels = (pod.get("metadata") or {}).get("labels") or {}
     return labels.get(LABEL_ROLE) == ROLE_PROFILER
+
+
+def is_profiler_of(pod: Mapping[str, Any], job: JobRef) -> bool:
+    """A profiler pod the operator made for this job (in its namespace, found by label)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return (is_profiler_pod(pod) and labels.get(LABEL_JOB) == job.name
+            and labels.get(LABEL_JOB_NAMESPACE) == job.namespace)
 
 
 def profiler_node(pod: Mapping[str, Any]) -> str | None:
@@ -116,6 +131,7 @@ def render_profiler_pod(
     job: JobRef,
     node: NodeProfile,
     *,
+    namespace: str,
     image: str,
     image_pull_policy: str,
     tolerations: Sequence[Mapping[str, Any]],
@@ -123,10 +139,12 @@ def render_profiler_pod(
     run_as_user: int,
     run_as_group: int,
 ) -> dict[str, Any]:
-    """The profiler pod of one node: owned by the job, pinned to the node, one GPU if it has any.
+    """The profiler pod of one node, in ``namespace`` (the operator's): pinned to the node, one
+    GPU if it has any, restricted like the workers.
 
-    The pod carries the job label so that its events wake the job, and the role label so that
-    the reconciler never counts it as a worker.
+    The pod carries the job's name and namespace as labels so that the reconciler finds and
+    deletes it (and, where the operator watches ``namespace``, its events wake the job), and
+    the role label so that it never counts as a worker.
     """
     tols = [dict(t) for t in tolerations]
     resources: dict[str, Any] = {}
@@ -171,22 +189,21 @@ def render_profiler_pod(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": profiler_pod_name(job.name, node.name),
-            "namespace": job.namespace,
+            "name": profiler_pod_name(job, node.name),
+            "namespace": namespace,
             "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_JOB: job.name,
-                       LABEL_ROLE: ROLE_PROFILER},
+                       LABEL_JOB_NAMESPACE: job.namespace, LABEL_ROLE: ROLE_PROFILER},
             "annotations": {NODE_ANNOTATION: node.name},
-            "ownerReferences": [job.owner_reference()],
         },
         "spec": pod_spec,
     }
 
 
 def parse_hardware_message(text: str) -> str:
-    """The hardware profiler's document, compact, ready for the node annotation.
+    """The hardware profiler's document, compact, ready to store.
 
-    Raises :class:`ProfilerOutputError` unless it is a JSON object whose ``tflops`` and
-    ``memory_bytes`` (and ``intra_node_bandwidth`` when present) are finite positive numbers.
+    Raises :class:`ProfilerOutputError` unless it is JSON that passes
+    :class:`~adaptis.api.hardware.MeasuredHardware` (no unknown key, every figure in bounds).
     """
     try:
         data = json.loads(text)
@@ -194,14 +211,12 @@ def parse_hardware_message(text: str) -> str:
         raise ProfilerOutputError(f"not JSON: {_clip(text)!r}") from None
     if not isinstance(data, dict):
         raise ProfilerOutputError(f"not a JSON object: {_clip(text)!r}")
-    for key in (*_REQUIRED_KEYS, *_OPTIONAL_KEYS):
-        if key not in data and key in _OPTIONAL_KEYS:
-            continue
-        value = data.get(key)
-        if (isinstance(value, bool) or not isinstance(value, (int, float))
-                or not math.isfinite(value) or value <= 0):
-            raise ProfilerOutputError(f"{key} must be a positive number, got {value!r}")
-    return json.dumps(data, separators=(",", ":"))
+    compact = json.dumps(data, separators=(",", ":"))
+    try:
+        parse_measured_hardware(compact)
+    except SpecError as err:
+        raise ProfilerOutputError(_clip("; ".join(str(err).splitlines()))) from None
+    return compact
 
 
 def _clip(text: str) -> str:

@@ -4,9 +4,10 @@ Sits between the Kubernetes API (plain node dicts, as the API returns them) and
 :mod:`adaptis.operator.planning`. A node is described by NVIDIA GPU Feature Discovery labels
 (``nvidia.com/gpu.product``, ``.count``, ``.memory`` in MiB, ``.family``), its allocatable
 ``nvidia.com/gpu`` and its topology labels, read in a configurable order from the widest domain
-to the narrowest (zone -> block/rack -> clique -> host). A measured hardware profile cached on
-the node (annotation :data:`PROFILE_ANNOTATION`, written by the hardware profiler) overrides the
-table of known GPUs.
+to the narrowest (zone -> block/rack -> clique -> host). A measured hardware profile (the
+caller passes its validated figures, read from :mod:`adaptis.operator.profile_store`) overrides
+the table of known GPUs. The node annotation :data:`PROFILE_ANNOTATION`, where earlier versions
+cached profiles, is ignored: anyone who may patch a node could forge it.
 
 Everything here is a pure function of the node dicts, so it is unit-tested without a cluster.
 """
@@ -35,6 +36,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# Read no more (see the module docstring); named so that tests can show it is ignored.
 PROFILE_ANNOTATION = "adaptis.io/hardware-profile"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
@@ -104,26 +106,18 @@ def _int_label(labels: Mapping[str, str], key: str) -> int | None:
         return None
 
 
-def _measured(annotations: Mapping[str, str], name: str) -> dict[str, float]:
-    raw = annotations.get(PROFILE_ANNOTATION)
-    if not raw:
-        return {}
-    try:
-        data = json.loads(raw)
-        return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))}
-    except (ValueError, AttributeError):
-        log.warning("node %s: ignoring unreadable %s annotation", name, PROFILE_ANNOTATION)
-        return {}
+def profile_node(node: Mapping[str, Any], *, topology_keys: Sequence[str],
+                 measured: Mapping[str, float] | None = None) -> NodeProfile:
+    """Profile one Node object (a dict as the API returns it).
 
-
-def profile_node(node: Mapping[str, Any], *, topology_keys: Sequence[str]) -> NodeProfile:
-    """Profile one Node object (a dict as the API returns it)."""
+    ``measured``: validated figures of a measured profile (``tflops``, ``memory_bytes``,
+    ``intra_node_bandwidth``), each overriding the table's.
+    """
     meta = node.get("metadata") or {}
     status = node.get("status") or {}
     spec = node.get("spec") or {}
     name = str(meta.get("name", ""))
     labels: dict[str, str] = dict(meta.get("labels") or {})
-    annotations: dict[str, str] = dict(meta.get("annotations") or {})
     allocatable = status.get("allocatable") or status.get("capacity") or {}
 
     gpus = int(parse_quantity(allocatable[GPU_RESOURCE])) if GPU_RESOURCE in allocatable else 0
@@ -146,7 +140,7 @@ def profile_node(node: Mapping[str, Any], *, topology_keys: Sequence[str]) -> No
         log.warning("node %s: unknown GPU %r; assuming the slowest known part", name, product)
         tflops = _UNKNOWN_GPU_TFLOPS
     cpus = parse_quantity(allocatable.get("cpu", 0))
-    measured = _measured(annotations, name)
+    measured = dict(measured or {})
     if "tflops" in measured:
         tflops = measured["tflops"]
     if "memory_bytes" in measured:

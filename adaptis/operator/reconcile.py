@@ -43,7 +43,12 @@ from adaptis.operator.manifests import (
 from adaptis.operator.measuring import measure_candidates
 from adaptis.operator.passes import PassState, ReconcileSettings, Result
 from adaptis.operator.planning import PlanRecord, plan_job, record_from_config_map, spec_hash
-from adaptis.operator.profiler_pods import is_profiler_pod
+from adaptis.operator.profile_store import (
+    measured_figures,
+    profile_selector,
+    read_stored_profiles,
+)
+from adaptis.operator.profiler_pods import is_profiler_of, is_profiler_pod
 from adaptis.operator.profiling import candidate_nodes, profile_node
 from adaptis.operator.status import census, parse_status, parse_time, plan_summary, status_payload
 from adaptis.operator.validation import validate_job
@@ -86,7 +91,10 @@ class Reconciler:
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             self._failed.pop((namespace, name), None)
             self._given_up.pop((namespace, name), None)
-            return Result()  # gone or going: owner references clean the children up
+            # Gone or going: owner references clean the children up, except the profiler
+            # pods, which live in the operator's namespace and so cannot be owned by the job.
+            self._delete_profilers(JobRef(name=name, namespace=namespace, uid=""))
+            return Result()
         meta = body["metadata"]
         p = PassState(job=JobRef(name=name, namespace=namespace, uid=meta["uid"]),
                       status=parse_status(body.get("status")), now=self._clock())
@@ -122,11 +130,13 @@ class Reconciler:
             p.condition("Failed", "False", reason="SpecChanged",
                         message="the spec was corrected")
         pods = self._cluster.list_pods(p.job.namespace, p.job.name)
-        profilers = [pod for pod in pods if is_profiler_pod(pod)]
+        profilers = self._profilers(p.job)
+        # A pod in the job's namespace with the profiler's labels is not the operator's (its
+        # profilers run in the operator's namespace): neither a worker nor a profile source.
         workers = [pod for pod in pods if not is_profiler_pod(pod)]
 
         if spec.suspend:
-            self._delete_pods(p, pods)
+            self._delete_pods(p, [*workers, *profilers])
             p.update(phase="Suspended", start_time=None, message="spec.suspend is true",
                      workers_ready=f"0/{spec.parallelism.workers}")
             p.condition("Suspended", "True", reason="Suspended",
@@ -160,7 +170,10 @@ class Reconciler:
         ns, name = p.job.namespace, p.job.name
         raw_nodes = {str((n.get("metadata") or {}).get("name", "")): n
                      for n in self._cluster.list_nodes()}
-        nodes = [profile_node(n, topology_keys=self._settings.topology_keys)
+        stored = read_stored_profiles(self._cluster.list_config_maps(
+            self._settings.profile_namespace, selector=profile_selector()))
+        nodes = [profile_node(n, topology_keys=self._settings.topology_keys,
+                              measured=measured_figures(stored, n))
                  for n in raw_nodes.values()]
         p.live_nodes = frozenset(n.name for n in nodes)
         candidates = candidate_nodes(nodes, node_selector=spec.worker.node_selector,
@@ -188,7 +201,7 @@ class Reconciler:
         profile_msg = f"{len(candidates)} candidate node(s) of {len(nodes)}: {', '.join(kinds)}"
         measured = sum(c.measured for c in candidates)
         if spec.planner.profile == "measure" or measured:
-            # Measured profiles come from the node annotation the hardware profiler writes;
+            # Measured profiles come from the operator's profile ConfigMaps (profile_store);
             # nodes without one are estimated from the table of known GPUs.
             profile_msg += f"; {measured} with a measured profile, the rest estimated"
         if notes:
@@ -359,6 +372,17 @@ class Reconciler:
             return sum(int(self._cluster.create(o)) for o in objects)
         with ThreadPoolExecutor(max_workers=min(_CREATE_PARALLELISM, len(objects))) as pool:
             return sum(int(done) for done in pool.map(self._cluster.create, objects))
+
+    def _profilers(self, job: JobRef) -> list[dict[str, Any]]:
+        """The job's profiler pods, in the operator's namespace."""
+        return [pod for pod in self._cluster.list_pods(self._settings.profile_namespace, job.name)
+                if is_profiler_of(pod, job)]
+
+    def _delete_profilers(self, job: JobRef) -> None:
+        for pod in self._profilers(job):
+            meta = pod.get("metadata") or {}
+            if not meta.get("deletionTimestamp"):
+                self._cluster.delete_pod(meta["namespace"], meta["name"])
 
     def _delete_pods(self, p: PassState, pods: Sequence[Mapping[str, Any]]) -> None:
         """Delete pods; those bound to a node that is gone are force-deleted, as the pod

@@ -15,8 +15,9 @@ termination message, so the document stays small (well under 4 KiB). What it mea
   bandwidth`` by least squares.
 
 The top level also carries the flat keys ``tflops``, ``memory_bytes`` and
-``intra_node_bandwidth`` that the operator's node annotation (``adaptis.io/hardware-profile``)
-reads, so the printed document can be stored there as is.
+``intra_node_bandwidth`` that the operator plans from, so the printed document is stored as is
+(in its profile ConfigMaps) once it passes the strict schema of :mod:`adaptis.api.hardware`:
+a new key here needs a field there.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ class HardwareProfile:
                 k: {"bandwidth_bytes_per_s": _round(v.bandwidth_bytes_per_s), "latency_s": _round(v.latency_s)}
                 for k, v in self.links.items()
             },
-            # Flat keys of the operator's node annotation (adaptis.operator.profiling).
+            # Flat keys the operator plans from (adaptis.api.hardware.MeasuredHardware).
             "tflops": _round(self.device.matmul_tflops),
             "memory_bytes": float(self.device.memory_bytes),
         }

@@ -139,6 +139,14 @@ class FakeCluster:
         cm = self.objects.get(("ConfigMap", namespace, name))
         return copy.deepcopy(cm) if cm else None
 
+    def list_config_maps(self, namespace: str, *,
+                         selector: Mapping[str, str]) -> list[dict[str, Any]]:
+        return copy.deepcopy([
+            o for (kind, ns, _), o in sorted(self.objects.items())
+            if kind == "ConfigMap" and ns == namespace
+            and all((o["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+        ])
+
     def create(self, obj: Mapping[str, Any]) -> bool:
         meta = obj["metadata"]
         key = (obj["kind"], meta["namespace"], meta["name"])

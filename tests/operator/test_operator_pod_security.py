@@ -77,8 +77,9 @@ def worker_pod(make_node: Any, make_job: Any) -> dict[str, Any]:
 @pytest.fixture
 def profiler_pod(make_node: Any) -> dict[str, Any]:
     node = profile_node(make_node("gpu-a", gpus=2), topology_keys=DEFAULT_TOPOLOGY_KEYS)
-    return render_profiler_pod(JOB, node, image="img", image_pull_policy="IfNotPresent",
-                               tolerations=[], timeout_s=60, run_as_user=4242, run_as_group=4343)
+    return render_profiler_pod(JOB, node, namespace="ops", image="img",
+                               image_pull_policy="IfNotPresent", tolerations=[], timeout_s=60,
+                               run_as_user=4242, run_as_group=4343)
 
 
 @pytest.mark.parametrize("which", ["worker_pod", "profiler_pod"])

@@ -50,14 +50,20 @@ def test_profile_reads_labels_capacity_and_topology(make_node: Any) -> None:
     assert p.ready and p.schedulable and not p.measured
 
 
-def test_measured_profile_annotation_overrides_the_table(make_node: Any) -> None:
+def test_measured_figures_override_the_table(make_node: Any) -> None:
+    node = make_node("n1")
+    p = profile_node(node, topology_keys=KEYS, measured={"tflops": 500.0, "memory_bytes": 7e10})
+    assert p.measured and p.gpu_tflops == 500.0 and p.gpu_memory_bytes == 7e10
+    assert p.intra_node_bandwidth == 450e9  # not measured: the table's NVLink figure
+
+
+def test_the_node_annotation_of_earlier_versions_is_ignored(make_node: Any) -> None:
+    # Anyone who may patch a node could write it; profiles come from the operator's store.
     node = make_node("n1")
     node["metadata"]["annotations"][PROFILE_ANNOTATION] = json.dumps(
         {"tflops": 500.0, "memory_bytes": 7e10})
     p = profile_node(node, topology_keys=KEYS)
-    assert p.measured and p.gpu_tflops == 500.0 and p.gpu_memory_bytes == 7e10
-    node["metadata"]["annotations"][PROFILE_ANNOTATION] = "not json"
-    assert profile_node(node, topology_keys=KEYS).gpu_tflops == 989.0
+    assert not p.measured and p.gpu_tflops == 989.0
 
 
 def test_fingerprint_ignores_heartbeats_but_not_hardware(make_node: Any) -> None:

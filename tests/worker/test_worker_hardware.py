@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from adaptis.api.hardware import parse_measured_hardware
 from adaptis.worker.errors import WorkerError
 from adaptis.worker.hardware import REFERENCE_TFLOPS, fit_link, load_hardware, measure_hardware
 from adaptis.worker.launcher import free_port
@@ -27,8 +28,9 @@ def test_single_process_document_has_the_device_and_no_links(tmp_path: Path) -> 
     assert dev["matmul_tflops"] > 0 and dev["memory_bytes"] > 2**28
     assert dev["speed"] == pytest.approx(dev["matmul_tflops"] / REFERENCE_TFLOPS, rel=1e-3)
     assert doc["links"] == {}
-    # The flat keys the operator's node annotation reads.
+    # The flat keys the operator plans from, and the operator's strict schema holds.
     assert doc["tflops"] == dev["matmul_tflops"] and doc["memory_bytes"] == dev["memory_bytes"]
+    assert parse_measured_hardware(profile.to_json()).tflops == dev["matmul_tflops"]
     assert len(profile.to_json().encode()) < 4096
     (tmp_path / "hw.json").write_text(profile.to_json())
     assert load_hardware(tmp_path / "hw.json").device.matmul_tflops == dev["matmul_tflops"]
@@ -69,6 +71,8 @@ def test_two_gloo_ranks_measure_their_link_through_the_cli(tmp_path: Path) -> No
     for p, (_out, err) in zip(procs, results):
         assert p.returncode == 0, err[-2000:]
     docs = [json.loads((tmp_path / f"hw{r}.json").read_text()) for r in (0, 1)]
+    for r in (0, 1):  # with links too, what the operator would store passes its schema
+        parse_measured_hardware((tmp_path / f"hw{r}.json").read_text())
     link = docs[0]["links"]["intra_node"]
     assert link["bandwidth_bytes_per_s"] > 1e6 and link["latency_s"] >= 0
     assert docs[0]["links"] == docs[1]["links"]  # rank 0 measured, every rank reports it
