@@ -3,9 +3,9 @@ VENV ?= $(or $(ADAPTIS_VENV),$(HOME)/.cache/adaptis/venv)
 export ADAPTIS_VENV := $(VENV)
 
 .PHONY: run test bench
-run:  ## set up, then train the embedded default job locally
+run:  ## set up, then train the embedded default job locally, from scratch each time (--fresh)
 	bash scripts/setup.sh
-	$(VENV)/bin/adaptis run examples/tiny-heterogeneous.yaml
+	$(VENV)/bin/adaptis run examples/tiny-heterogeneous.yaml --fresh
 
 test:  ## set up (Python env, control-plane binaries, Prometheus), then run every test
 	bash scripts/setup.sh --test

@@ -113,6 +113,16 @@ def run(args: argparse.Namespace) -> int:
         "checkpoint": spec.checkpoint.model_copy(update={"every_steps": ckpt_every})}))
     ckpt_dir = workdir / "checkpoints"
     resume_from = _checkpoints(args, ckpt_dir, model=spec.model, workers=workers)
+    if resume_from is not None and resume_from >= training.steps:
+        # Nothing left to train: say so at once rather than profile, plan and start ranks.
+        _say(args, f"the checkpoint of step {resume_from} in {ckpt_dir} already completes the "
+                   f"{training.steps} steps: nothing to train; raise --steps to train on, or --fresh "
+                   "to train again")
+        if args.json:
+            print(json.dumps({"job": job.metadata.name, "steps": resume_from, "trained_steps": 0,
+                              "workdir": str(workdir), "checkpoint_dir": str(ckpt_dir),
+                              "resumed_from_step": resume_from}, indent=2))
+        return 0
     if resume_from is not None:
         _say(args, f"resuming from the checkpoint of step {resume_from} in {ckpt_dir} (--fresh to start over)")
 
@@ -139,9 +149,6 @@ def run(args: argparse.Namespace) -> int:
     def on_event(event: dict[str, Any]) -> None:
         if event["event"] == "start":
             starts[event["rank"]] = event
-            if event["rank"] == 0 and event["resumed_step"] >= training.steps:
-                _say(args, f"the checkpoint of step {event['resumed_step']} already completes the "
-                           f"{training.steps} steps: raise --steps to train on, or --fresh to train again")
         elif event["event"] == "step" and event["rank"] == 0:
             steps.append(event)
             _say(args, f"step {event['step']:>4}/{training.steps}  loss {event['loss']:.4f}  "

@@ -132,6 +132,12 @@ def test_rerun_resumes_incompatible_is_refused_and_only_fresh_deletes(tmp_path: 
     assert "resuming from the checkpoint of step 2" in out.stderr
     assert "step    3/3" in out.stderr and "step    1/3" not in out.stderr
 
+    # Run again once the checkpoint completes the steps: nothing to train, said at once.
+    out = _adaptis("run", str(job), *flags, "--steps", "3")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "already completes the 3 steps: nothing to train" in out.stderr
+    assert json.loads(out.stdout)["trained_steps"] == 0 and "planned" not in out.stderr
+
     # --fresh deletes (steps 2 and 3 are kept: two per rank) and says so; it starts at step 1.
     out = _adaptis("run", str(job), *flags, "--steps", "1", "--checkpoint-every", "0", "--fresh")
     assert out.returncode == 0, out.stderr[-3000:]
