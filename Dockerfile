@@ -3,8 +3,11 @@
 #   docker build --target operator -t adaptis/operator:0.1.0 .   # kopf + Kubernetes client, no torch
 #   docker build --target worker   -t adaptis/worker:0.1.0 .     # torch (constraints.txt's pin)
 # Both install into /opt/adaptis with deploy/install-venv.sh and every package pinned in
-# deploy/constraints/<target>.txt; both run as the unprivileged user 10001 (the chart's
-# runAsUser) with `adaptis` as the entry point.
+# deploy/constraints/<target>.txt; both run as the unprivileged numeric user 10001:10001 (the
+# chart's runAsUser and worker.runAsUser: Pod Security `restricted` checks runAsNonRoot against a
+# number) with `adaptis` as the entry point. The operator runs worker and profiler pods with a
+# read-only root filesystem and HOME (/home/adaptis) and /tmp on emptyDirs
+# (docs/pod-security.md), so nothing here may expect to write into the image.
 # Pin the base by digest in a release pipeline (python:3.11.13-slim-bookworm@sha256:...).
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 

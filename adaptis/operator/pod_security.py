@@ -11,7 +11,7 @@ their root filesystem. What Python, torch and triton write at run time goes to t
 Relaxing any of this (say, a device plugin that needs a capability) is the cluster admin's
 call, not the job's: the operator renders the same restricted pods everywhere, and an admin
 who allows more does so with the namespace's Pod Security level and admission policies
-(see docs/security.md).
+(see docs/pod-security.md).
 """
 
 from __future__ import annotations

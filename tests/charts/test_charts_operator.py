@@ -27,7 +27,14 @@ JOB_RULES = {
 } | {
     ("", "configmaps", verb) for verb in ("get", "create", "patch")
 }
-CLUSTER_RULES = {("", "nodes", verb) for verb in ("list", "watch", "patch")}
+# No patch on nodes: measured profiles are kept in the release namespace (a node patch would
+# also let the operator relabel, taint or cordon any node).
+CLUSTER_RULES = {("", "nodes", verb) for verb in ("list", "watch")}
+# In the release namespace only: the profiler pods and the stored profiles (no tenant writes
+# there, which is what makes the profiles unforgeable).
+PROFILE_RULES = {("", "pods", verb) for verb in ("list", "watch", "create", "delete")} | {
+    ("", "configmaps", verb) for verb in ("get", "list", "create", "patch")
+}
 
 
 def _grants(role: Mapping[str, Any]) -> set[tuple[str, str, str]]:
@@ -112,6 +119,16 @@ def test_images_and_worker_settings_reach_the_operator(full_objects: list[dict[s
     assert args[args.index("--worker-image") + 1] == (
         "registry.example.test/adaptis/worker:0.1.0-test")
     assert env_of(container) == {"ADAPTIS_EXTRA": "1"}
+    # Profiles: the admin's image (default: the worker image), stored in the release namespace.
+    assert args[args.index("--profiler-image") + 1] == (
+        "registry.example.test/adaptis/worker:0.1.0-test")
+    assert args[args.index("--profile-namespace") + 1] == chartkit.NAMESPACE
+    assert (args[args.index("--worker-run-as-user") + 1],
+            args[args.index("--worker-run-as-group") + 1]) == ("10001", "10001")
+    custom = operator_container(chartkit.render(home=helm_home, sets={
+        "profiler.image": "admin/profiler:1", "worker.runAsUser": 65532}))["args"]
+    assert custom[custom.index("--profiler-image") + 1] == "admin/profiler:1"
+    assert custom[custom.index("--worker-run-as-user") + 1] == "65532"
     digest = "sha256:" + "ab" * 32
     pinned = chartkit.render(home=helm_home, sets={"image.digest": digest})
     assert operator_container(pinned)["image"] == f"adaptis/operator@{digest}"
@@ -129,14 +146,20 @@ def test_rbac_is_exactly_what_the_operator_uses_all_namespaces(
     default_objects: list[dict[str, Any]],
 ) -> None:
     roles = _roles(default_objects)
-    assert set(roles) == {"adaptis-cluster", "adaptis-jobs"}
+    assert set(roles) == {"adaptis-cluster", "adaptis-jobs", "adaptis-profiles"}
     assert _grants(roles["adaptis-cluster"]) == CLUSTER_RULES
     assert _grants(roles["adaptis-jobs"]) == JOB_RULES
+    assert roles["adaptis-profiles"]["kind"] == "Role"
+    assert roles["adaptis-profiles"]["metadata"]["namespace"] == chartkit.NAMESPACE
+    assert _grants(roles["adaptis-profiles"]) == PROFILE_RULES
     bindings = by_kind(default_objects, "ClusterRoleBinding")
     assert {b["roleRef"]["name"] for b in bindings} == {"adaptis-cluster", "adaptis-jobs"}
-    assert not by_kind(default_objects, "RoleBinding")
+    (profiles,) = by_kind(default_objects, "RoleBinding")
+    assert profiles["metadata"]["namespace"] == chartkit.NAMESPACE
+    assert profiles["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                   "name": "adaptis-profiles"}
     sa = one(default_objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
-    for binding in bindings:
+    for binding in [*bindings, profiles]:
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": sa, "namespace": chartkit.NAMESPACE}
         ]
@@ -151,7 +174,8 @@ def test_rbac_is_namespaced_when_namespaces_are_listed(
     assert [b["roleRef"]["name"] for b in by_kind(full_objects, "ClusterRoleBinding")] == [
         "adaptis-cluster"
     ]
-    bindings = by_kind(full_objects, "RoleBinding")
+    bindings = [b for b in by_kind(full_objects, "RoleBinding")
+                if b["roleRef"]["name"] != "adaptis-profiles"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings:
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",

@@ -59,6 +59,8 @@ def test_the_defaults_satisfy_the_schema_and_cover_it() -> None:
     ({"operator.metrics.port": 80}, "/operator/metrics/port"),
     ({"image.pullPolicy": "Sometimes"}, "pullPolicy"),
     ({"image.digest": "latest"}, "digest"),
+    ({"worker.runAsUser": 0}, "/worker/runAsUser"),  # root: the pods would not start
+    ({"profiler.imagee": "x"}, "imagee"),
 ], ids=lambda v: next(iter(v)) if isinstance(v, dict) else None)
 def test_bad_values_are_rejected(helm_home: Path, sets: dict[str, Any], message: str) -> None:
     args = ["template", *chartkit.template_args(sets=sets)]
