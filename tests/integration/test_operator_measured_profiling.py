@@ -4,8 +4,10 @@
 collector; kwok plays the kubelet. kwok runs no container, so the profiler pods' output is the
 fixed document of the ``adaptis-profiler`` stage in kwok-stages.yaml (:data:`FAKE_HARDWARE_PROFILE`
 here): what ``adaptis profile --hardware`` prints for a 500 TFLOP/s, 80 GiB GPU. The test checks
-what a user would: one profiler pod per unmeasured node, bound to that node; the document cached
-on the node; the plan made from it; the pods gone; and the next job reusing the cache.
+what a user would: one profiler pod per unmeasured node, in the operator's namespace
+(``--profile-namespace``), bound to that node; the document stored in that namespace's profile
+ConfigMaps (never on the node); the plan made from it; the pods gone; and the next job reusing
+the store. tests/integration/test_restricted_workers.py shows what a tenant cannot forge.
 """
 
 from __future__ import annotations
@@ -18,10 +20,17 @@ from typing import Any, TypeVar
 import pytest
 from operator_process import OperatorProcess, install_crd
 
+from adaptis.operator.manifests import JobRef
+from adaptis.operator.profile_store import (
+    hardware_fingerprint,
+    profile_config_map_name,
+    render_profile_config_map,
+)
 from adaptis.operator.profiler_pods import profiler_pod_name
 from adaptis.operator.profiling import PROFILE_ANNOTATION
 
 NS = "operator-profiling"
+PROFILE_NS = "operator-profiling-store"  # the operator's own namespace
 POOL = {"adaptis.io/test-pool": "operator-profiling"}
 FRESH = ("prof-h100-0", "prof-h100-1")
 CACHED = "prof-h100-cached"
@@ -64,16 +73,22 @@ class Session(OperatorProcess):
     def condition(self, name: str, type_: str) -> dict[str, Any]:
         return next(c for c in self.status(name)["conditions"] if c["type"] == type_)
 
-    def events(self, involved: str) -> list[dict[str, Any]]:
-        return list(self.cp.get_json("events", "-n", NS, "--field-selector",
+    def events(self, involved: str, namespace: str = NS) -> list[dict[str, Any]]:
+        return list(self.cp.get_json("events", "-n", namespace, "--field-selector",
                                      f"involvedObject.name={involved}")["items"])
 
     def profiler_pods(self) -> list[dict[str, Any]]:
-        return list(self.cp.get_json("pods", "-n", NS, "-l", "adaptis.io/role=profiler")["items"])
+        return [p for ns in (NS, PROFILE_NS) for p in self.cp.get_json(
+            "pods", "-n", ns, "-l", "adaptis.io/role=profiler")["items"]]
 
     def node_profile(self, node: str) -> dict[str, Any] | None:
-        raw = (self.cp.get_json("node", node)["metadata"].get("annotations") or {}).get(
-            PROFILE_ANNOTATION)
+        """The document stored for the node's current hardware, if any."""
+        result = self.cp.kubectl("get", "configmap", profile_config_map_name(node), "-n",
+                                 PROFILE_NS, "-o", "json", check=False)
+        if result.returncode != 0:
+            return None
+        raw = (json.loads(result.stdout).get("data") or {}).get(
+            hardware_fingerprint(self.cp.get_json("node", node)))
         return None if raw is None else dict(json.loads(raw))
 
 
@@ -82,14 +97,21 @@ def session(control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
     cp = control_plane
     install_crd(cp)
     cp.create_namespace(NS)
+    cp.create_namespace(PROFILE_NS)
     for name in FRESH:
         cp.add_fake_gpu_node(name, product="NVIDIA-H100-80GB-HBM3", gpu_count=2,
                              zone="prof-zone", rack="prof-rack", labels=POOL)
-    cp.add_fake_gpu_node(CACHED, product="NVIDIA-H100-80GB-HBM3", gpu_count=2, zone="prof-zone",
-                         rack="prof-rack", labels=POOL,
-                         annotations={PROFILE_ANNOTATION: json.dumps(CACHED_PROFILE)})
+    # A node measured before: its profile is in the store (as the operator wrote it then); the
+    # node annotation of earlier versions, which claims otherwise, is ignored.
+    cached = cp.add_fake_gpu_node(
+        CACHED, product="NVIDIA-H100-80GB-HBM3", gpu_count=2, zone="prof-zone",
+        rack="prof-rack", labels=POOL,
+        annotations={PROFILE_ANNOTATION: json.dumps({**CACHED_PROFILE, "tflops": 999.0})})
+    cp.apply(render_profile_config_map(namespace=PROFILE_NS, node=CACHED,
+                                       fingerprint=hardware_fingerprint(cached),
+                                       document=json.dumps(CACHED_PROFILE)))
     s = Session(cp, tmp_path_factory.mktemp("operator-profiling") / "operator.log")
-    s.start()
+    s.start(extra_args=["--profile-namespace", PROFILE_NS])
     try:
         yield s
     finally:
@@ -108,20 +130,25 @@ def test_measure_profiles_each_new_node_once_and_caches_the_result(session: Sess
     s.cp.apply(_job("measured"))
     s.wait("the plan of job measured", _planned(s, "measured"), timeout=120)
 
-    # Each unmeasured node got the fake profiler's document, as is; the cached one was kept.
+    # Each unmeasured node got the fake profiler's document, as is; the stored one was kept;
+    # nothing was written on the nodes.
     for node in FRESH:
         assert s.node_profile(node) == FAKE_HARDWARE_PROFILE, node
+        assert PROFILE_ANNOTATION not in (
+            s.cp.get_json("node", node)["metadata"].get("annotations") or {})
     assert s.node_profile(CACHED) == CACHED_PROFILE
 
-    # One profiler pod per unmeasured node, and the scheduler put each on its node.
+    # One profiler pod per unmeasured node, in the operator's namespace, each on its node.
     created = [e for e in s.events("measured") if e["reason"] == "CreatedProfilerPods"]
     assert [e["message"] for e in created] == [
         "created 2 profiler pod(s) (spec.planner.profile: measure)"]
+    ref = JobRef(name="measured", namespace=NS, uid="")
     for node in FRESH:
-        pod = profiler_pod_name("measured", node)
-        scheduled = [e["message"] for e in s.events(pod) if e["reason"] == "Scheduled"]
+        pod = profiler_pod_name(ref, node)
+        scheduled = [e["message"] for e in s.events(pod, PROFILE_NS)
+                     if e["reason"] == "Scheduled"]
         assert scheduled and scheduled[0].endswith(f"to {node}"), (pod, scheduled)
-    assert not [e for e in s.events(profiler_pod_name("measured", CACHED))
+    assert not [e for e in s.events(profiler_pod_name(ref, CACHED), PROFILE_NS)
                 if e["reason"] == "Scheduled"]
 
     # The plan was made from the measurements.
