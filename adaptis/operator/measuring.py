@@ -18,8 +18,10 @@ from typing import Any
 
 from adaptis.api.job import JobSpec
 from adaptis.operator.kube import Cluster
+from adaptis.operator.manifests import JobRef
 from adaptis.operator.passes import PassState, ReconcileSettings
 from adaptis.operator.profiler_pods import (
+    is_profiler_of,
     nodes_to_profile,
     profiler_node,
     read_profiler_pod,
@@ -34,7 +36,7 @@ from adaptis.operator.profile_store import (
 )
 from adaptis.operator.profiling import NodeProfile, profile_node
 
-__all__ = ["Measured", "measure_candidates"]
+__all__ = ["Measured", "delete_job_profilers", "job_profilers", "measure_candidates"]
 
 # How often a job waiting for its profilers looks again: the pods live in the operator's
 # namespace, whose events reach the job only where the operator watches that namespace.
@@ -43,6 +45,21 @@ _POLL_S = 5.0
 #: The candidates with the new measurements applied, and one note per node that keeps the
 #: label-based estimate because its profiler gave nothing usable.
 Measured = tuple[list[NodeProfile], list[str]]
+
+
+def job_profilers(cluster: Cluster, job: JobRef, *,
+                  settings: ReconcileSettings) -> list[dict[str, Any]]:
+    """The job's profiler pods, in the operator's namespace (found by label: not owned)."""
+    return [pod for pod in cluster.list_pods(settings.profile_namespace, job.name)
+            if is_profiler_of(pod, job)]
+
+
+def delete_job_profilers(cluster: Cluster, job: JobRef, *, settings: ReconcileSettings) -> None:
+    """For a job that is gone: its profiler pods cannot be garbage-collected with it."""
+    for pod in job_profilers(cluster, job, settings=settings):
+        meta = pod.get("metadata") or {}
+        if not meta.get("deletionTimestamp"):
+            cluster.delete_pod(meta["namespace"], meta["name"])
 
 
 def _store(cluster: Cluster, *, settings: ReconcileSettings, raw: Mapping[str, Any],

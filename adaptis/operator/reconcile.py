@@ -10,7 +10,8 @@ spec and the planned nodes are unchanged -> delete stale pods (other plan or att
 the missing ones (deterministic names: a 409 means done) -> read the pods -> restart the gang,
 finish, or report -> write status only when it changed. With ``spec.planner.profile: measure``,
 planning first waits for one profiler pod per unmeasured candidate node
-(:mod:`adaptis.operator.measuring`) and caches each result on its node.
+(:mod:`adaptis.operator.measuring`), which stores each result in the operator's namespace
+(:mod:`adaptis.operator.profile_store`); every plan reads the stored profiles.
 
 Failures of the user's making never raise: they become a condition naming the field and an
 Event. Only API errors propagate, and the caller retries them.
@@ -40,15 +41,11 @@ from adaptis.operator.manifests import (
     render_pod,
     render_service,
 )
-from adaptis.operator.measuring import measure_candidates
+from adaptis.operator.measuring import delete_job_profilers, job_profilers, measure_candidates
 from adaptis.operator.passes import PassState, ReconcileSettings, Result
 from adaptis.operator.planning import PlanRecord, plan_job, record_from_config_map, spec_hash
-from adaptis.operator.profile_store import (
-    measured_figures,
-    profile_selector,
-    read_stored_profiles,
-)
-from adaptis.operator.profiler_pods import is_profiler_of, is_profiler_pod
+from adaptis.operator.profile_store import measured_figures, profile_selector, read_stored_profiles
+from adaptis.operator.profiler_pods import is_profiler_pod
 from adaptis.operator.profiling import candidate_nodes, profile_node
 from adaptis.operator.status import census, parse_status, parse_time, plan_summary, status_payload
 from adaptis.operator.validation import validate_job
@@ -93,7 +90,8 @@ class Reconciler:
             self._given_up.pop((namespace, name), None)
             # Gone or going: owner references clean the children up, except the profiler
             # pods, which live in the operator's namespace and so cannot be owned by the job.
-            self._delete_profilers(JobRef(name=name, namespace=namespace, uid=""))
+            delete_job_profilers(self._cluster, JobRef(name=name, namespace=namespace, uid=""),
+                                 settings=self._settings)
             return Result()
         meta = body["metadata"]
         p = PassState(job=JobRef(name=name, namespace=namespace, uid=meta["uid"]),
@@ -130,7 +128,7 @@ class Reconciler:
             p.condition("Failed", "False", reason="SpecChanged",
                         message="the spec was corrected")
         pods = self._cluster.list_pods(p.job.namespace, p.job.name)
-        profilers = self._profilers(p.job)
+        profilers = job_profilers(self._cluster, p.job, settings=self._settings)
         # A pod in the job's namespace with the profiler's labels is not the operator's (its
         # profilers run in the operator's namespace): neither a worker nor a profile source.
         workers = [pod for pod in pods if not is_profiler_pod(pod)]
@@ -372,17 +370,6 @@ class Reconciler:
             return sum(int(self._cluster.create(o)) for o in objects)
         with ThreadPoolExecutor(max_workers=min(_CREATE_PARALLELISM, len(objects))) as pool:
             return sum(int(done) for done in pool.map(self._cluster.create, objects))
-
-    def _profilers(self, job: JobRef) -> list[dict[str, Any]]:
-        """The job's profiler pods, in the operator's namespace."""
-        return [pod for pod in self._cluster.list_pods(self._settings.profile_namespace, job.name)
-                if is_profiler_of(pod, job)]
-
-    def _delete_profilers(self, job: JobRef) -> None:
-        for pod in self._profilers(job):
-            meta = pod.get("metadata") or {}
-            if not meta.get("deletionTimestamp"):
-                self._cluster.delete_pod(meta["namespace"], meta["name"])
 
     def _delete_pods(self, p: PassState, pods: Sequence[Mapping[str, Any]]) -> None:
         """Delete pods; those bound to a node that is gone are force-deleted, as the pod
