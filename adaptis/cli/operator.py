@@ -79,6 +79,10 @@ def _run(args: argparse.Namespace) -> int:
     from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS
     from adaptis.operator.reconcile import ReconcileSettings
 
+    if args.worker_run_as_user < 1 or args.worker_run_as_group < 0:
+        print("adaptis operator: --worker-run-as-user must be a non-root UID (>= 1) and "
+              "--worker-run-as-group >= 0", file=sys.stderr)
+        return 2
     # A long-running service logs its decisions (plans, restarts, failures) by default; kopf
     # logs every handled watch event at INFO, which only -v shows.
     if not args.verbose:
@@ -87,10 +91,6 @@ def _run(args: argparse.Namespace) -> int:
     if args.kubeconfig is not None:
         # kopf's login and the reconciler's client both read it from the environment.
         os.environ["KUBECONFIG"] = str(args.kubeconfig)
-    if args.worker_run_as_user < 1 or args.worker_run_as_group < 0:
-        print("adaptis operator: --worker-run-as-user must be a non-root UID (>= 1) and "
-              "--worker-run-as-group >= 0", file=sys.stderr)
-        return 2
     manifests = ManifestSettings(run_as_user=args.worker_run_as_user,
                                  run_as_group=args.worker_run_as_group,
                                  **({"image": args.worker_image} if args.worker_image else {}))

@@ -113,3 +113,16 @@ def test_the_checker_sees_what_restricted_refuses(worker_pod: dict[str, Any]) ->
     container["securityContext"].pop("seccompProfile")
     worker_pod["spec"]["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
     assert len(restricted_violations(worker_pod)) == 5
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (["--worker-run-as-user", "0"], "--worker-run-as-user must be a non-root UID"),
+    (["--worker-run-as-group", "-1"], "--worker-run-as-group >= 0"),
+])
+def test_the_operator_refuses_a_root_worker_user(flags: list[str], needle: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from adaptis.cli import main
+
+    # Refused before any connection: no cluster is needed to see it.
+    assert main(["operator", "--namespace", "x", *flags]) == 2
+    assert needle in capsys.readouterr().err
