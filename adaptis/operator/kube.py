@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
@@ -25,12 +26,15 @@ from adaptis.api.job import GROUP, PLURAL, VERSION
 from adaptis.operator.errors import OperatorError
 from adaptis.operator.manifests import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY, JobRef
 
-__all__ = ["ApiError", "Cluster", "KubeCluster"]
+__all__ = ["ApiError", "Cluster", "KubeCluster", "create_many"]
 
 log = logging.getLogger(__name__)
 
 _JOBS = f"/apis/{GROUP}/{VERSION}/namespaces/{{ns}}/{PLURAL}"
 _MERGE = "application/merge-patch+json"
+# Statuses of a create that admission refused (Pod Security, a policy, a quota, validation),
+# as opposed to a failure of the API server.
+_REFUSED = frozenset({403, 422})
 
 
 class ApiError(OperatorError):
@@ -57,6 +61,27 @@ class Cluster(Protocol):
     def replace_config_map(self, obj: Mapping[str, Any]) -> None: ...
     def delete_pod(self, namespace: str, name: str, *, force: bool = False) -> None: ...
     def event(self, job: JobRef, *, type_: str, reason: str, message: str) -> None: ...
+
+
+def create_many(cluster: Cluster, objects: Sequence[Mapping[str, Any]], *,
+                parallelism: int) -> tuple[int, dict[str, str]]:
+    """Create objects a few at a time (a 64-rank gang is 64 round trips): how many are new,
+    and by name the ones admission refused, with the API server's reason."""
+    refused: dict[str, str] = {}
+
+    def create(obj: Mapping[str, Any]) -> bool:
+        try:
+            return cluster.create(obj)
+        except ApiError as err:
+            if err.status not in _REFUSED:
+                raise
+            refused[obj["metadata"]["name"]] = str(err)
+            return False
+
+    if len(objects) <= 1:
+        return sum(int(create(o)) for o in objects), refused
+    with ThreadPoolExecutor(max_workers=min(parallelism, len(objects))) as pool:
+        return sum(int(done) for done in pool.map(create, objects)), refused
 
 
 def _collection(obj: Mapping[str, Any]) -> str:

@@ -21,6 +21,7 @@ from adaptis.operator.kube import Cluster
 from adaptis.operator.manifests import JobRef
 from adaptis.operator.passes import PassState, ReconcileSettings
 from adaptis.operator.profiler_pods import (
+    NODE_ANNOTATION,
     is_profiler_of,
     nodes_to_profile,
     profiler_node,
@@ -85,12 +86,14 @@ def measure_candidates(
     raw_nodes: Mapping[str, Mapping[str, Any]],
     given_up: MutableMapping[str, str],
     settings: ReconcileSettings,
-    create_all: Callable[[Sequence[Mapping[str, Any]]], int],
+    create_all: Callable[[Sequence[Mapping[str, Any]]], tuple[int, dict[str, str]]],
 ) -> Measured | None:
     """Profile the unmeasured candidates with one pod each; None while any is at work.
 
     ``given_up`` (node -> why) is the caller's memory of failed profilers across passes; it is
-    updated here. ``create_all`` creates objects and counts the new ones.
+    updated here. ``create_all`` creates objects and returns how many are new and, by name,
+    the refusals of admission (a profiler pod the operator's namespace does not admit: its node
+    keeps the estimate, as for a failed profiler).
     """
     timeout = settings.profile_timeout_s
     by_node = {profiler_node(pod): pod for pod in profilers}
@@ -126,7 +129,15 @@ def measure_candidates(
         else:
             waiting.append(node.name)
             p.requeue.append(min(_POLL_S, seconds_left(pod, now=p.now, timeout_s=timeout)))
-    created = create_all(to_create)
+    created, refused = create_all(to_create)
+    for pod in to_create:
+        why = refused.get(pod["metadata"]["name"])
+        node_name = str(pod["metadata"]["annotations"][NODE_ANNOTATION])
+        if why is not None:
+            given_up[node_name] = f"profiler pod refused by the API server ({why})"
+            waiting.remove(node_name)
+            p.events.append(("Warning", "ProfilingFailed", f"node {node_name}: "
+                             f"{given_up[node_name]}; using the label-based estimate"))
     if created:
         p.events.append(("Normal", "CreatedProfilerPods",
                          f"created {created} profiler pod(s) (spec.planner.profile: measure)"))

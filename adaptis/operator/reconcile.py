@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
 
 from adaptis.api.job import JobSpec
 from adaptis.operator.errors import InvalidJob, Unsatisfiable
-from adaptis.operator.kube import Cluster
+from adaptis.operator.kube import Cluster, create_many
 from adaptis.operator.manifests import (
     LABEL_RANK,
     JobRef,
@@ -189,7 +189,8 @@ class Reconciler:
             measured_now = measure_candidates(
                 self._cluster, p, spec=spec, candidates=candidates, profilers=profilers,
                 raw_nodes=raw_nodes, given_up=self._given_up.setdefault((ns, name), {}),
-                settings=self._settings, create_all=self._create_all)
+                settings=self._settings, create_all=partial(create_many, self._cluster,
+                                                            parallelism=_CREATE_PARALLELISM))
             if measured_now is None:
                 return None  # profiler pods still at work: their events wake the job
             candidates, notes = measured_now
@@ -306,7 +307,8 @@ class Reconciler:
         pods_to_create = [render_pod(p.job, spec, record, rank=rank, attempt=attempt,
                                      settings=self._settings.manifests)
                           for rank in missing if rank not in blocked]
-        created = self._create_all(pods_to_create)
+        created, refused = create_many(self._cluster, pods_to_create,
+                                       parallelism=_CREATE_PARALLELISM)
         if blocked:
             p.requeue.append(_RETRY_TERMINATING_S)
         if created and not p.status.start_time:
@@ -315,6 +317,12 @@ class Reconciler:
                 p.requeue.append(float(spec.active_deadline_seconds))
         if created:
             p.events.append(("Normal", "CreatedPods", f"created {created} worker pod(s)"))
+        if refused:  # retried: the admin may relax the namespace's policy, the user the spec
+            msg = f"the API server refused worker pod(s): {next(iter(refused.values()))}"[:1024]
+            p.update(message=msg)
+            p.condition("Running", "False", reason="PodsRejected", message=msg, event="Warning")
+            p.requeue.append(_RETRY_UNSATISFIABLE_S)
+            return
 
         if c.running + c.succeeded == workers:
             p.update(phase="Running", message=None)
@@ -364,13 +372,6 @@ class Reconciler:
         self._cluster.delete_job(p.job.namespace, p.job.name)
 
     # --- effects ----------------------------------------------------------------------------
-    def _create_all(self, objects: Sequence[Mapping[str, Any]]) -> int:
-        """Create objects a few at a time (a 64-rank gang is 64 round trips); count the new."""
-        if len(objects) <= 1:
-            return sum(int(self._cluster.create(o)) for o in objects)
-        with ThreadPoolExecutor(max_workers=min(_CREATE_PARALLELISM, len(objects))) as pool:
-            return sum(int(done) for done in pool.map(self._cluster.create, objects))
-
     def _delete_pods(self, p: PassState, pods: Sequence[Mapping[str, Any]]) -> None:
         """Delete pods; those bound to a node that is gone are force-deleted, as the pod
         garbage collector would do much later, so their names free up for the new plan."""

@@ -147,6 +147,22 @@ def test_measured_job_runs_in_restricted_namespaces(session: Session) -> None:
            lambda: s.status("measured").get("phase") == "Succeeded", timeout=120)
 
 
+def test_a_job_gets_no_more_than_the_namespace_allows(session: Session) -> None:
+    """A job asking for a host path in a restricted namespace: its pods are refused by the API
+    server (not by the operator), and the job says so."""
+    s = session
+    job = _job("hostpath", pool=POOL, profile="estimate", workers=1)
+    job["spec"]["worker"]["volumes"] = [{"name": "host", "hostPath": {"path": "/var"}}]
+    job["spec"]["worker"]["volumeMounts"] = [{"name": "host", "mountPath": "/host"}]
+    s.cp.apply(job)
+    cond = s.wait("the refusal in the job's status", lambda: next(
+        (c for c in s.status("hostpath").get("conditions", [])
+         if c["type"] == "Running" and c["reason"] == "PodsRejected"), None))
+    assert "violates PodSecurity" in cond["message"] and "hostPath" in cond["message"]
+    assert not s.pods(NS, "adaptis.io/job=hostpath")
+    s.cp.kubectl("delete", "adaptisjob", "hostpath", "-n", NS, "--wait=false")
+
+
 def test_a_tenants_forged_profile_changes_no_other_tenants_plan(session: Session) -> None:
     s = session
     fake = json.dumps({"tflops": 20000.0, "memory_bytes": 85899345920.0})

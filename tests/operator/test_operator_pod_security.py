@@ -14,11 +14,13 @@ from typing import Any
 import pytest
 
 from adaptis.api.job import JobSpec
+from adaptis.operator.kube import ApiError
 from adaptis.operator.manifests import JobRef, ManifestSettings, render_pod
 from adaptis.operator.planning import plan_job
 from adaptis.operator.pod_security import HOME_DIR, TMP_DIR
 from adaptis.operator.profiler_pods import render_profiler_pod
 from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, profile_node
+from adaptis.operator.reconcile import Reconciler
 
 JOB = JobRef(name="demo", namespace="ns", uid="uid-1")
 _ALLOWED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
@@ -126,3 +128,53 @@ def test_the_operator_refuses_a_root_worker_user(flags: list[str], needle: str,
     # Refused before any connection: no cluster is needed to see it.
     assert main(["operator", "--namespace", "x", *flags]) == 2
     assert needle in capsys.readouterr().err
+
+
+class RefusingCluster:
+    """The conftest's in-memory API, with Pod Security admission refusing every pod."""
+
+    def __init__(self, inner: Any, *, status: int = 403) -> None:
+        self._inner = inner
+        self._status = status
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def create(self, obj: Any) -> bool:
+        if obj["kind"] == "Pod":
+            raise ApiError(f'POST pods: {self._status} pods "{obj["metadata"]["name"]}" is '
+                           'forbidden: violates PodSecurity "restricted:latest": hostPath '
+                           'volumes', status=self._status)
+        return bool(self._inner.create(obj))
+
+
+def _condition(job: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in job["status"]["conditions"] if c["type"] == type_)
+
+
+def test_worker_pods_refused_by_admission_show_in_status(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job())
+    result = Reconciler(RefusingCluster(cluster)).reconcile("ns", "demo")
+    job = cluster.job()
+    running = _condition(job, "Running")
+    assert running["status"] == "False" and running["reason"] == "PodsRejected"
+    assert "violates PodSecurity" in running["message"]
+    assert "violates PodSecurity" in job["status"]["message"]
+    assert ("demo", "Warning", "PodsRejected") in [e[:3] for e in cluster.events]
+    assert result.requeue_after is not None  # tried again: the admin may relax the policy
+
+
+def test_a_failure_of_the_api_server_is_not_a_refusal(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job())
+    with pytest.raises(ApiError):  # the work queue retries it with backoff
+        Reconciler(RefusingCluster(cluster, status=500)).reconcile("ns", "demo")
+
+
+def test_a_refused_profiler_leaves_its_node_to_the_estimate(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job(spec={"planner": {"strategy": "1f1b", "profile": "measure"}}))
+    Reconciler(RefusingCluster(cluster)).reconcile("ns", "demo")
+    job = cluster.job()
+    assert _condition(job, "Planned")["status"] == "True"  # not stuck in Profiling
+    message = _condition(job, "Profiling")["message"]
+    assert "profiler pod refused by the API server" in message
+    assert "using the label-based estimate" in message
