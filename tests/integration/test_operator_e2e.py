@@ -381,6 +381,12 @@ def test_rendered_worker_pods_really_train(operator: Operator, tmp_path: Path) -
         env = dict(os.environ)
         env.update({e["name"]: e["value"] for e in container["env"] if "value" in e})
         env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+        # The writable home (an emptyDir: HOME and the torch caches point into it), local.
+        home = next(m["mountPath"] for m in container["volumeMounts"]
+                    if m["name"] == "adaptis-home")
+        local_home = tmp_path / pod["metadata"]["name"] / "home"
+        env.update({k: str(local_home) + v[len(home):] for k, v in env.items()
+                    if v == home or v.startswith(home + "/")})
         procs.append(subprocess.Popen(command, env=env, cwd=tmp_path,  # noqa: S603
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     outputs = []

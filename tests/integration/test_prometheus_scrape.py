@@ -146,6 +146,10 @@ def _start_rank(pod: dict[str, Any], config_map: dict[str, Any], *, workdir: Pat
     env = {e["name"]: e["value"] for e in container["env"]}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port),
                ADAPTIS_METRICS_PORT=str(port))
+    # The writable home (an emptyDir: HOME and the torch caches point into it) as a directory.
+    home = mounts["adaptis-home"]
+    env.update({k: str(workdir / f"rank-{rank}" / "home") + v[len(home):]
+                for k, v in env.items() if v == home or v.startswith(home + "/")})
     log_path = workdir / f"rank-{rank}.log"
     process = subprocess.Popen(  # noqa: S603 - our own CLI
         [*command, "--linger-seconds", str(LINGER_S)],
