@@ -4,7 +4,7 @@
 contract's strategy names; ``compare(problem)`` runs them all. ``adaptis`` starts from the best
 baseline and never returns a plan slower than it or one that exceeds a device's memory.
 
-The lower bound (``lower_bound``) is the largest of three limits no plan can beat:
+The lower bound (``lower_bound``) is the largest of five limits no plan can beat:
 1. all work spread perfectly: sum of F+B+W over layers x microbatches / sum of device speeds;
 2. the heaviest layer on the fastest device: its F+B+W x microbatches / max speed (a layer
    cannot be split, so its device does at least that);
@@ -14,6 +14,10 @@ The lower bound (``lower_bound``) is the largest of three limits no plan can bea
    forward through the layers before L; its device then runs m of its F and B; after the
    last of those B, that microbatch's backward still has to cross every layer before L:
    sum F(<L) + m (F_L + B_L) + sum B(<L). (Likewise sum F(<L) + m (F_L + B_L + W_L).)
+5. granularity: layers are indivisible, so some device runs at least the least possible
+   max per-device work over every layer -> device assignment (bounded from below in
+   :func:`adaptis.planner.bounds.assignment_bound`; placements need not be contiguous).
+The first four are :func:`adaptis.planner.bounds.pipeline_bound`, the bound before 5.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 from adaptis.api.plan import STRATEGY_NAMES, Comparison, Plan, Predicted, StrategyResult
 from adaptis.api.problem import Problem
 from adaptis.planner.baselines import BASELINES
+from adaptis.planner.bounds import assignment_bound, pipeline_bound
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import DeadlockError, PlannerError
 from adaptis.planner.search import joint_search
@@ -48,22 +53,8 @@ class Outcome:
 
 
 def lower_bound(costs: Costs) -> float:
-    m = costs.microbatches
-    back = costs.least_backward()  # a plan may run any backward fused or split
-    grad = [min(b, fu) for b, fu in zip(costs.backward, costs.fused)]  # input gradient ready
-    work = [f + bw for f, bw in zip(costs.forward, back)]
-    vmax = max(costs.speed)
-    spread = sum(work) * m / sum(costs.speed)
-    heaviest = max(work) * m / vmax
-    tail = min(min(costs.weight), min(back))
-    chain = (sum(costs.forward) + sum(grad) + tail) / vmax
-    per_layer = 0.0
-    f_before = b_before = 0.0
-    for f, g, bw in zip(costs.forward, grad, back):
-        per_layer = max(per_layer, f_before + m * (f + g) + b_before, f_before + m * (f + bw))
-        f_before += f
-        b_before += g
-    return max(spread, heaviest, chain, per_layer / vmax)
+    """The largest of the pipeline terms and the granularity term (:mod:`adaptis.planner.bounds`)."""
+    return max(pipeline_bound(costs), assignment_bound(costs))
 
 
 def _outcome(name: str, costs: Costs, plan: Plan, seconds: float) -> Outcome:

@@ -20,10 +20,12 @@ from hypothesis import strategies as st
 from adaptis.api.plan import Plan
 from adaptis.api.problem import parse_problem
 from adaptis.planner.baselines import BASELINES
+from adaptis.planner.bounds import pipeline_bound
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import PlannerError
 from adaptis.planner.partition import balanced_partition, bottleneck, megatron_partition
 from adaptis.planner.simulator import Simulation, simulate
+from adaptis.planner.strategies import compare
 
 EPS = 1e-7
 
@@ -48,7 +50,7 @@ def layer(draw: st.DrawFn, *, name: str, kind: str | None = None) -> dict[str, A
 
 
 @st.composite
-def problems(draw: st.DrawFn) -> Costs:
+def problem_docs(draw: st.DrawFn) -> dict[str, Any]:
     body = draw(st.integers(min_value=1, max_value=12))
     layers = [draw(layer(name=f"l{i}")) for i in range(body)]
     if draw(st.booleans()):
@@ -81,7 +83,11 @@ def problems(draw: st.DrawFn) -> Costs:
         link = {"bandwidth_bytes_per_s": draw(st.floats(min_value=1e9, max_value=1e12)),
                 "latency_s": draw(st.floats(min_value=0.0, max_value=1e-3))}
         doc["network"] = {"inter_node": link, **({"intra_node": link} if draw(st.booleans()) else {})}
-    return Costs.from_problem(parse_problem(doc))
+    return doc
+
+
+def problems() -> st.SearchStrategy[Costs]:
+    return problem_docs().map(lambda doc: Costs.from_problem(parse_problem(doc)))
 
 
 def _check_plan(costs: Costs, plan: Plan, sim: Simulation) -> None:
@@ -178,3 +184,16 @@ def test_balanced_partition_is_never_worse_than_megatron(costs: Costs, parts: in
     assert all(a[1] == b[0] for a, b in zip(stages, stages[1:]))
     reference = megatron_partition(costs, stages_count=parts)
     assert bottleneck(costs, stages, speeds=speeds) <= bottleneck(costs, reference, speeds=speeds) * (1 + 1e-9)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem_docs())
+def test_no_plan_of_any_strategy_beats_the_lower_bound(doc: dict[str, Any]) -> None:
+    """The granularity-aware bound is still a bound: adaptis (V-shape, looped, packed,
+    non-contiguous placements) and every baseline end at or after it."""
+    comparison, _ = compare(parse_problem(doc))
+    costs = Costs.from_problem(parse_problem(doc))
+    assert comparison.lower_bound >= pipeline_bound(costs)
+    for name, res in comparison.strategies.items():
+        if res.iteration_time is not None:
+            assert res.iteration_time >= comparison.lower_bound * (1 - 1e-9), (name, res.iteration_time)

@@ -1,0 +1,141 @@
+"""Lower bounds on the iteration time: what no plan of any strategy can beat.
+
+Sits under :mod:`adaptis.planner.strategies` (whose ``lower_bound`` is the largest of these) and
+uses only :mod:`adaptis.planner.costs`. Two families:
+
+- :func:`pipeline_bound`: the pipeline terms (all work spread perfectly, the heaviest layer on
+  the fastest device, one microbatch's critical path, and per layer the forward before it, its
+  ``m`` microbatches and the backward after it); see ``strategies``' docstring;
+- :func:`assignment_bound`: the *granularity* term. A layer is never split between devices, so
+  each device runs whole layers, ``m`` times each: the iteration is at least the least possible
+  largest ``sum(work of its layers) x m / speed`` over every layer -> device assignment, with
+  any number of layers on a device and in any order (V-shape, looped and packed placements
+  are not contiguous, so a contiguous-partition DP would *not* be a bound for them). That
+  minimum is a scheduling problem on uniform machines (NP-hard), so we bound it from below:
+  bisection on the time ``T`` with a test that every feasible ``T`` passes (a necessary
+  condition), and report the largest ``T`` that failed.
+
+The necessary condition at ``T`` (device ``d`` may take work ``C_d = T x speed_d``):
+1. every layer fits on some device (``w_max <= max C_d``);
+2. layers larger than the ``k`` smallest capacities must fit, even split fractionally, into the
+   other devices (Hall's condition of the fractional relaxation; the eligible devices of a
+   layer are nested, so these ``p`` inequalities are exact for it);
+3. counting: for every size ``s``, the layers of size ``>= s`` need at most
+   ``sum_d`` (most of them device ``d`` can hold: its smallest ones, greedily) places —
+   the generalisation of "``p + 1`` layers on ``p`` devices put two on one device" that makes
+   40 equal layers on 16 devices cost 3 layers, not 2.5.
+
+Each device's busy time is at least its layers' ``F + min(B+W, fused)`` over its speed, ``m``
+times (torch's extra graph walks and the per-action overhead only add to it), so a ``T`` below
+the optimum of that assignment problem is below every plan's iteration time.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from itertools import accumulate
+
+from adaptis.planner.costs import Costs
+
+__all__ = ["assignment_bound", "pipeline_bound"]
+
+# Bisection stops at this relative width; the failing end is returned, so it stays a bound.
+_REL_TOL = 1e-9
+# Comparisons lean towards "fits" by this much: float rounding must never fail a feasible T.
+_SLACK = 1e-12
+
+
+def pipeline_bound(costs: Costs) -> float:
+    """The pipeline terms of the lower bound (the bound before granularity was counted)."""
+    m = costs.microbatches
+    back = costs.least_backward()  # a plan may run any backward fused or split
+    grad = [min(b, fu) for b, fu in zip(costs.backward, costs.fused)]  # input gradient ready
+    work = [f + bw for f, bw in zip(costs.forward, back)]
+    vmax = max(costs.speed)
+    spread = sum(work) * m / sum(costs.speed)
+    heaviest = max(work) * m / vmax
+    tail = min(min(costs.weight), min(back))
+    chain = (sum(costs.forward) + sum(grad) + tail) / vmax
+    per_layer = 0.0
+    f_before = b_before = 0.0
+    for f, g, bw in zip(costs.forward, grad, back):
+        per_layer = max(per_layer, f_before + m * (f + g) + b_before, f_before + m * (f + bw))
+        f_before += f
+        b_before += g
+    return max(spread, heaviest, chain, per_layer / vmax)
+
+
+def assignment_bound(costs: Costs) -> float:
+    """A lower bound on the least max per-device work over any layer -> device assignment."""
+    m = costs.microbatches
+    work = sorted(m * (f + bw) for f, bw in zip(costs.forward, costs.least_backward()))
+    speeds = sorted(costs.speed)
+    if not work or work[-1] <= 0:
+        return 0.0
+    lo = max(sum(work) / sum(speeds), work[-1] / speeds[-1]) * (1 - 1e-6)
+    if _may_fit(work, speeds, lo):
+        return lo  # spread and heaviest are bounds in their own right
+    hi = _greedy_makespan(work, speeds)  # a real assignment: passes every necessary test
+    for _ in range(8):  # only float rounding can fail a real assignment's makespan
+        if _may_fit(work, speeds, hi):
+            return _bisect(work, speeds, lo=lo, hi=hi)
+        hi = math.nextafter(hi, math.inf) * (1 + _REL_TOL)
+    return lo  # still a bound: spread and heaviest
+
+
+def _bisect(work: list[float], speeds: list[float], *, lo: float, hi: float) -> float:
+    """The largest T found with ``_may_fit`` false (``lo`` fails, ``hi`` passes)."""
+    while hi - lo > _REL_TOL * hi:
+        mid = (lo + hi) / 2
+        if _may_fit(work, speeds, mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def _greedy_makespan(work: list[float], speeds: list[float]) -> float:
+    """Largest layers first, each onto the device where it would finish earliest."""
+    load = [0.0] * len(speeds)
+    for w in reversed(work):
+        d = min(range(len(speeds)), key=lambda i: (load[i] + w) / speeds[i])
+        load[d] += w
+    return max(x / v for x, v in zip(load, speeds))
+
+
+def _may_fit(work: list[float], speeds: list[float], t: float) -> bool:
+    """Necessary condition for an assignment of ``work`` (ascending) with every device's
+    work / speed at most ``t`` (``speeds`` ascending); see the module docstring."""
+    caps = [t * v * (1 + _SLACK) for v in speeds]  # ascending, as speeds
+    n, p = len(work), len(caps)
+    if work[-1] > caps[-1]:
+        return False
+    pre = [0.0, *accumulate(work)]
+    # 2. Layers above the k smallest capacities go to the p - k others.
+    room = sum(caps)
+    for k in range(p):
+        first = bisect_right(work, caps[k - 1]) if k else 0
+        if pre[n] - pre[first] > room:
+            return False
+        room -= caps[k]
+    # 3. Counting from every distinct size down: the layers of size >= s and how many of
+    # them each device can hold (its smallest ones first).
+    i = n
+    while i > 0:
+        s = work[i - 1]
+        first = i - 1
+        while first > 0 and work[first - 1] == s:
+            first -= 1
+        need = n - first
+        base = pre[first]
+        places = 0
+        for c in caps:
+            # Most layers among work[first:]: the largest j with pre[first + j] - base <= c.
+            places += bisect_right(pre, base + c, lo=first) - 1 - first
+            if places >= need:
+                break
+        if places < need:
+            return False
+        i = first
+    return True
