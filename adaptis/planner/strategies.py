@@ -2,7 +2,8 @@
 
 ``plan_strategy(problem, name)`` returns the plan and its simulated figures for one of the
 contract's strategy names; ``compare(problem)`` runs them all. ``adaptis`` starts from the best
-baseline and never returns a plan slower than it or one that exceeds a device's memory.
+baseline and never returns a plan slower than it or one that exceeds a device's memory; when
+neither the baselines nor the search fit, it tries :func:`adaptis.planner.feasibility.memory_fallback`.
 
 The lower bound (``lower_bound``) is the largest of five limits no plan can beat:
 1. all work spread perfectly: sum of F+B+W over layers x microbatches / sum of device speeds;
@@ -34,6 +35,7 @@ from adaptis.planner.baselines import BASELINES
 from adaptis.planner.bounds import assignment_bound, pipeline_bound
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import DeadlockError, PlannerError
+from adaptis.planner.feasibility import memory_fallback
 from adaptis.planner.search import joint_search
 from adaptis.planner.simulator import Simulation, simulate
 
@@ -108,10 +110,16 @@ def _adaptis(costs: Costs, baselines: dict[str, Outcome], on_progress: Progress 
         on_progress=on_progress,
     )
     best = incumbent
-    if found is not None:
-        placement = [[s for s, d in enumerate(found.owner) if d == dev] for dev in range(costs.devices)]
+    tried = [] if found is None else [(found.stages, found.owner, found.schedule)]
+    if found is None and incumbent is None:
+        # Nothing fits: cut by memory (devices may stay empty), fewer microbatches in flight.
+        fallback = memory_fallback(costs)
+        tried = [] if fallback is None else [fallback]
+    for stages, owner, schedule in tried:
+        placement = [[s for s, d in enumerate(owner) if d == dev] for dev in range(costs.devices)]
         plan = Plan.model_construct(  # generated: the simulator checks it below
-            stages=found.stages, placement=placement, actions=[list(a) for a in found.schedule.actions]
+            stages=stages, placement=placement,
+            actions=[list(a) for a in schedule.actions],  # one list per device, empty ones too
         )
         cand = _outcome("adaptis", costs, plan, 0.0)
         if cand.result.feasible and (
