@@ -23,7 +23,10 @@ The necessary condition at ``T`` (device ``d`` may take work ``C_d = T x speed_d
 3. counting: for every size ``s``, the layers of size ``>= s`` need at most
    ``sum_d`` (most of them device ``d`` can hold: its smallest ones, greedily) places —
    the generalisation of "``p + 1`` layers on ``p`` devices put two on one device" that makes
-   40 equal layers on 16 devices cost 3 layers, not 2.5.
+   40 equal layers on 16 devices cost 3 layers, not 2.5;
+4. on identical devices with few distinct layer sizes (the paper's models: embedding, blocks,
+   MoE blocks, head), the exact test instead: a DP over the count vectors of layers that
+   says whether ``p`` bins of capacity ``T`` can take them all.
 
 Each device's busy time is at least its layers' ``F + min(B+W, fused)`` over its speed, ``m``
 times (torch's extra graph walks and the per-action overhead only add to it), so a ``T`` below
@@ -44,6 +47,10 @@ __all__ = ["assignment_bound", "pipeline_bound"]
 _REL_TOL = 1e-9
 # Comparisons lean towards "fits" by this much: float rounding must never fail a feasible T.
 _SLACK = 1e-12
+# Size limits of the exact bin-packing DP (beyond them the relaxation alone decides).
+_MAX_KINDS = 6
+_MAX_STATES = 20_000
+_MAX_CONFIGS = 400
 
 
 def pipeline_bound(costs: Costs) -> float:
@@ -111,6 +118,10 @@ def _may_fit(work: list[float], speeds: list[float], t: float) -> bool:
     n, p = len(work), len(caps)
     if work[-1] > caps[-1]:
         return False
+    if caps[0] == caps[-1]:
+        exact = _bins_suffice(work, bins=p, cap=caps[0])
+        if exact is not None:
+            return exact
     pre = [0.0, *accumulate(work)]
     # 2. Layers above the k smallest capacities go to the p - k others.
     room = sum(caps)
@@ -139,3 +150,66 @@ def _may_fit(work: list[float], speeds: list[float], t: float) -> bool:
             return False
         i = first
     return True
+
+
+def _bins_suffice(work: list[float], *, bins: int, cap: float) -> bool | None:
+    """Exact: can ``bins`` devices of capacity ``cap`` take every layer? None when the
+    layers have too many distinct sizes for the DP (then the relaxation above decides).
+
+    Paper models have a handful of layer kinds (embedding, blocks, MoE blocks, head), so the
+    multisets of layers are count vectors: ``need(v)`` bins for the vector ``v`` is one bin
+    filled with a maximal set ``c`` plus ``need(max(v - c, 0))`` (packing fewer is allowed).
+    """
+    sizes: list[float] = []
+    counts: list[int] = []
+    for w in work:
+        if sizes and sizes[-1] == w:
+            counts[-1] += 1
+        else:
+            sizes.append(w)
+            counts.append(1)
+    states = 1
+    for c in counts:
+        states *= c + 1
+    if len(sizes) > _MAX_KINDS or states > _MAX_STATES:
+        return None
+    configs = _maximal_sets(sizes, counts=counts, cap=cap)
+    if configs is None:
+        return None
+    radix = [1] * len(counts)
+    for k in range(1, len(counts)):
+        radix[k] = radix[k - 1] * (counts[k - 1] + 1)
+    need = [0] * states
+    for idx in range(1, states):  # every state's truncations have smaller indices
+        v = [(idx // radix[k]) % (counts[k] + 1) for k in range(len(counts))]
+        best = bins + 1
+        for conf in configs:
+            rest = sum(max(0, v[k] - conf[k]) * radix[k] for k in range(len(v)))
+            if rest != idx and need[rest] + 1 < best:
+                best = need[rest] + 1
+        need[idx] = best
+    return need[states - 1] <= bins
+
+
+def _maximal_sets(sizes: list[float], *, counts: list[int], cap: float) -> list[tuple[int, ...]] | None:
+    """Count vectors fitting in ``cap`` to which no further layer can be added."""
+    out: list[tuple[int, ...]] = []
+    cur = [0] * len(sizes)
+
+    def walk(k: int, room: float) -> bool:
+        if len(out) > _MAX_CONFIGS:
+            return False
+        if k == len(sizes):
+            if any(cur[j] < counts[j] and sizes[j] <= room for j in range(len(sizes))):
+                return True  # not maximal: a layer still fits
+            out.append(tuple(cur))
+            return True
+        most = counts[k] if sizes[k] <= 0 else min(counts[k], int(room // sizes[k]))
+        for c in range(most, -1, -1):
+            cur[k] = c
+            if not walk(k + 1, room - c * sizes[k]):
+                return False
+        cur[k] = 0
+        return True
+
+    return out if walk(0, cap) else None

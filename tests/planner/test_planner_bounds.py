@@ -69,3 +69,16 @@ def test_never_above_the_exact_optimum(works: list[float], speeds: list[float]) 
     assert bound <= exact * (1 + 1e-9)
     # And never weaker than the spread and the heaviest layer it refines.
     assert bound >= max(sum(per_layer) / sum(speeds), max(per_layer) / max(speeds)) * (1 - 1e-5)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.sampled_from([0.5, 1.0, 2.5, 4.0]), min_size=1, max_size=8),
+    st.integers(min_value=1, max_value=3),
+)
+def test_exact_on_identical_devices_with_few_layer_kinds(works: list[float], devices: int) -> None:
+    """The bin-packing DP makes the bound the exact optimum there (the paper's models' case)."""
+    costs = _costs(works, speeds=[1.0] * devices)
+    per_layer = [f + b for f, b in zip(costs.forward, costs.least_backward())]
+    exact = _optimum(per_layer, [1.0] * devices)
+    assert abs(assignment_bound(costs) - exact) <= 1e-6 * exact
