@@ -28,6 +28,8 @@ Stages = list[tuple[int, int]]
 
 # Bisection stops at this relative width: far below any cost a profiler can resolve.
 _REL_TOL = 1e-12
+# Largest layers^2 x stages the slack-spreading DP runs on (about a second of Python).
+_SPREAD_LIMIT = 2_000_000
 
 
 def even_split(count: int, *, parts: int) -> list[int]:
@@ -90,14 +92,17 @@ def bottleneck(costs: Costs, stages: Sequence[tuple[int, int]], *, speeds: Seque
 
 
 def balanced_partition(
-    costs: Costs, *, stages_count: int, speeds: Sequence[float] | None = None
+    costs: Costs, *, stages_count: int, speeds: Sequence[float] | None = None, spread: bool = False
 ) -> Stages:
     """The contiguous partition that minimises the slowest stage's time F+B+W.
 
     ``speeds[i]`` is the speed of the device stage ``i`` runs on (default: all equal). Exact up
     to a relative 1e-12: bisection on the bottleneck time, each probe a feasibility test
     (greedy with equal speeds, a reachability sweep with unequal ones; O(layers x stages)).
-    Among the optimal partitions it returns the one that fills early stages first.
+    Among the optimal partitions it returns the one that fills early stages first, or with
+    ``spread`` the one that spreads the slack: least sum of squared stage times under the
+    optimal bottleneck (a DP, O(layers^2 x stages), skipped on very large inputs), so no
+    tail stage is left nearly idle while the others sit at the bottleneck.
     """
     n = costs.layers
     if stages_count < 1 or stages_count > n:
@@ -128,7 +133,45 @@ def balanced_partition(
             lo = mid
         else:
             hi, best = mid, found
+    if spread and n * n * stages_count <= _SPREAD_LIMIT:
+        even = _spread(pre, caps=[hi * v for v in speed_of], speeds=speed_of)
+        if even is not None:
+            return even
     return best
+
+
+def _spread(pre: list[float], *, caps: list[float], speeds: list[float]) -> Stages | None:
+    """Among partitions with stage ``i``'s work at most ``caps[i]``, the least sum of squared
+    stage times (work / speed); None if none fits (float rounding only)."""
+    n = len(pre) - 1
+    parts = len(caps)
+    inf = math.inf
+    cost = [0.0] + [inf] * n  # best sum over the stages so far ending at layer b
+    parents: list[list[int]] = []
+    for i, cap in enumerate(caps):
+        nxt = [inf] * (n + 1)
+        parent = [-1] * (n + 1)
+        for b in range(i + 1, n - (parts - 1 - i) + 1):
+            a = b - 1
+            while a >= i and pre[b] - pre[a] <= cap * (1 + _REL_TOL):
+                if cost[a] < inf:
+                    t = (pre[b] - pre[a]) / speeds[i]
+                    c = cost[a] + t * t
+                    if c < nxt[b]:
+                        nxt[b], parent[b] = c, a
+                a -= 1
+        cost = nxt
+        parents.append(parent)
+    if cost[n] == inf:
+        return None
+    out: Stages = []
+    b = n
+    for parent in reversed(parents):
+        a = parent[b]
+        out.append((a, b))
+        b = a
+    out.reverse()
+    return out
 
 
 def _greedy(pre: list[float], *, parts: int, cap: float) -> Stages | None:

@@ -214,6 +214,17 @@ def joint_search(
             stalled.add(family)
             continue
         cand = run(name, owner, stages, POLICIES[0])
+        if len(set(owner)) == len(owner):
+            # The same bottleneck with the slack spread over every stage (no idle tail): a
+            # different schedule, so both are simulated; it costs no other candidate its turn.
+            even = balanced_partition(
+                costs, stages_count=len(owner), speeds=[costs.speed[d] for d in owner], spread=True
+            )
+            if even != stages:
+                budget += 1
+                other = run(name, owner, even, POLICIES[0])
+                if other.time < cand.time:
+                    cand = other
         ranked.append(cand)
         if cand.time >= last.get(family, math.inf):
             stalled.add(family)  # more stages per device only adds hops from here on

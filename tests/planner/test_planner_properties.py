@@ -197,3 +197,32 @@ def test_no_plan_of_any_strategy_beats_the_lower_bound(doc: dict[str, Any]) -> N
     for name, res in comparison.strategies.items():
         if res.iteration_time is not None:
             assert res.iteration_time >= comparison.lower_bound * (1 - 1e-9), (name, res.iteration_time)
+
+
+@settings(max_examples=150, deadline=None)
+@given(problems(), st.integers(min_value=1, max_value=8), st.booleans())
+def test_spread_partition_keeps_the_bottleneck_and_evens_the_rest(costs: Costs, parts: int, use_speed: bool) -> None:
+    parts = min(parts, costs.layers)
+    speeds = [1.0 + (i % 3) * 0.5 for i in range(parts)] if use_speed else None
+    first = balanced_partition(costs, stages_count=parts, speeds=speeds)
+    even = balanced_partition(costs, stages_count=parts, speeds=speeds, spread=True)
+    assert even[0][0] == 0 and even[-1][1] == costs.layers and all(lo < hi for lo, hi in even)
+    assert all(a[1] == b[0] for a, b in zip(even, even[1:]))
+    assert bottleneck(costs, even, speeds=speeds) <= bottleneck(costs, first, speeds=speeds) * (1 + 1e-9)
+
+    def squares(stages: list[tuple[int, int]]) -> float:
+        work = costs.layer_work()
+        v = speeds or [1.0] * parts
+        return sum((sum(work[lo:hi]) / v[i]) ** 2 for i, (lo, hi) in enumerate(stages))
+
+    assert squares(even) <= squares(first) * (1 + 1e-9) + 1e-12
+
+
+def test_spread_partition_leaves_no_idle_tail() -> None:
+    """10 equal layers on 4 stages: the greedy fills 3, 3, 3, 1; spread gives two stages 2."""
+    doc = {"microbatches": 1, "devices": {"count": 4},
+           "layers": [{"name": f"l{i}", "forward": 1.0, "backward": 1.0, "weight": 1.0} for i in range(10)]}
+    costs = Costs.from_problem(parse_problem(doc))
+    assert [hi - lo for lo, hi in balanced_partition(costs, stages_count=4)] == [3, 3, 3, 1]
+    sizes = sorted(hi - lo for lo, hi in balanced_partition(costs, stages_count=4, spread=True))
+    assert sizes == [2, 2, 3, 3]
