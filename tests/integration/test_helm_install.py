@@ -186,6 +186,12 @@ def test_operator_is_denied_what_the_chart_does_not_grant(control_plane: Control
     # Namespaced mode: nothing outside the watched namespace, and never secrets.
     assert not can("create", "pods", "-n", "default")
     assert not can("list", "adaptisjobs", "--all-namespaces")
+    # No cluster-wide rights on anything namespaced: only Nodes are bound cluster-wide.
+    for verb, resource in (("list", "pods"), ("watch", "pods"), ("delete", "pods"),
+                           ("get", "configmaps"), ("create", "configmaps"),
+                           ("create", "services"), ("create", "events")):
+        assert not can(verb, resource, "--all-namespaces"), (verb, resource)
+        assert not can(verb, resource, "-n", "default"), (verb, resource)
     assert not can("get", "secrets", "-n", JOBS_NS)
     assert not can("delete", "nodes")
 
