@@ -31,6 +31,8 @@ __all__ = ["SearchResult", "joint_search"]
 log = logging.getLogger(__name__)
 
 POLICIES = (Policy(), Policy(fill_with_w=False), Policy(split_backward=False))
+# Refinement: non-bottleneck boundary moves tried per round after the bottleneck's own two.
+_OTHER_MOVES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +255,7 @@ def joint_search(
                 best = trial
     if best is None or best.time == math.inf:
         return None
-    # Phase 3: partition moves off the bottleneck, kept only when the simulation improves.
+    # Phase 3: partition moves (the bottleneck first, then any boundary), kept only when the simulation improves.
     best = _refine(costs, best=best, run=run, budget=budget, evals=lambda: evals)
     log.debug("search: %s, %d stages, %.4g (baseline %.4g), %d evaluations",
               best.pattern, len(best.stages), best.time, incumbent, evals)
@@ -284,11 +286,29 @@ def _refine(
             if s + 1 < len(best.owner):
                 moves.append(cuts[: s + 1] + [cuts[s + 1] - 1] + cuts[s + 2 :])
         moves = [mv for mv in moves if tuple(mv) not in tried]
+        moves.sort(key=lambda mv: max(_loads(costs, best.owner, mv, pre)))
+        # Then any other boundary one layer either way: the bottleneck of the *schedule* is
+        # not always the busiest device (a stage that starts late, a W tail), so the loads'
+        # max cannot rank these; the least squared load (most even) goes first.
+        others = []
+        for i in range(1, len(cuts) - 1):
+            for step in (-1, 1):
+                k = cuts[i] + step
+                if cuts[i - 1] < k < cuts[i + 1]:
+                    mv = cuts[:i] + [k] + cuts[i + 1 :]
+                    if tuple(mv) not in tried and mv not in moves:
+                        others.append(mv)
+
+        def evenness(mv: list[int]) -> tuple[float, float]:
+            ld = _loads(costs, best.owner, mv, pre)
+            return (max(ld), sum(x * x for x in ld))
+
+        others.sort(key=evenness)
+        moves = moves[:2] + others[:_OTHER_MOVES]
         if not moves:
             break
-        moves.sort(key=lambda mv: max(_loads(costs, best.owner, mv, pre)))
         improved = False
-        for mv in moves[:2]:
+        for mv in moves:
             if evals() >= budget:
                 break
             tried.add(tuple(mv))
