@@ -9,7 +9,8 @@ PASS/MISS line per target of issue 2. The same markdown goes to stdout and to
 ``bench/RESULTS.md``.
 
     python bench/planner_bench.py            # the 18 end-to-end configurations
-    python bench/planner_bench.py --all      # plus the sequence sweep and the scaling series
+    python bench/planner_bench.py --all      # plus the sequence sweep, the scaling series and
+                                             # the memory sweep (the M configurations)
 
 Timings are wall-clock on whatever else the machine runs; the timed targets take the best of
 ``--repeat`` runs (the usual way to read a timing on a shared machine) and show CPU time too.
@@ -18,6 +19,7 @@ Timings are wall-clock on whatever else the machine runs; the timed targets take
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import math
 import os
@@ -43,6 +45,7 @@ from adaptis.api.plan import STRATEGY_NAMES, Comparison  # noqa: E402
 from adaptis.api.problem import parse_problem  # noqa: E402
 from adaptis.planner.bounds import pipeline_bound  # noqa: E402
 from adaptis.planner.costs import Costs  # noqa: E402
+from adaptis.planner.feasibility import memory_partition  # noqa: E402
 from adaptis.planner.strategies import compare  # noqa: E402
 from bench import workloads  # noqa: E402
 
@@ -241,6 +244,46 @@ def targets(rows: list[Row], *, search: tuple[float, float], command: tuple[floa
     return out + [""]
 
 
+def _least_memory(doc: dict[str, Any]) -> float:
+    """Least per-device memory (bytes, same on every device) for which a witness exists: a
+    contiguous cut in device order holding parameters and one microbatch on each device."""
+    costs = Costs.from_problem(parse_problem(doc))
+    lo, hi = 0.0, sum(costs.param_bytes) + sum(costs.activation_bytes)
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        shrunk = dataclasses.replace(costs, memory=(mid,) * costs.devices)
+        if memory_partition(shrunk, order=list(range(costs.devices))) is None:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def memory_sweep(docs: list[dict[str, Any]]) -> list[str]:
+    """Each configuration with device memory from 3x down to 1x the witness's least need."""
+    out = ["## Memory sweep (issue 13)", "",
+           "Device memory as a multiple of the least that a witness needs (a contiguous cut, devices in "
+           "order, parameters + one microbatch's activations each; `feasibility.memory_partition`). "
+           "Iteration time (ms) of adaptis and of the fastest baseline that fits (`oom`: none fits):", ""]
+    factors = (3.0, 2.0, 1.5, 1.2, 1.0)
+    rows = []
+    for doc in docs:
+        need = _least_memory(doc)
+        cells = [doc["name"], f"{need / 1e9:.2f}"]
+        for f in factors:
+            sized = {**doc, "devices": {**doc["devices"], "memory_bytes": need * f * (1 + 1e-9)}}
+            print(f"[memory] {doc['name']} x{f} ...", file=sys.stderr, flush=True)
+            comparison, _ = compare(parse_problem(sized))
+            ours = comparison.strategies["adaptis"]
+            base = [r.iteration_time for n, r in comparison.strategies.items()
+                    if n != "adaptis" and r.feasible and r.iteration_time is not None]
+            cells.append(f"{_fmt(ours.iteration_time) if ours.feasible else 'oom'} / "
+                         f"{_fmt(min(base)) if base else 'oom'}")
+        rows.append(cells)
+    out += _table(["configuration", "witness GB", *(f"x{f:g}: adaptis / best baseline" for f in factors)], rows)
+    return out + [""]
+
+
 def _machine() -> str:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     return (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC on {platform.node() or 'unknown'}: "
@@ -278,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                               run_suite("sequence", pick(workloads.sequence_sweep())))
         lines += suite_tables("Scaling series: Gemma L on 4 to 32 devices",
                               run_suite("scaling", pick(workloads.scaling_series())))
+        lines += memory_sweep([d for d in pick(workloads.end_to_end()) if "-M-" in d["name"]])
     measured = pick(workloads.measured(args.profiles))
     title = f"Measured profiles ({args.profiles.relative_to(ROOT) if args.profiles.is_relative_to(ROOT) else args.profiles})"
     if measured:

@@ -45,3 +45,14 @@ def test_measured_profiles_are_planned_too(tmp_path: Path) -> None:
     row = next(line for line in text.splitlines() if line.startswith("| tiny (measured)"))
     times = [float(c) for c in [c.strip() for c in row.strip("|").split("|")][1:8] if c not in ("oom", "n/a")]
     assert times and times[0] == min(times)  # adaptis first and never worse
+
+
+def test_memory_sweep_finds_a_plan_down_to_the_witness() -> None:
+    """At 1x the witness's memory adaptis still plans (the memory-driven fallback)."""
+    bench = _bench()
+    doc = next(d for d in bench.workloads.end_to_end() if d["name"] == "nemotron-h-S-4dev-2k")
+    lines = bench.memory_sweep([doc])
+    row = next(line for line in lines if line.startswith("| nemotron-h-S-4dev-2k"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 7 and float(cells[1]) > 0
+    assert all(not c.startswith("oom") for c in cells[2:]), cells
