@@ -19,8 +19,12 @@ def worker_samples() -> frozenset[str]:
     """Sample names a worker's /metrics serves (counters with _total, histogram series)."""
     from adaptis.worker.metrics import WorkerMetrics
 
-    text = generate_latest(WorkerMetrics(job="j", rank=0).registry).decode()
-    return frozenset(s.name for fam in text_string_to_metric_families(text) for s in fam.samples)
+    registry = WorkerMetrics(job="j", rank=0).registry
+    text = generate_latest(registry).decode()
+    served = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+    # The last-step gauges get their sample with the first step; a gauge's sample is its name.
+    gauges = {fam.name for fam in registry.collect() if fam.type == "gauge"}
+    return frozenset(served | gauges)
 
 
 def test_datasource_is_a_variable_used_by_every_panel() -> None:
