@@ -1,7 +1,7 @@
 """``adaptis plan FILE``: plan a pipeline for a planning problem and compare the strategies.
 
 The CLI face of :mod:`adaptis.planner.strategies`. Reads the contract's problem file
-(shared/planning-problem.md), runs one strategy (``--strategy``, default ``adaptis``) or all
+(docs/problem.md), runs one strategy (``--strategy``, default ``adaptis``) or all
 of them (``--compare``), and prints either exactly the contract's JSON (``--json``: nothing
 else on stdout) or an aligned table. ``--save-plan`` writes the chosen strategy's plan (with
 ``--compare`` and no ``--strategy``: adaptis's) and ``--timeline`` draws it. A search that

@@ -51,7 +51,6 @@ _SAMPLES: dict[str, Callable[[KubeCluster], object]] = {
     "patch_job_status": lambda c: c.patch_job_status("ns", "job", status={"phase": "Running"}),
     "delete_job": lambda c: c.delete_job("ns", "job"),
     "list_nodes": lambda c: c.list_nodes(),
-    "annotate_node": lambda c: c.annotate_node("node-a", annotations={"a": "b"}),
     "list_pods": lambda c: c.list_pods("ns", "job"),
     "get_config_map": lambda c: c.get_config_map("ns", "job"),
     "list_config_maps": lambda c: c.list_config_maps("ns", selector={"a": "b"}),

@@ -1,4 +1,4 @@
-"""Baselines against the closed forms of shared/method.md, and the partition rules they use.
+"""Baselines against the closed forms of the method (docs/problem.md, the paper), and the partition rules they use.
 
 Uniform layers, p devices, m microbatches: per-stage times F, B, W (per device in the
 interleaved and V schedules, which split a device's layers into two chunks). All times are
