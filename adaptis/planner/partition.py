@@ -164,14 +164,7 @@ def _spread(pre: list[float], *, caps: list[float], speeds: list[float]) -> Stag
         parents.append(parent)
     if cost[n] == inf:
         return None
-    out: Stages = []
-    b = n
-    for parent in reversed(parents):
-        a = parent[b]
-        out.append((a, b))
-        b = a
-    out.reverse()
-    return out
+    return _backtrack(parents, end=n)
 
 
 def _greedy(pre: list[float], *, parts: int, cap: float) -> Stages | None:
@@ -216,8 +209,13 @@ def _sweep(pre: list[float], *, caps: list[float]) -> Stages | None:
         parents.append(parent)
     if not reach[n]:
         return None
+    return _backtrack(parents, end=n)
+
+
+def _backtrack(parents: list[list[int]], *, end: int) -> Stages:
+    """The stages a DP chose: from the last end back through each stage's parent start."""
     out: Stages = []
-    b = n
+    b = end
     for parent in reversed(parents):
         a = parent[b]
         out.append((a, b))
