@@ -332,17 +332,18 @@ class JobSpec(_Spec):
 
 
 Phase = Literal[
-    "Pending", "Profiling", "Planned", "Running", "Restarting", "Suspended", "Succeeded", "Failed"
+    "Pending", "Queued", "Profiling", "Planned", "Running", "Restarting", "Suspended",
+    "Succeeded", "Failed",
 ]
 ConditionType = Literal[
-    "Profiling", "Planned", "Running", "Restarting", "Suspended", "Succeeded", "Failed"
+    "Queued", "Profiling", "Planned", "Running", "Restarting", "Suspended", "Succeeded", "Failed"
 ]
 
 
 class Condition(_Spec):
     """One observation of the job, as every Kubernetes condition."""
 
-    type: str = Field(description="Profiling, Planned, Running, Restarting, Suspended, ...")
+    type: str = Field(description="Queued, Profiling, Planned, Running, Restarting, ...")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="CamelCase reason of the last transition.")
     message: str = Field(default="", description="Human-readable detail; names the field at fault.")
@@ -381,7 +382,12 @@ class JobStatus(_Spec):
         default=None, description="Predicted I-1F1B iteration time / this plan's."
     )
     restarts: int = Field(default=0, description="Gang restarts after failures.")
-    replans: int = Field(default=0, description="Re-plans after lost nodes or changed hardware.")
+    replans: int = Field(
+        default=0, description="Re-plans after lost nodes, changed hardware or a placement that "
+        "stayed unschedulable.")
+    launched: str | None = Field(
+        default=None, description="<plan hash>/<attempt> whose ranks all got a pod: a rank of "
+        "it lost since (deleted, evicted) restarts the gang.")
     start_time: str | None = Field(default=None, description="When the worker pods were created.")
     completion_time: str | None = Field(default=None, description="When the job finished.")
     message: str | None = Field(default=None, description="Why the job is in its phase.")

@@ -54,6 +54,8 @@ class Cluster(Protocol):
     def delete_job(self, namespace: str, name: str) -> None: ...
     def list_nodes(self) -> list[dict[str, Any]]: ...
     def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]: ...
+    def list_active_pods(self) -> list[dict[str, Any]]: ...
+    def priority_of(self, priority_class: str | None) -> int: ...
     def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def list_config_maps(self, namespace: str, *,
                          selector: Mapping[str, str]) -> list[dict[str, Any]]: ...
@@ -194,6 +196,23 @@ class KubeCluster:
         selector = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB}={job}"
         return list(self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/pods",
                                  query={"labelSelector": selector})[1].get("items") or [])
+
+    def list_active_pods(self) -> list[dict[str, Any]]:
+        # Every namespace, terminated pods excluded: what holds a node's GPUs now. From the
+        # watch cache (resourceVersion=0): the allocation ledger re-reads it every few seconds.
+        query = {"resourceVersion": "0",
+                 "fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"}
+        return list(self.request("GET", "/api/v1/pods", query=query)[1].get("items") or [])
+
+    def priority_of(self, priority_class: str | None) -> int:
+        """The value of a PriorityClass (0 for none or an unknown name, as for pods)."""
+        if not priority_class:
+            return 0
+        status, body = self.request(
+            "GET", f"/apis/scheduling.k8s.io/v1/priorityclasses/{quote(priority_class)}",
+            ok=frozenset({404}))
+        value = body.get("value") if status != 404 else 0
+        return int(value) if isinstance(value, int) else 0
 
     def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         status, body = self.request(

@@ -44,6 +44,7 @@ __all__ = [
     "LABEL_PLAN",
     "LABEL_RANK",
     "ManifestSettings",
+    "NODE_ANNOTATION",
     "RESERVED_ENV",
     "config_map_name",
     "plan_hash",
@@ -60,6 +61,7 @@ LABEL_RANK = "adaptis.io/rank"
 LABEL_PLAN = "adaptis.io/plan-hash"
 LABEL_ATTEMPT = "adaptis.io/attempt"
 MANAGED_BY = "adaptis"
+NODE_ANNOTATION = "adaptis.io/node"  # the node the plan pins the rank to (counted before binding)
 KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
 KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
@@ -222,7 +224,7 @@ def render_pod(
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(spec.metrics.port),
         "prometheus.io/path": "/metrics",
-        "adaptis.io/node": record.nodes[rank],
+        NODE_ANNOTATION: record.nodes[rank],
     }
     checkpoint: dict[str, Any] = (
         {"persistentVolumeClaim": {"claimName": spec.checkpoint.claim_name}}

@@ -37,6 +37,10 @@ class ReconcileSettings:
     # The image of the profiler pods, chosen by the admin (None: manifests.image); never a
     # job's spec.worker.image, whose code could write any profile it liked.
     profiler_image: str | None = None
+    # How long a rank may stay unschedulable on its planned node before the job is re-planned
+    # on the capacity free then, without that node for a while (another scheduler's pod took
+    # the GPUs, or a taint or quota the plan could not see).
+    unschedulable_replan_s: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class PassState:
     requeue: list[float] = field(default_factory=list)
     written: dict[str, Any] = field(default_factory=dict)  # the status the API holds now
     live_nodes: frozenset[str] | None = None  # names of the nodes that exist, once listed
+    created: str = ""  # the job's metadata.creationTimestamp: its place in the capacity queue
 
     @property
     def stamp(self) -> str:

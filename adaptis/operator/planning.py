@@ -38,6 +38,7 @@ __all__ = [
     "Slot",
     "build_problem",
     "choose_slots",
+    "count_slots",
     "plan_job",
     "record_from_config_map",
     "spec_hash",
@@ -70,6 +71,13 @@ class PlanRecord(BaseModel):
     predicted_iteration_seconds: float
     predicted_bubble_ratio: float
     predicted_speedup_over_i1f1b: float | None = None
+
+    def gpus_by_node(self, *, gpus_per_worker: int) -> dict[str, int]:
+        """The GPUs the plan holds on each node."""
+        out: dict[str, int] = {}
+        for node in self.nodes:
+            out[node] = out.get(node, 0) + gpus_per_worker
+        return out
 
     def still_valid(self, *, spec_hash_now: str, candidates: Mapping[str, NodeProfile]) -> bool:
         """True while the spec is the same and every planned node is there, unchanged."""
@@ -105,12 +113,13 @@ def _cpu_request(resources: Mapping[str, Any] | None) -> float:
         return 1.0
 
 
-def node_slots(node: NodeProfile, *, spec: JobSpec) -> list[Slot]:
-    """The ranks one node can hold, with their speed and usable memory."""
+def node_slots(node: NodeProfile, *, spec: JobSpec, free_gpus: int | None = None) -> list[Slot]:
+    """The ranks one node can hold (on its ``free_gpus`` when given), with their speed and
+    usable memory."""
     gpw = spec.parallelism.gpus_per_worker
     headroom = 1.0 - spec.planner.memory_headroom
     if gpw > 0:
-        count = node.gpus // gpw
+        count = (node.gpus if free_gpus is None else min(node.gpus, free_gpus)) // gpw
         speed = device_speed(node.gpu_tflops * gpw)
         memory = None if node.gpu_memory_bytes is None else node.gpu_memory_bytes * gpw * headroom
     else:
@@ -121,10 +130,22 @@ def node_slots(node: NodeProfile, *, spec: JobSpec) -> list[Slot]:
     return [Slot(node=node, index=i, speed=speed, memory_bytes=memory) for i in range(count)]
 
 
-def choose_slots(candidates: Sequence[NodeProfile], *, spec: JobSpec) -> list[Slot]:
-    """``workers`` slots, in rank order; raise :class:`Unsatisfiable` when there are too few."""
+def count_slots(candidates: Sequence[NodeProfile], *, spec: JobSpec,
+                free: Mapping[str, int] | None = None) -> int:
+    """How many ranks the candidates hold: all of their GPUs, or only ``free[node]`` of each."""
+    return sum(len(node_slots(n, spec=spec,
+                              free_gpus=None if free is None else free.get(n.name, 0)))
+               for n in candidates)
+
+
+def choose_slots(candidates: Sequence[NodeProfile], *, spec: JobSpec,
+                 free: Mapping[str, int] | None = None) -> list[Slot]:
+    """``workers`` slots, in rank order, using only ``free[node]`` GPUs of each node when given;
+    raise :class:`Unsatisfiable` when there are too few."""
     want = spec.parallelism.workers
-    per_node = {n.name: node_slots(n, spec=spec) for n in candidates}
+    per_node = {n.name: node_slots(n, spec=spec,
+                                   free_gpus=None if free is None else free.get(n.name, 0))
+                for n in candidates}
     total = sum(len(s) for s in per_node.values())
     if total < want:
         gpw = spec.parallelism.gpus_per_worker
@@ -200,9 +221,13 @@ def plan_job(
     *,
     name: str,
     inter_node: Link = DEFAULT_INTER_NODE,
+    slots: Sequence[Slot] | None = None,
 ) -> PlanRecord:
-    """Choose slots and plan; raise :class:`Unsatisfiable` when no feasible plan exists."""
-    slots = choose_slots(candidates, spec=spec)
+    """Plan on ``slots`` (chosen, and reserved, by the caller; by default
+    :func:`choose_slots` of all the candidates' GPUs); raise :class:`Unsatisfiable` when no
+    feasible plan exists."""
+    if slots is None:
+        slots = choose_slots(candidates, spec=spec)
     problem = build_problem(spec, slots, inter_node=inter_node, name=name)
     strategy = spec.planner.strategy
     baseline = None

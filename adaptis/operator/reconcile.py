@@ -21,35 +21,35 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
-from functools import partial
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import ValidationError
-
 from adaptis.api.job import JobSpec
-from adaptis.operator.errors import InvalidJob, Unsatisfiable
+from adaptis.operator.capacity import CapacityLedger, unschedulable_since
+from adaptis.operator.errors import InvalidJob
 from adaptis.operator.kube import Cluster, create_many
 from adaptis.operator.manifests import (
     LABEL_RANK,
     JobRef,
-    config_map_name,
     is_current_pod,
     plan_hash,
     pod_name,
-    render_config_map,
     render_pod,
     render_service,
 )
-from adaptis.operator.measuring import delete_job_profilers, job_profilers, measure_candidates
+from adaptis.operator.measuring import delete_job_profilers, job_profilers
 from adaptis.operator.passes import PassState, ReconcileSettings, Result
-from adaptis.operator.planning import PlanRecord, plan_job, record_from_config_map, spec_hash
-from adaptis.operator.profile_store import measured_figures, profile_selector, read_stored_profiles
+from adaptis.operator.placement import Placer
+from adaptis.operator.planning import PlanRecord
 from adaptis.operator.profiler_pods import is_profiler_pod
-from adaptis.operator.profiling import candidate_nodes, profile_node
-from adaptis.operator.status import census, parse_status, parse_time, plan_summary, status_payload
+from adaptis.operator.status import (
+    census,
+    parse_status,
+    parse_time,
+    plan_summary,
+    status_payload,
+)
 from adaptis.operator.validation import validate_job
-from adaptis.planner.errors import PlannerError
 
 __all__ = ["ReconcileSettings", "Reconciler", "Result"]  # settings and result re-exported
 
@@ -59,7 +59,10 @@ _TERMINAL = frozenset({"Succeeded", "Failed"})
 # How soon to look again when nothing else will wake the job (no pod or node event).
 _RETRY_UNSATISFIABLE_S = 30.0
 _RETRY_TERMINATING_S = 2.0
+_RETRY_QUEUED_S = 15.0  # besides the wake-up a release sends: others' pods end unseen
 _CREATE_PARALLELISM = 8
+# A node a rank stayed unschedulable on is left out for this many unschedulable timeouts.
+_AVOID_FACTOR = 5
 
 
 class Reconciler:
@@ -71,23 +74,22 @@ class Reconciler:
         *,
         settings: ReconcileSettings | None = None,
         clock: Callable[[], datetime] | None = None,
+        ledger: CapacityLedger | None = None,
     ) -> None:
         self._cluster = cluster
+        # Shared by every reconcile worker: GPUs held by admitted jobs, and the waiting queue.
+        self._ledger = ledger or CapacityLedger()
         self._settings = settings or ReconcileSettings()
         self._clock = clock or (lambda: datetime.now(UTC))
-        # (namespace, name) -> (planning inputs, reason, message) of the last failed plan, so
-        # that retries on unchanged inputs (every resync) do not search again. Memory only: a
-        # restarted operator tries once more, which is what a user would want anyway.
-        self._failed: dict[tuple[str, str], tuple[str, str, str]] = {}
-        # (namespace, name) -> {node: why its profiler pod gave no profile}: those nodes keep
-        # the label-based estimate instead of getting a new profiler pod on every pass.
-        self._given_up: dict[tuple[str, str], dict[str, str]] = {}
+        # What it keeps per job lives in memory only: a restarted operator tries once more,
+        # which is what a user would want anyway.
+        self._placer = Placer(cluster, settings=self._settings, ledger=self._ledger,
+                              publish=self._write)
 
     def reconcile(self, namespace: str, name: str) -> Result:
         body = self._cluster.get_job(namespace, name)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
-            self._failed.pop((namespace, name), None)
-            self._given_up.pop((namespace, name), None)
+            self._placer.forget((namespace, name))
             # Gone or going: owner references clean the children up, except the profiler
             # pods, which live in the operator's namespace and so cannot be owned by the job.
             delete_job_profilers(self._cluster, JobRef(name=name, namespace=namespace, uid=""),
@@ -95,7 +97,8 @@ class Reconciler:
             return Result()
         meta = body["metadata"]
         p = PassState(job=JobRef(name=name, namespace=namespace, uid=meta["uid"]),
-                      status=parse_status(body.get("status")), now=self._clock())
+                      status=parse_status(body.get("status")), now=self._clock(),
+                      created=str(meta.get("creationTimestamp") or ""))
         p.written = dict(body.get("status") or {})
         generation = meta.get("generation")
         try:
@@ -134,8 +137,10 @@ class Reconciler:
         workers = [pod for pod in pods if not is_profiler_pod(pod)]
 
         if spec.suspend:
+            self._ledger.release((p.job.namespace, p.job.name))
             self._delete_pods(p, [*workers, *profilers])
             p.update(phase="Suspended", start_time=None, message="spec.suspend is true",
+                     launched=None,
                      workers_ready=f"0/{spec.parallelism.workers}")
             p.condition("Suspended", "True", reason="Suspended",
                         message="worker pods removed", event="Normal")
@@ -155,105 +160,12 @@ class Reconciler:
                 return
             p.requeue.append(left)
 
-        record = self._plan(p, spec=spec, profilers=profilers)
+        record = self._placer.place(p, spec=spec, profilers=profilers)
         if record is None:
             return
         # Profiler pods are done with once a plan exists (also those an earlier pass left).
         self._delete_pods(p, profilers)
         self._run(p, spec=spec, record=record, pods=workers)
-
-    def _plan(self, p: PassState, *, spec: JobSpec,
-              profilers: Sequence[Mapping[str, Any]]) -> PlanRecord | None:
-        """The cached plan while valid, else a new one written to the ConfigMap."""
-        ns, name = p.job.namespace, p.job.name
-        raw_nodes = {str((n.get("metadata") or {}).get("name", "")): n
-                     for n in self._cluster.list_nodes()}
-        stored = read_stored_profiles(self._cluster.list_config_maps(
-            self._settings.profile_namespace, selector=profile_selector()))
-        nodes = [profile_node(n, topology_keys=self._settings.topology_keys,
-                              measured=measured_figures(stored, n))
-                 for n in raw_nodes.values()]
-        p.live_nodes = frozenset(n.name for n in nodes)
-        candidates = candidate_nodes(nodes, node_selector=spec.worker.node_selector,
-                                     tolerations=spec.worker.tolerations,
-                                     gpus_per_worker=spec.parallelism.gpus_per_worker)
-        by_name = {c.name: c for c in candidates}
-        cm = self._cluster.get_config_map(ns, config_map_name(name))
-        cached = record_from_config_map(cm)
-        shash = spec_hash(spec)
-        if cached is not None and cached.still_valid(spec_hash_now=shash, candidates=by_name):
-            return cached
-
-        notes: list[str] = []
-        if spec.planner.profile == "measure":
-            measured_now = measure_candidates(
-                self._cluster, p, spec=spec, candidates=candidates, profilers=profilers,
-                raw_nodes=raw_nodes, given_up=self._given_up.setdefault((ns, name), {}),
-                settings=self._settings, create_all=partial(create_many, self._cluster,
-                                                            parallelism=_CREATE_PARALLELISM))
-            if measured_now is None:
-                return None  # profiler pods still at work: their events wake the job
-            candidates, notes = measured_now
-            by_name = {c.name: c for c in candidates}
-
-        kinds = sorted({f"{c.gpu_product or 'cpu'}" for c in candidates})
-        profile_msg = f"{len(candidates)} candidate node(s) of {len(nodes)}: {', '.join(kinds)}"
-        measured = sum(c.measured for c in candidates)
-        if spec.planner.profile == "measure" or measured:
-            # Measured profiles come from the operator's profile ConfigMaps (profile_store);
-            # nodes without one are estimated from the table of known GPUs.
-            profile_msg += f"; {measured} with a measured profile, the rest estimated"
-        if notes:
-            profile_msg += "; " + "; ".join(notes)
-        inputs = shash + "|" + "|".join(c.fingerprint() for c in candidates)
-        failed = self._failed.get((ns, name))
-        record: PlanRecord | None = None
-        if failed is None or failed[0] != inputs:
-            p.update(phase="Profiling")
-            p.condition("Profiling", "True", reason="ProfilingNodes", message=profile_msg)
-            self._write_now(p)
-            try:
-                record = plan_job(spec, candidates, name=f"{ns}/{name}",
-                                  inter_node=self._settings.inter_node)
-            except (Unsatisfiable, PlannerError, ValidationError) as err:
-                reason = "Unsatisfiable" if isinstance(err, Unsatisfiable) else "PlannerError"
-                message = str(err) if isinstance(err, Unsatisfiable) else f"planner: {err}"
-                failed = (inputs, reason, message)
-                self._failed[(ns, name)] = failed
-            else:
-                self._failed.pop((ns, name), None)
-        if failed is not None and failed[0] == inputs:
-            p.update(phase="Pending", message=failed[2])
-            p.condition("Profiling", "False", reason="Profiled", message=profile_msg)
-            p.condition("Planned", "False", reason=failed[1], message=failed[2], event="Warning")
-            p.requeue.append(_RETRY_UNSATISFIABLE_S)
-            return None
-        if record is None:
-            return None
-        p.condition("Profiling", "False", reason="Profiled", message=profile_msg)
-        rendered = render_config_map(p.job, spec, record)
-        if cm is None:
-            self._cluster.create(rendered)
-        else:
-            self._cluster.replace_config_map(rendered)
-        if cached is not None and cached.spec_hash == shash:
-            lost = sorted(n for n, fp in cached.node_fingerprints.items()
-                          if n not in by_name or by_name[n].fingerprint() != fp)
-            p.update(replans=p.status.replans + 1)
-            p.condition("Restarting", "True", reason="NodesChanged",
-                        message=f"re-planned without or around node(s) {', '.join(lost)}",
-                        event="Warning")
-        summary = plan_summary(record)
-        p.update(**summary)
-        speedup = record.predicted_speedup_over_i1f1b
-        p.condition("Planned", "True", reason="Planned",
-                    message=f"{record.strategy}: {summary['stages']} stages on "
-                    f"{len(record.nodes)} ranks over {len(set(record.nodes))} node(s); "
-                    f"predicted bubble {record.predicted_bubble_ratio:.3f}, speedup over i1f1b "
-                    f"{'n/a' if speedup is None else f'{speedup:.2f}x'}", event="Normal")
-        if p.status.phase == "Profiling":
-            p.update(phase="Planned", message=None)
-        return record
 
     def _run(self, p: PassState, *, spec: JobSpec, record: PlanRecord,
              pods: Sequence[Mapping[str, Any]]) -> None:
@@ -267,28 +179,26 @@ class Reconciler:
         if not p.status.placement:
             p.update(**plan_summary(record))
         c = census(current, total=workers)
-
-        if c.failed:
-            if p.status.restarts < spec.backoff_limit:
-                # Count the restart before deleting: a crash in between never loses it.
-                p.update(restarts=p.status.restarts + 1, phase="Restarting",
-                         message="; ".join(c.failures[:3]))
-                p.condition("Restarting", "True", reason="PodFailed",
-                            message=f"gang restart {p.status.restarts}/{spec.backoff_limit}: "
-                            + "; ".join(c.failures[:3]), event="Warning")
-                p.condition("Running", "False", reason="Restarting")
-                self._write_now(p)
-                self._delete_pods(p, current)
-                p.requeue.append(_RETRY_TERMINATING_S)
-            else:
-                self._fail(p, reason="BackoffLimitExceeded", pods=current,
-                           message=f"spec.backoffLimit: {spec.backoff_limit} restart(s) used; "
-                           + "; ".join(c.failures[:3]))
+        have = {str(((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_RANK))
+                for pod in current if not (pod.get("metadata") or {}).get("deletionTimestamp")}
+        missing = [r for r in range(workers) if str(r) not in have]
+        gang = f"{phash}/{attempt}"
+        # Once every rank of this attempt had its pod, a rank whose pod is gone or going (a
+        # delete, an eviction, a preemption: never ours, ours change plan or attempt first)
+        # leaves the others waiting in a collective: the whole gang restarts, as on a failure.
+        lost = [f"rank {r} ({pod_name(p.job.name, r)}): pod deleted or evicted"
+                for r in missing] if p.status.launched == gang else []
+        if c.failed or lost:
+            self._restart_gang(p, spec=spec, pods=current, reason="PodFailed" if c.failed
+                               else "PodLost", failures=[*c.failures, *lost])
+            return
+        if c.unschedulable and self._replan_unschedulable(p, pods=current):
             return
         p.update(workers_ready=f"{c.ready + c.succeeded}/{workers}")
         if c.observed_bubble_ratio is not None:
             p.update(observed_bubble_ratio=c.observed_bubble_ratio)
         if c.succeeded == workers:
+            self._ledger.release((p.job.namespace, p.job.name))
             p.update(phase="Succeeded", completion_time=p.stamp, message=None)
             p.condition("Running", "False", reason="Completed")
             p.condition("Succeeded", "True", reason="Completed",
@@ -296,10 +206,7 @@ class Reconciler:
             self._schedule_ttl(p, spec.ttl_seconds_after_finished)
             return
 
-        have = {str(((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_RANK))
-                for pod in current}
         taken = {(pod.get("metadata") or {}).get("name") for pod in pods}
-        missing = [r for r in range(workers) if str(r) not in have]
         blocked = [r for r in missing if pod_name(p.job.name, r) in taken]
         if missing:
             self._cluster.create(render_service(p.job, spec))
@@ -311,6 +218,8 @@ class Reconciler:
                                        parallelism=_CREATE_PARALLELISM)
         if blocked:
             p.requeue.append(_RETRY_TERMINATING_S)
+        if len(missing) == len(pods_to_create) == created:
+            p.update(launched=gang)  # every rank of this attempt has its pod now
         if created and not p.status.start_time:
             p.update(start_time=p.stamp)
             if spec.active_deadline_seconds:
@@ -346,9 +255,48 @@ class Reconciler:
                         message=f"{c.running}/{workers} ranks running, "
                         f"{c.pending + created} pending")
 
+    def _restart_gang(self, p: PassState, *, spec: JobSpec, pods: Sequence[Mapping[str, Any]],
+                      reason: str, failures: Sequence[str]) -> None:
+        """A new attempt of every rank, counted against spec.backoffLimit, or the end."""
+        detail = "; ".join(failures[:3])
+        if p.status.restarts >= spec.backoff_limit:
+            self._fail(p, reason="BackoffLimitExceeded", pods=pods,
+                       message=f"spec.backoffLimit: {spec.backoff_limit} restart(s) used; {detail}")
+            return
+        # Count the restart before deleting: a crash in between never loses it.
+        p.update(restarts=p.status.restarts + 1, phase="Restarting", message=detail)
+        p.condition("Restarting", "True", reason=reason, event="Warning",
+                    message=f"gang restart {p.status.restarts}/{spec.backoff_limit}: {detail}")
+        p.condition("Running", "False", reason="Restarting")
+        self._write_now(p)
+        self._delete_pods(p, pods)
+        p.requeue.append(_RETRY_TERMINATING_S)
+
+    def _replan_unschedulable(self, p: PassState, *, pods: Sequence[Mapping[str, Any]]) -> bool:
+        """Re-plan a placement whose ranks stayed unschedulable too long; True if it did."""
+        since, nodes = unschedulable_since(pods)
+        limit = self._settings.unschedulable_replan_s
+        if since is None:
+            return False
+        waited = (p.now - since).total_seconds()
+        if waited < limit:
+            p.requeue.append(limit - waited + 1.0)
+            return False
+        self._placer.avoid((p.job.namespace, p.job.name), sorted(nodes),
+                           until=p.now + timedelta(seconds=_AVOID_FACTOR * limit))
+        p.update(phase="Restarting")
+        p.condition("Restarting", "True", reason="Unschedulable", event="Warning",
+                    message=f"unschedulable for {waited:.0f}s on {', '.join(sorted(nodes))}: "
+                    "re-planning on the GPUs free now, without those nodes for a while")
+        self._write_now(p)
+        self._delete_pods(p, pods)  # the next pass's plan leaves the avoided nodes out
+        p.requeue.append(_RETRY_TERMINATING_S)
+        return True
+
     # --- endings ----------------------------------------------------------------------------
     def _fail(self, p: PassState, *, reason: str, message: str,
               pods: Sequence[Mapping[str, Any]]) -> None:
+        self._ledger.release((p.job.namespace, p.job.name))
         self._delete_pods(p, [pod for pod in pods
                            if (pod.get("status") or {}).get("phase") not in _TERMINAL])
         p.update(phase="Failed", message=message, completion_time=p.stamp)
@@ -357,6 +305,7 @@ class Reconciler:
         log.info("%s/%s failed: %s: %s", p.job.namespace, p.job.name, reason, message)
 
     def _finished(self, p: PassState, *, spec_raw: Mapping[str, Any]) -> None:
+        self._ledger.release((p.job.namespace, p.job.name))
         ttl = spec_raw.get("ttlSecondsAfterFinished")
         self._schedule_ttl(p, ttl if isinstance(ttl, int) else None)
 

@@ -77,6 +77,7 @@ class FakeCluster:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, ns, name)
         self.events: list[tuple[str, str, str, str]] = []  # (job, type, reason, message)
         self.calls: list[str] = []
+        self.priority_classes: dict[str, int] = {}
         self._rv = itertools.count(1)
 
     # helpers of the tests
@@ -134,6 +135,16 @@ class FakeCluster:
             o for (kind, ns, _), o in sorted(self.objects.items())
             if kind == "Pod" and ns == namespace and o["metadata"]["labels"].get(LABEL_JOB) == job
         ])
+
+    def list_active_pods(self) -> list[dict[str, Any]]:
+        self.calls.append("list_active_pods")
+        return copy.deepcopy([
+            o for (kind, _, _), o in sorted(self.objects.items())
+            if kind == "Pod" and (o.get("status") or {}).get("phase") not in {"Succeeded", "Failed"}
+        ])
+
+    def priority_of(self, priority_class: str | None) -> int:
+        return self.priority_classes.get(priority_class or "", 0)
 
     def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         cm = self.objects.get(("ConfigMap", namespace, name))

@@ -275,7 +275,12 @@ def test_measure_profiles_stores_plans_and_cleans_up(cluster: Any, clock: Any,
     assert not _profilers(cluster)
     assert len(cluster.pods()) == 4  # the workers
 
-    # The next job on the same nodes reuses the stored profiles: no profiler pod at all.
+    # The next job on the same nodes (free again once the first is done) reuses the stored
+    # profiles: no profiler pod at all.
+    for pod in cluster.pods():
+        cluster.set_pod_phase(pod["metadata"]["name"], "Succeeded")
+    rec.reconcile("ns", "demo")
+    assert cluster.job()["status"]["phase"] == "Succeeded"
     cluster.add_job(_measure_job(make_job, "again"))
     rec.reconcile("ns", "again")
     assert cluster.job("again")["status"]["phase"] == "Planned"
@@ -367,8 +372,9 @@ def test_what_a_tenant_can_write_changes_no_plan(cluster: Any, clock: Any,
     tenant_b["metadata"]["namespace"] = "team-b"
     cluster.add_job(tenant_b)
     rec = Reconciler(MeasuringCluster(cluster, clock), clock=clock)
-    rec.reconcile("ns", "demo")  # A's job profiles in the operator's namespace, reads none
+    # B first: A's profiler pods would hold the GPUs B is to be planned on.
     rec.reconcile("team-b", "b")
+    rec.reconcile("ns", "demo")  # A's job profiles in the operator's namespace, reads none
     tflops = _planned_tflops(cluster, "b", ns="team-b")
     assert tflops and set(tflops.values()) == {989.0}  # planned, from the table's H100 figure
     assert not [k for k in cluster.objects if k[1] == PROFILE_NS and k[0] == "ConfigMap"]

@@ -55,9 +55,18 @@ def test_repeated_passes_and_operator_restarts_never_duplicate(cluster: Any,
     assert cluster.calls.count("create Pod") == creates == 4
     assert "replace ConfigMap" not in cluster.calls  # the cached plan was reused
     assert cluster.job()["status"] == status
-    # A pod deleted by someone else is recreated under the same name.
+    # A pod deleted by someone else restarts the gang (a lone new rank would wait forever
+    # for peers that are mid-step): every pod of attempt 0 goes, attempt 1 starts.
     del cluster.objects[("Pod", "ns", "demo-worker-2")]
     Reconciler(cluster).reconcile("ns", "demo")
+    job = cluster.job()
+    assert job["status"]["restarts"] == 1
+    assert _cond(job, "Restarting")["reason"] == "PodLost"
+    assert "rank 2 (demo-worker-2)" in _cond(job, "Restarting")["message"]
+    assert all(p["metadata"].get("deletionTimestamp") for p in cluster.pods())
+    cluster.finish_deletions()
+    Reconciler(cluster).reconcile("ns", "demo")
+    assert {p["metadata"]["labels"]["adaptis.io/attempt"] for p in cluster.pods()} == {"1"}
     assert len(cluster.pods()) == 4
 
 
