@@ -67,6 +67,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--profile-timeout-seconds", type=float, default=600.0, metavar="S",
                         help="how long a profiler pod (spec.planner.profile: measure) may take, scheduling and "
                              "image pull included, before its node is planned from its labels (default 600)")
+    parser.add_argument("--queue-strict-after-seconds", type=float, default=120.0, metavar="S",
+                        help="a job waiting for free GPUs this long holds back every job queued "
+                             "behind it (priority, then creation time), so that large jobs are "
+                             "never starved by small ones (default 120)")
+    parser.add_argument("--unschedulable-replan-seconds", type=float, default=120.0, metavar="S",
+                        help="re-plan a job whose ranks stay unschedulable on their planned "
+                             "nodes this long, on the GPUs free then (default 120)")
     parser.set_defaults(func=_run)
 
 
@@ -109,7 +116,10 @@ def _run(args: argparse.Namespace) -> int:
         reconcile=ReconcileSettings(topology_keys=topology, manifests=manifests,
                                     inter_node=inter, profile_timeout_s=max(1.0, args.profile_timeout_seconds),
                                     profile_namespace=args.profile_namespace or _own_namespace(),
-                                    profiler_image=args.profiler_image or None),
+                                    profiler_image=args.profiler_image or None,
+                                    unschedulable_replan_s=max(
+                                        1.0, args.unschedulable_replan_seconds)),
+        queue_strict_after_s=max(0.0, args.queue_strict_after_seconds),
     )
     try:
         run_operator(options)

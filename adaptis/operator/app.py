@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import kopf
 
+from adaptis.operator.capacity import CapacityLedger
 from adaptis.operator.handlers import JobKey, build_registry
 from adaptis.operator.kube import KubeCluster
 from adaptis.operator.metrics import OperatorMetrics
@@ -37,6 +38,7 @@ class OperatorOptions:
     metrics_port: int | None = None  # serve /metrics here (None: no metrics server)
     reconcile_workers: int = 2
     resync_seconds: float = 30.0
+    queue_strict_after_s: float = 120.0  # see capacity.CapacityLedger
     reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
 
 
@@ -58,7 +60,10 @@ def _kopf_settings() -> kopf.OperatorSettings:
 def run_operator(options: OperatorOptions, *, stop_flag: threading.Event | None = None) -> None:
     """Run until stopped (a signal, or ``stop_flag`` when embedded in another program)."""
     cluster = KubeCluster()
-    reconciler = Reconciler(cluster, settings=options.reconcile)
+    # A job that releases GPUs wakes the jobs waiting for them, in queue order.
+    ledger = CapacityLedger(strict_after_s=options.queue_strict_after_s,
+                            wake=lambda key: queue.add(key))
+    reconciler = Reconciler(cluster, settings=options.reconcile, ledger=ledger)
 
     metrics = OperatorMetrics(queue_depth=lambda: queue.depth())
 

@@ -29,7 +29,9 @@ JOB_RULES = {
 }
 # No patch on nodes: measured profiles are kept in the release namespace (a node patch would
 # also let the operator relabel, taint or cordon any node).
-CLUSTER_RULES = {("", "nodes", verb) for verb in ("list", "watch")}
+# Nodes, plus what the allocation ledger reads: every pod's GPU requests, PriorityClass values.
+CLUSTER_RULES = {("", "nodes", verb) for verb in ("list", "watch")} | {
+    ("", "pods", "list"), ("scheduling.k8s.io", "priorityclasses", "get")}
 # In the release namespace only: the profiler pods and the stored profiles (no tenant writes
 # there, which is what makes the profiles unforgeable).
 PROFILE_RULES = {("", "pods", verb) for verb in ("list", "watch", "create", "delete")} | {
@@ -169,7 +171,7 @@ def test_rbac_is_namespaced_when_namespaces_are_listed(
     full_objects: list[dict[str, Any]],
 ) -> None:
     roles = _roles(full_objects)
-    # Only Nodes stay cluster-wide.
+    # Only Nodes and the ledger's reads stay cluster-wide.
     assert _grants(roles["adaptis-cluster"]) == CLUSTER_RULES
     assert [b["roleRef"]["name"] for b in by_kind(full_objects, "ClusterRoleBinding")] == [
         "adaptis-cluster"
