@@ -48,6 +48,11 @@ def hold_placement(ledger: CapacityLedger, cluster: Cluster, *, key: JobKey, rec
     free to it); False: another pod or job holds some of them now, so plan again."""
     need = record.gpus_by_node(gpus_per_worker=gpus_per_worker)
     with ledger.admission():
+        if ledger.reservation(key) == need:
+            # Held since it was admitted: what took them since is the scheduler's to refuse
+            # (and then the unschedulable re-plan's), not a reason to queue a running job on
+            # a pod list a few seconds old.
+            return True
         free = _free(ledger, cluster, key=key, candidates=candidates)
         if any(gpus > free.get(node, 0) for node, gpus in need.items()):
             return False

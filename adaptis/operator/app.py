@@ -71,6 +71,8 @@ def run_operator(options: OperatorOptions, *, stop_flag: threading.Event | None 
         with metrics.observe_pass(key) as done:
             result = reconciler.reconcile(*key)
             done(result)
+        if result.phase is None:  # the job is gone (its last pass released what it held)
+            queue.forget(key)
         return result.requeue_after
 
     queue: WorkQueue[JobKey] = WorkQueue(process, workers=options.reconcile_workers,

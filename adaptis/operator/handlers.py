@@ -53,10 +53,7 @@ def build_registry(queue: WorkQueue[JobKey]) -> kopf.OperatorRegistry:
     def job_event(type: str | None, body: kopf.Body, namespace: str, name: str,
                   **_: Any) -> None:
         key = (namespace, name)
-        if type == "DELETED":
-            queue.forget(key)
-            return
-        if wants_reconcile(type, body):
+        if wants_reconcile(type, body):  # a deletion too: its pass frees the job's GPUs
             queue.add(key)
 
     @kopf.on.event("v1", "pods", labels={LABEL_MANAGED_BY: MANAGED_BY}, registry=registry)

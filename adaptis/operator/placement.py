@@ -106,6 +106,7 @@ class Placer:
                 and (gpw == 0 or hold_placement(self._ledger, self._cluster, key=key,
                                                 record=cached, candidates=candidates,
                                                 gpus_per_worker=gpw)):
+            self._admitted(p, workers=len(cached.nodes))
             return cached
 
         notes: list[str] = []
@@ -147,9 +148,7 @@ class Placer:
                     p.requeue.append(_RETRY_QUEUED_S)
                     return None
                 slots = admitted
-                if condition_true(p.status.conditions, "Queued"):
-                    p.condition("Queued", "False", reason="Admitted", event="Normal",
-                                message=f"{len(slots)} worker(s) admitted onto free GPUs")
+                self._admitted(p, workers=len(slots))
         inputs = "|".join([shash, *(c.fingerprint() for c in candidates),
                            *(s.node.name for s in slots or ())])
         failed = self._failed.get(key)
@@ -204,6 +203,14 @@ class Placer:
         if p.status.phase in {"Profiling", "Queued"}:
             p.update(phase="Planned", message=None)
         return record
+
+    @staticmethod
+    def _admitted(p: PassState, *, workers: int) -> None:
+        if condition_true(p.status.conditions, "Queued"):
+            p.condition("Queued", "False", reason="Admitted", event="Normal",
+                        message=f"{workers} worker(s) admitted onto free GPUs")
+            if p.status.phase == "Queued":
+                p.update(phase="Planned", message=None)
 
     def _avoided(self, key: tuple[str, str], *, now: datetime) -> set[str]:
         """Nodes this job's ranks stayed unschedulable on, while their ban lasts."""

@@ -207,29 +207,6 @@ def test_unsatisfiable_placement_shows_in_status(operator: Operator) -> None:
     assert operator.pods("too-big") == []
 
 
-def test_pods_the_scheduler_cannot_bind_show_in_status(operator: Operator) -> None:
-    cp = operator.cp
-    pool = {"adaptis.io/test-pool": "operator-full"}
-    cp.add_fake_gpu_node("e2e-full-0", gpu_count=2, zone="e2e-zone-c", labels=pool)
-    # Another tenant already holds both GPUs of the only node the plan can name.
-    blocker = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": "gpu-hog", "namespace": NS},
-               "spec": {"nodeName": "e2e-full-0", "automountServiceAccountToken": False,
-                        "containers": [{"name": "hog", "image": "hog",
-                                        "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}
-    cp.apply(blocker)
-    cp.apply(_job("squeezed", worker={"nodeSelector": pool}))
-
-    def unschedulable() -> dict[str, Any] | None:
-        cond = operator.condition("squeezed", "Running")
-        return cond if cond and cond["reason"] == "Unschedulable" else None
-
-    cond = operator.wait("Running=False Unschedulable", unschedulable, timeout=90)
-    assert "nvidia.com/gpu" in cond["message"]
-    cp.kubectl("delete", "adaptisjob", "squeezed", "-n", NS, "--wait=false")
-    cp.kubectl("delete", "pod", "gpu-hog", "-n", NS, "--wait=false")
-
-
 def test_failed_pod_restarts_the_gang_then_fails_at_the_backoff_limit(
         operator: Operator) -> None:
     name = "flaky"
