@@ -22,42 +22,24 @@ import sys
 import tempfile
 import time
 import urllib.request
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "integration"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from controlplane import ControlPlane, wait_until  # noqa: E402
+from benchkit import (  # noqa: E402
+    REPO,
+    ControlPlane,
+    bin_dir,
+    create_nodes,
+    epoch,
+    fake_node,
+    install_crd,
+    rss_kib,
+    wait_until,
+)
 
 NS = "bench"
-KINDS = (("NVIDIA-H100-80GB-HBM3", 81559, "hopper"), ("NVIDIA-A100-SXM4-80GB", 81920, "ampere"))
-
-
-def _node(i: int, *, gpus: int) -> dict[str, Any]:
-    product, memory, family = KINDS[i % len(KINDS)]
-    name = f"bench-{i:03d}"
-    capacity = {"cpu": "96", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(gpus)}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "type": "kwok",
-                "topology.kubernetes.io/zone": f"zone-{i % 4}",
-                "topology.adaptis.io/rack": f"rack-{i % 32}",
-                "nvidia.com/gpu.product": product,
-                "nvidia.com/gpu.count": str(gpus),
-                "nvidia.com/gpu.memory": str(memory),
-                "nvidia.com/gpu.family": family,
-            },
-            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
-        },
-        "status": {"capacity": capacity, "allocatable": dict(capacity)},
-    }
 
 
 def _job(*, ranks: int, strategy: str, microbatches: int) -> dict[str, Any]:
@@ -76,45 +58,16 @@ def _job(*, ranks: int, strategy: str, microbatches: int) -> dict[str, Any]:
     }
 
 
-def _rss_kib(pid: int) -> tuple[int, int]:
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text()
-                  .splitlines() if ":" in line)
-    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
-
-
-def _epoch(stamp: str) -> float:
-    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-
-
-def _bin_dir() -> Path:
-    out = subprocess.run(["bash", str(REPO / "hack" / "build-control-plane.sh")],
-                         capture_output=True, text=True, check=True).stdout
-    return Path(out.strip().splitlines()[-1])
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="adaptis-scale-"))
-    cp = ControlPlane(_bin_dir(), work)
+    cp = ControlPlane(bin_dir(), work)
     cp.start()
     operator: subprocess.Popen[bytes] | None = None
     try:
-        cp.kubectl("apply", "-f", str(REPO / "crds" / "adaptis.io_adaptisjobs.yaml"))
-        cp.kubectl("wait", "--for=condition=Established", "crd/adaptisjobs.adaptis.io")
+        install_crd(cp)
         cp.create_namespace(NS)
-        started = time.monotonic()
-        nodes = [_node(i, gpus=args.gpus_per_node) for i in range(args.nodes)]
-        for lo in range(0, len(nodes), 64):
-            cp.kubectl("create", "-f", "-", input=json.dumps(
-                {"apiVersion": "v1", "kind": "List", "items": nodes[lo:lo + 64]}))
-
-        def all_ready() -> bool:
-            items = cp.get_json("nodes", "-l", "type=kwok")["items"]
-            ready = [n for n in items if any(c["type"] == "Ready" and c["status"] == "True"
-                                             for c in n["status"].get("conditions", []))]
-            return len(ready) >= args.nodes
-
-        wait_until(all_ready, timeout=300, interval=1.0, what="all fake nodes Ready")
-        nodes_s = time.monotonic() - started
+        nodes_s = create_nodes(cp, [fake_node(i, gpus=args.gpus_per_node)
+                                    for i in range(args.nodes)], timeout=300)
         log = (work / "operator.log").open("wb")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -139,7 +92,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         wait_until(lambda: (cp.get_json("apj", "warm-up", "-n", NS).get("status") or {})
                    .get("conditions"), timeout=120, interval=0.2, what="the warm-up job's status")
         cp.kubectl("delete", "apj", "warm-up", "-n", NS)
-        idle_rss, _ = _rss_kib(operator.pid)
+        idle_rss, _ = rss_kib(operator.pid)
         job = _job(ranks=args.ranks, strategy=args.strategy, microbatches=args.microbatches)
         t0 = time.monotonic()
         wall0 = time.time()
@@ -163,9 +116,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         wait_until(lambda: (cp.get_json("apj", "scale", "-n", NS).get("status") or {})
                    .get("phase") == "Running", timeout=300, interval=0.2, what="phase Running")
         t_running = time.monotonic() - t0
-        rss, peak = _rss_kib(operator.pid)
-        created = [_epoch(p["metadata"]["creationTimestamp"]) - wall0 for p in pods]
-        scheduled = [_epoch(c["lastTransitionTime"]) - wall0 for p in pods
+        rss, peak = rss_kib(operator.pid)
+        created = [epoch(p["metadata"]["creationTimestamp"]) - wall0 for p in pods]
+        scheduled = [epoch(c["lastTransitionTime"]) - wall0 for p in pods
                      for c in p["status"].get("conditions", []) if c["type"] == "PodScheduled"]
         status = cp.get_json("apj", "scale", "-n", NS)["status"]
         want = {p["rank"]: p["node"] for p in status["placement"]}
