@@ -15,6 +15,7 @@ ConfigMap.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
@@ -32,7 +33,7 @@ from adaptis.operator.measuring import measure_candidates
 from adaptis.operator.passes import PassState, ReconcileSettings
 from adaptis.operator.planning import PlanRecord, plan_job, record_from_config_map, spec_hash
 from adaptis.operator.profile_store import measured_figures, profile_selector, read_stored_profiles
-from adaptis.operator.profiling import candidate_nodes, profile_node
+from adaptis.operator.profiling import NodeProfile, candidate_nodes, profile_node
 from adaptis.operator.status import condition_true, plan_summary
 from adaptis.planner.errors import PlannerError
 
@@ -64,6 +65,29 @@ class Placer:
         self._given_up: dict[JobKey, dict[str, str]] = {}
         # key -> {node: until}: nodes a rank stayed unschedulable on, left out for a while.
         self._avoid: dict[JobKey, dict[str, datetime]] = {}
+        self._profiles: dict[str, tuple[tuple[str, str], NodeProfile]] = {}
+        self._profiles_lock = threading.Lock()  # reconcile workers share the memo
+
+    def _profile(self, node: Mapping[str, Any], *, stored: Mapping[str, str] | None
+                 ) -> NodeProfile:
+        """profile_node, memoised per node while its resourceVersion and stored profile hold:
+        with hundreds of nodes and jobs, profiling every node on every pass is most of the
+        operator's CPU (a heartbeat changes the version, so a memo lives ~10 s at most)."""
+        meta = node.get("metadata") or {}
+        version = meta.get("resourceVersion")
+        key = (str(version), repr(sorted((stored or {}).items())))
+        name = str(meta.get("name", ""))
+        with self._profiles_lock:
+            hit = self._profiles.get(name)
+        if version and hit is not None and hit[0] == key:
+            return hit[1]
+        profile = profile_node(node, topology_keys=self._settings.topology_keys,
+                               measured=measured_figures({name: dict(stored)} if stored else {},
+                                                         node))
+        if version:
+            with self._profiles_lock:
+                self._profiles[name] = (key, profile)
+        return profile
 
     def forget(self, key: JobKey) -> None:
         """The job is gone: drop what is kept about it and its GPUs."""
@@ -89,9 +113,10 @@ class Placer:
                      for n in self._cluster.list_nodes()}
         stored = read_stored_profiles(self._cluster.list_config_maps(
             self._settings.profile_namespace, selector=profile_selector()))
-        nodes = [profile_node(n, topology_keys=self._settings.topology_keys,
-                              measured=measured_figures(stored, n))
-                 for n in raw_nodes.values()]
+        nodes = [self._profile(n, stored=stored.get(name)) for name, n in raw_nodes.items()]
+        with self._profiles_lock:  # forget deleted nodes
+            for gone in [n for n in self._profiles if n not in raw_nodes]:
+                del self._profiles[gone]
         p.live_nodes = frozenset(n.name for n in nodes)
         avoided = self._avoided(key, now=p.now)
         candidates = [c for c in candidate_nodes(
