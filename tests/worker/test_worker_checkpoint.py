@@ -9,6 +9,7 @@ reference losses of steps 5-8. The killed run must also fail naming rank 1 and t
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -16,7 +17,8 @@ from typing import Any
 
 import pytest
 import torch
-from worker_harness import small_config
+import torch.distributed as dist
+from worker_harness import run_ranks, small_config
 
 from adaptis.worker.checkpoint import scan_checkpoints
 from adaptis.worker.errors import RankFailedError
@@ -99,3 +101,33 @@ def test_a_checkpoint_of_another_model_is_refused_not_guessed_at(tmp_path: Path)
     torch.save(state, newest)
     legacy = scan_checkpoints(ckpt, model=model, workers=1)
     assert legacy.resume_step is None and "does not record its model" in str(legacy.incompatible)
+
+
+def _common_step(rank: int, world: int, port: int, root: str, steps_of: dict[int, list[int]],
+                 out: str) -> None:
+    from worker_harness import init_gloo
+
+    from adaptis.worker.checkpoint import latest_common_step
+
+    init_gloo(rank, world, port)
+    for step in steps_of[rank]:
+        d = Path(root) / f"rank-view-{rank}" / f"step-{step:08d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"rank-{rank}.pt").write_bytes(b"x")
+    # Each rank sees only its own directory here (as on nodes without a shared volume), so the
+    # answer can only come from the collective.
+    found = latest_common_step(Path(root) / f"rank-view-{rank}", rank=rank)
+    Path(out, f"rank-{rank}.json").write_text(json.dumps(found))
+    dist.destroy_process_group()
+
+
+def test_resume_step_is_the_newest_every_rank_has(tmp_path: Path) -> None:
+    # Rank 0 saved 2, 4 and 6; rank 1 died before saving 6; rank 2 lost its step 4. The newest
+    # step that all three have is 2: neither rank 0's newest (6) nor the newest of anyone's
+    # shared by two ranks (4).
+    steps_of = {0: [2, 4, 6], 1: [2, 4], 2: [2, 6]}
+    out = tmp_path / "out"
+    out.mkdir()
+    run_ranks(_common_step, world=3, args=(str(tmp_path), steps_of, str(out)), timeout_s=120)
+    found = {r: json.loads((out / f"rank-{r}.json").read_text()) for r in range(3)}
+    assert found == {0: 2, 1: 2, 2: 2}

@@ -97,3 +97,24 @@ def test_transfer_bytes_count_cross_rank_boundaries_only() -> None:
     assert transfer_bytes(plan, rank=0, activation_bytes=10) == (20, 20)
     # rank 1: F1 receives, F2 sends; B2 receives, B1 sends (1->2 stays on the rank).
     assert transfer_bytes(plan, rank=1, activation_bytes=10) == (20, 20)
+
+
+@pytest.mark.parametrize(("busy", "iteration", "rank", "pipeline", "own"), [
+    # Three ranks, a 10 s step: busy 10, 8, 6 s -> idle 0 + 2 + 4 of 30 rank-seconds.
+    ((10.0, 8.0, 6.0), 10.0, 2, 0.2, 0.4),
+    ((10.0, 8.0, 6.0), 10.0, 0, 0.2, 0.0),
+    # No idle time at all, and a rank whose clock ran past the barrier (busy > iteration).
+    ((4.0, 4.0), 4.0, 1, 0.0, 0.0),
+    ((5.0, 3.0), 4.0, 0, 0.0, 0.0),
+    # An empty step reports no bubble rather than dividing by zero.
+    ((0.0, 0.0), 0.0, 0, 0.0, 0.0),
+])
+def test_bubble_ratios_from_known_timings(busy: tuple[float, ...], iteration: float, rank: int,
+                                          pipeline: float, own: float) -> None:
+    from adaptis.worker.executor import StepStats
+
+    stats = StepStats(rank=rank, loss=0.0, iteration_seconds=iteration, step_seconds=iteration,
+                      busy_seconds=busy, busy_by_kind={}, grad_norm=0.0, sent_bytes=0,
+                      received_bytes=0, peak_memory_bytes=0)
+    assert stats.bubble_ratio == pytest.approx(pipeline)
+    assert stats.rank_bubble_ratio == pytest.approx(own)
