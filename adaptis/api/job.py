@@ -434,7 +434,8 @@ class WorkerConfig(_Spec):
     job_name: str = Field(default="local", description="Label value of the metrics.")
     model: ModelSpec
     training: TrainingSpec = TrainingSpec()
-    plan: Any = Field(description="An adaptis.api.plan.Plan document.")
+    plan: Any = Field(description="An adaptis.api.plan.Plan document, its actions plain or "
+                      "packed (actionsPacked, as the operator writes it).")
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="None: off; 0: any.")
     checkpoint_dir: str | None = None
     checkpoint_every: int = Field(default=0, ge=0)

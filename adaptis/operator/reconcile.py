@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from adaptis.api.job import JobSpec
-from adaptis.operator.errors import InvalidJob, Unsatisfiable
+from adaptis.operator.errors import InvalidJob, PlanTooLarge, Unsatisfiable
 from adaptis.operator.kube import Cluster, create_many
 from adaptis.operator.manifests import (
     LABEL_RANK,
@@ -215,9 +215,12 @@ class Reconciler:
             try:
                 record = plan_job(spec, candidates, name=f"{ns}/{name}",
                                   inter_node=self._settings.inter_node)
-            except (Unsatisfiable, PlannerError, ValidationError) as err:
-                reason = "Unsatisfiable" if isinstance(err, Unsatisfiable) else "PlannerError"
-                message = str(err) if isinstance(err, Unsatisfiable) else f"planner: {err}"
+                rendered = render_config_map(p.job, spec, record)
+            except (Unsatisfiable, PlanTooLarge, PlannerError, ValidationError) as err:
+                record = None  # a plan too large to store is no plan: kept out of the cache
+                reason = type(err).__name__ if isinstance(err, Unsatisfiable | PlanTooLarge) \
+                    else "PlannerError"
+                message = f"planner: {err}" if reason == "PlannerError" else str(err)
                 failed = (inputs, reason, message)
                 self._failed[(ns, name)] = failed
             else:
@@ -231,7 +234,6 @@ class Reconciler:
         if record is None:
             return None
         p.condition("Profiling", "False", reason="Profiled", message=profile_msg)
-        rendered = render_config_map(p.job, spec, record)
         if cm is None:
             self._cluster.create(rendered)
         else:
