@@ -28,7 +28,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from adaptis.api.job import JobSpec
-from adaptis.operator.errors import InvalidJob, PlanTooLarge, Unsatisfiable
+from adaptis.operator.children import ChildRefused, create_child, first_refusal, wait_on
+from adaptis.operator.errors import InvalidJob, OperatorError, PlanTooLarge, Unsatisfiable
 from adaptis.operator.kube import Cluster, create_many
 from adaptis.operator.manifests import (
     LABEL_RANK,
@@ -100,6 +101,12 @@ class Reconciler:
         generation = meta.get("generation")
         try:
             self._step(p, spec_raw=body.get("spec") or {}, generation=generation)
+        except ChildRefused as err:  # the job's content, not the API server: no retry loop
+            if err.refusal.invalid:
+                self._fail(p, reason="InvalidSpec", message=str(err),
+                           pods=self._cluster.list_pods(namespace, name))
+            else:
+                wait_on(p, err.refusal, retry_s=_RETRY_UNSATISFIABLE_S)
         finally:
             if generation is not None:
                 p.update(observed_generation=generation)
@@ -119,9 +126,9 @@ class Reconciler:
         try:
             spec = validate_job(name=p.job.name, spec_raw=spec_raw)
         except InvalidJob as err:
-            # An update that breaks a running job stops its pods too.
-            self._fail(p, reason="InvalidSpec", message=str(err),
-                       pods=self._cluster.list_pods(p.job.namespace, p.job.name))
+            # An update that breaks a running job stops its pods too (a bad name never had any).
+            self._fail(p, reason="InvalidSpec", message=str(err), pods=[] if "metadata.name"
+                       in err.fields else self._cluster.list_pods(p.job.namespace, p.job.name))
             return
         if retry_invalid:
             p.update(phase="Pending", completion_time=None, message=None)
@@ -217,9 +224,7 @@ class Reconciler:
                                   inter_node=self._settings.inter_node)
                 rendered = render_config_map(p.job, spec, record)
             except (Unsatisfiable, PlanTooLarge, PlannerError, ValidationError) as err:
-                record = None  # a plan too large to store is no plan: kept out of the cache
-                reason = type(err).__name__ if isinstance(err, Unsatisfiable | PlanTooLarge) \
-                    else "PlannerError"
+                reason = type(err).__name__ if isinstance(err, OperatorError) else "PlannerError"
                 message = f"planner: {err}" if reason == "PlannerError" else str(err)
                 failed = (inputs, reason, message)
                 self._failed[(ns, name)] = failed
@@ -234,10 +239,7 @@ class Reconciler:
         if record is None:
             return None
         p.condition("Profiling", "False", reason="Profiled", message=profile_msg)
-        if cm is None:
-            self._cluster.create(rendered)
-        else:
-            self._cluster.replace_config_map(rendered)
+        create_child(self._cluster, rendered, replace=cm is not None)
         if cached is not None and cached.spec_hash == shash:
             lost = sorted(n for n, fp in cached.node_fingerprints.items()
                           if n not in by_name or by_name[n].fingerprint() != fp)
@@ -304,7 +306,7 @@ class Reconciler:
         missing = [r for r in range(workers) if str(r) not in have]
         blocked = [r for r in missing if pod_name(p.job.name, r) in taken]
         if missing:
-            self._cluster.create(render_service(p.job, spec))
+            create_child(self._cluster, render_service(p.job, spec))
         # A rank whose previous pod is still terminating waits; that deletion wakes us.
         pods_to_create = [render_pod(p.job, spec, record, rank=rank, attempt=attempt,
                                      settings=self._settings.manifests)
@@ -319,11 +321,8 @@ class Reconciler:
                 p.requeue.append(float(spec.active_deadline_seconds))
         if created:
             p.events.append(("Normal", "CreatedPods", f"created {created} worker pod(s)"))
-        if refused:  # retried: the admin may relax the namespace's policy, the user the spec
-            msg = f"the API server refused worker pod(s): {next(iter(refused.values()))}"[:1024]
-            p.update(message=msg)
-            p.condition("Running", "False", reason="PodsRejected", message=msg, event="Warning")
-            p.requeue.append(_RETRY_UNSATISFIABLE_S)
+        if refused:  # invalid pods raise ChildRefused; a policy's refusal waits for the admin
+            wait_on(p, first_refusal(refused, pods_to_create), retry_s=_RETRY_UNSATISFIABLE_S)
             return
 
         if c.running + c.succeeded == workers:
