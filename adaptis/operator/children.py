@@ -65,8 +65,10 @@ _INVALID_FIELD = re.compile(r"is invalid: \[?([A-Za-z][\w.\[\]/-]*):")
 # 400 from decoding: "json: cannot unmarshal number into Go struct field
 # Toleration.spec.tolerations.key of type string"
 _DECODE_FIELD = re.compile(r"Go struct field \w+\.([\w.\[\]]+) of type")
-# Decoding errors that name no field but say which one they mean.
-_HINTS = (("quantities must match", "spec.worker.resources"),)
+# Decoding errors that name no field but say which one they mean: spec.worker.resources is
+# checked before any create (adaptis.api.pod_fields), so a bad quantity the API server still
+# finds sits in a volume's source (emptyDir.sizeLimit), which passes through unchecked.
+_HINTS = (("quantities must match", "spec.worker.volumes"),)
 # Admission policies and webhooks deny with 422 too; those are the admin's to relax.
 _POLICY = re.compile(r"ValidatingAdmissionPolicy|admission webhook|denied (the )?request",
                      re.IGNORECASE)

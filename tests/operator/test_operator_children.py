@@ -33,7 +33,7 @@ CM_422 = ('POST /api/v1/namespaces/ns/configmaps: 422 ConfigMap "demo-config" is
 @pytest.mark.parametrize(("status", "text", "obj", "invalid", "field"), [
     (400, TOLERATION_400, POD, True, "spec.worker.tolerations"),
     (422, LABEL_422, POD, True, "spec.worker.labels"),
-    (400, QUANTITY_400, POD, True, "spec.worker.resources"),
+    (400, QUANTITY_400, POD, True, "spec.worker.volumes"),
     (422, POLICY_422, POD, False, "spec.worker"),
     (403, PSA_403, POD, False, "spec.worker"),
     (404, "POST /api/v1/namespaces/gone/pods: 404 namespaces \"gone\" not found", POD, False,
