@@ -29,15 +29,19 @@ from adaptis.operator.kube import REFUSED_STATUSES, ApiError, Cluster
 from adaptis.operator.passes import PassState
 
 __all__ = [
+    "POLICY_RETRY_S",
     "ChildRefused",
     "Refusal",
     "create_child",
+    "probe_then_store",
     "first_refusal",
     "refusal",
     "wait_on",
 ]
 
 _MAX_MESSAGE = 900
+#: How soon a job whose child a policy refused is looked at again (the admin may relax it).
+POLICY_RETRY_S = 30.0
 # Where the pod's fields come from in the job's spec, longest prefix first. The pod's own
 # fields (affinity, the operator's env, volumes and mounts) come before the passthrough ones
 # in each list, so an index in the pod is not the index in the spec: the list is named.
@@ -147,6 +151,24 @@ def create_child(cluster: Cluster, obj: Mapping[str, Any], *, replace: bool = Fa
         raise ChildRefused(found) from None
 
 
+def probe_then_store(cluster: Cluster, config_map: Mapping[str, Any], *,
+                     probe: Mapping[str, Any], replace: bool) -> None:
+    """Before a new plan's ConfigMap is written (so before anything of the job exists), ask the
+    API server to validate a worker pod (``dryRun=All``): the parts of the spec no model
+    checks (a volume's source) fail the job here, with nothing created. A policy's refusal of
+    the probe is not acted on: the real creates report it (``PodsRejected``), and the plan is
+    stored so that waiting does not mean planning again."""
+    try:
+        cluster.dry_run_create(probe)
+    except ApiError as err:
+        found = refusal(err, obj=probe)
+        if found is None:
+            raise
+        if found.invalid:
+            raise ChildRefused(found) from None
+    create_child(cluster, config_map, replace=replace)
+
+
 def first_refusal(refused: Mapping[str, ApiError],
                   objects: Sequence[Mapping[str, Any]]) -> Refusal:
     """The policy's refusal to wait on among a batch's; :class:`ChildRefused` if any is invalid
@@ -163,7 +185,7 @@ def first_refusal(refused: Mapping[str, ApiError],
     return first
 
 
-def wait_on(p: PassState, why: Refusal, *, retry_s: float) -> None:
+def wait_on(p: PassState, why: Refusal, *, retry_s: float = POLICY_RETRY_S) -> None:
     """A policy's refusal: the job waits, says why, and is looked at again in ``retry_s``."""
     p.update(message=why.message)
     p.condition("Running", "False", reason=why.reason, message=why.message, event="Warning")

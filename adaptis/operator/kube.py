@@ -59,6 +59,7 @@ class Cluster(Protocol):
     def list_config_maps(self, namespace: str, *,
                          selector: Mapping[str, str]) -> list[dict[str, Any]]: ...
     def create(self, obj: Mapping[str, Any]) -> bool: ...
+    def dry_run_create(self, obj: Mapping[str, Any]) -> None: ...
     def replace_config_map(self, obj: Mapping[str, Any]) -> None: ...
     def delete_pod(self, namespace: str, name: str, *, force: bool = False) -> None: ...
     def event(self, job: JobRef, *, type_: str, reason: str, message: str) -> None: ...
@@ -211,6 +212,12 @@ class KubeCluster:
     def create(self, obj: Mapping[str, Any]) -> bool:
         status, _ = self.request("POST", _collection(obj), body=obj, ok=frozenset({409}))
         return status != 409
+
+    def dry_run_create(self, obj: Mapping[str, Any]) -> None:
+        # dryRun=All: validation and admission run, nothing is stored; a 409 (the name is
+        # taken) says nothing about the content, so it counts as passed.
+        self.request("POST", _collection(obj), body=obj, query={"dryRun": "All"},
+                     ok=frozenset({409}))
 
     def replace_config_map(self, obj: Mapping[str, Any]) -> None:
         name = obj["metadata"]["name"]

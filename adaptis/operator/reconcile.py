@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from adaptis.api.job import JobSpec
-from adaptis.operator.children import ChildRefused, create_child, first_refusal, wait_on
+from adaptis.operator import children
 from adaptis.operator.errors import InvalidJob, OperatorError, PlanTooLarge, Unsatisfiable
 from adaptis.operator.kube import Cluster, create_many
 from adaptis.operator.manifests import (
@@ -101,12 +101,12 @@ class Reconciler:
         generation = meta.get("generation")
         try:
             self._step(p, spec_raw=body.get("spec") or {}, generation=generation)
-        except ChildRefused as err:  # the job's content, not the API server: no retry loop
+        except children.ChildRefused as err:  # the job's content, not an API failure: no retry
             if err.refusal.invalid:
                 self._fail(p, reason="InvalidSpec", message=str(err),
                            pods=self._cluster.list_pods(namespace, name))
             else:
-                wait_on(p, err.refusal, retry_s=_RETRY_UNSATISFIABLE_S)
+                children.wait_on(p, err.refusal)
         finally:
             if generation is not None:
                 p.update(observed_generation=generation)
@@ -125,8 +125,7 @@ class Reconciler:
             return
         try:
             spec = validate_job(name=p.job.name, spec_raw=spec_raw)
-        except InvalidJob as err:
-            # An update that breaks a running job stops its pods too (a bad name never had any).
+        except InvalidJob as err:  # a broken update stops the pods too (a bad name had none)
             self._fail(p, reason="InvalidSpec", message=str(err), pods=[] if "metadata.name"
                        in err.fields else self._cluster.list_pods(p.job.namespace, p.job.name))
             return
@@ -239,7 +238,8 @@ class Reconciler:
         if record is None:
             return None
         p.condition("Profiling", "False", reason="Profiled", message=profile_msg)
-        create_child(self._cluster, rendered, replace=cm is not None)
+        children.probe_then_store(self._cluster, rendered, replace=cm is not None, probe=render_pod(
+            p.job, spec, record, rank=0, attempt=0, settings=self._settings.manifests))
         if cached is not None and cached.spec_hash == shash:
             lost = sorted(n for n, fp in cached.node_fingerprints.items()
                           if n not in by_name or by_name[n].fingerprint() != fp)
@@ -306,7 +306,7 @@ class Reconciler:
         missing = [r for r in range(workers) if str(r) not in have]
         blocked = [r for r in missing if pod_name(p.job.name, r) in taken]
         if missing:
-            create_child(self._cluster, render_service(p.job, spec))
+            children.create_child(self._cluster, render_service(p.job, spec))
         # A rank whose previous pod is still terminating waits; that deletion wakes us.
         pods_to_create = [render_pod(p.job, spec, record, rank=rank, attempt=attempt,
                                      settings=self._settings.manifests)
@@ -322,7 +322,7 @@ class Reconciler:
         if created:
             p.events.append(("Normal", "CreatedPods", f"created {created} worker pod(s)"))
         if refused:  # invalid pods raise ChildRefused; a policy's refusal waits for the admin
-            wait_on(p, first_refusal(refused, pods_to_create), retry_s=_RETRY_UNSATISFIABLE_S)
+            children.wait_on(p, children.first_refusal(refused, pods_to_create))
             return
 
         if c.running + c.succeeded == workers:

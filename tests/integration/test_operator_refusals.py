@@ -111,6 +111,9 @@ def test_specs_that_looped_are_refused_or_fail_once_naming_the_field(
         assert failed["message"].startswith(field), failed["message"]
         assert [p for p in operator.pods(name)
                 if not p["metadata"].get("deletionTimestamp")] == [], name
+        if name == "size-limit":  # refused by the dry-run of rank 0's pod: nothing created
+            gone = cp.kubectl("get", "configmap", f"{name}-config", "-n", NS, check=False)
+            assert gone.returncode != 0 and "NotFound" in gone.stderr, gone.stdout
         (event,) = operator.wait(f"{name}: one InvalidSpec event",
                                  lambda n=name: operator.events(n))
         assert event["message"].startswith(field), event["message"]

@@ -166,6 +166,9 @@ class FakeCluster:
         self.objects[key] = stored
         return True
 
+    def dry_run_create(self, obj: Mapping[str, Any]) -> None:
+        self.calls.append(f"dry-run {obj['kind']}")
+
     def replace_config_map(self, obj: Mapping[str, Any]) -> None:
         self.calls.append("replace ConfigMap")
         meta = obj["metadata"]

@@ -143,3 +143,43 @@ def test_api_server_failures_propagate_to_the_queue(cluster: Any, make_job: Any,
     with pytest.raises(ApiError):
         Reconciler(Refusing(cluster, kind=kind, status=503, text="etcd leader changed")
                    ).reconcile("ns", "demo")
+
+
+VOLUME_400 = ('POST /api/v1/namespaces/ns/pods?dryRun=All: 400 Pod in version "v1" cannot be '
+              "handled as a Pod: quantities must match the regular expression '^([+-]?[0-9.]+)$'")
+
+
+class Probing:
+    """The conftest's in-memory API whose dry-run create of a pod answers ``status``."""
+
+    def __init__(self, inner: Any, *, status: int, text: str) -> None:
+        self._inner, self._status, self._text = inner, status, text
+        self.probes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def dry_run_create(self, obj: Any) -> None:
+        self.probes += 1
+        assert obj["kind"] == "Pod" and obj["metadata"]["name"] == "demo-worker-0"
+        raise ApiError(self._text, status=self._status)
+
+
+def test_a_dry_run_of_rank_0_fails_an_invalid_spec_before_anything_exists(
+        cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job())
+    api = Probing(cluster, status=400, text=VOLUME_400)
+    Reconciler(api).reconcile("ns", "demo")
+    failed = _cond(cluster.job(), "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert failed["message"].startswith("spec.worker.volumes: ")
+    assert api.probes == 1 and cluster.objects == {}  # no ConfigMap, Service or pod
+
+
+def test_a_dry_run_a_policy_refuses_still_stores_the_plan(cluster: Any, make_job: Any) -> None:
+    # The real creates report the policy (PodsRejected) and the plan stays cached meanwhile.
+    cluster.add_job(make_job())
+    api = Probing(cluster, status=403, text=PSA_403)
+    Reconciler(api).reconcile("ns", "demo")
+    assert cluster.get_config_map("ns", "demo-config") is not None
+    assert cluster.job()["status"]["phase"] != "Failed"
