@@ -6,10 +6,11 @@ render the same objects with the same names, which is what makes the reconciler 
 an operator restart harmless (a create that meets an existing name is a 409, i.e. done).
 
 - ConfigMap ``<job>-config``: ``worker.json`` (:class:`~adaptis.api.job.WorkerConfig`, read by
-  ``adaptis worker``) and ``plan-record.json`` (the operator's cached plan), each with the
-  plan's actions packed (:meth:`adaptis.api.plan.Plan.packed`) so that plans of any size the
-  CRD allows fit the API server's 1 MiB (:data:`CONFIG_MAP_LIMIT_BYTES`); one that still does
-  not raises :class:`~adaptis.operator.errors.PlanTooLarge` (docs/plan-storage.md).
+  ``adaptis worker``) and ``plan-record.json`` (the operator's cached plan, less the plan
+  itself, which it takes from ``worker.json``), the plan's actions packed
+  (:meth:`adaptis.api.plan.Plan.packed`) so that large plans fit the API server's 1 MiB
+  (:data:`CONFIG_MAP_LIMIT_BYTES`); one that still does not raises
+  :class:`~adaptis.operator.errors.PlanTooLarge` (docs/plan-storage.md).
 - Service ``<job>-workers``: headless; gives rank 0 the stable DNS name that ``MASTER_ADDR``
   holds (``<job>-worker-0.<job>-workers.<ns>.svc``).
 - Pod ``<job>-worker-<rank>``: required node affinity to the node the plan gives the rank;
@@ -151,8 +152,8 @@ def worker_config(job: JobRef, spec: JobSpec, record: PlanRecord) -> WorkerConfi
 def render_config_map(job: JobRef, spec: JobSpec, record: PlanRecord) -> dict[str, Any]:
     """The job's ConfigMap; :class:`PlanTooLarge` when it would not fit the API server's limit."""
     config = worker_config(job, spec, record)
+    # The plan is stored once, in worker.json; record_from_config_map reads it from there.
     cached = record.model_dump(mode="json", exclude_none=True, exclude={"plan"})
-    cached["plan"] = config.plan  # the same packed document as the worker's
     data = {
         "worker.json": config.model_dump_json(by_alias=True, exclude_none=True, indent=1),
         "plan-record.json": json.dumps(cached, separators=(",", ":")),

@@ -19,7 +19,7 @@ from adaptis.operator.manifests import (
     render_pod,
     render_service,
 )
-from adaptis.operator.planning import PlanRecord, plan_job
+from adaptis.operator.planning import PlanRecord, plan_job, record_from_config_map
 from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, profile_node
 
 JOB = JobRef(name="demo", namespace="ns", uid="uid-1")
@@ -51,7 +51,20 @@ def test_config_map_carries_the_worker_config_and_the_plan(
     assert config.job_name == "demo" and config.model == spec.model
     plan = Plan.model_validate(config.plan)
     assert plan.stages == record.plan.stages and config.metrics_port == 9400
-    assert PlanRecord.model_validate_json(cm["data"]["plan-record.json"]) == record
+    assert record_from_config_map(cm) == record
+    # The plan is stored once, packed, in worker.json; the record holds the rest.
+    assert "plan" not in json.loads(cm["data"]["plan-record.json"])
+    assert "actionsPacked" in json.loads(cm["data"]["worker.json"])["plan"]
+
+
+def test_a_record_written_before_packing_still_reads(
+        planned: tuple[JobSpec, PlanRecord]) -> None:
+    spec, record = planned
+    old = {"data": {"plan-record.json": record.model_dump_json(exclude_none=True)}}
+    assert record_from_config_map(old) == record
+    cm = render_config_map(JOB, spec, record)
+    cm["data"]["worker.json"] = "not json"
+    assert record_from_config_map(cm) is None  # re-planned, not a crash
 
 
 def test_headless_service_selects_the_gang(planned: tuple[JobSpec, PlanRecord]) -> None:
@@ -133,7 +146,6 @@ def _large_record() -> tuple[JobSpec, PlanRecord]:
 
 def test_a_64_rank_4096_microbatch_plan_fits_its_config_map_and_round_trips() -> None:
     from adaptis.operator.manifests import CONFIG_MAP_LIMIT_BYTES
-    from adaptis.operator.planning import record_from_config_map
     from adaptis.worker.executor import parse_plan
 
     spec, record = _large_record()
