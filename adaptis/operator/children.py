@@ -42,7 +42,7 @@ __all__ = [
 _MAX_MESSAGE = 900
 #: How soon a job whose child a policy refused is looked at again (the admin may relax it).
 POLICY_RETRY_S = 30.0
-# Where the pod's fields come from in the job's spec, longest prefix first. The pod's own
+# Where the pod's fields come from in the job's spec (the first matching prefix). The pod's own
 # fields (affinity, the operator's env, volumes and mounts) come before the passthrough ones
 # in each list, so an index in the pod is not the index in the spec: the list is named.
 _POD_FIELDS: tuple[tuple[str, str], ...] = (
@@ -102,9 +102,11 @@ class ChildRefused(OperatorError):
         self.refusal = refused
 
 
-def _spec_field(kind: str, api_field: str | None, *, text: str) -> str:
+def _spec_field(kind: str, api_field: str | None, *, text: str, invalid: bool) -> str:
+    if kind != "Pod" and not invalid:
+        return "metadata.namespace"  # RBAC, a quota or a namespace gone: nothing in the spec
     if kind == "ConfigMap":
-        return _CONFIG_MAP_FIELDS
+        return _CONFIG_MAP_FIELDS  # its only content of any size is the plan
     for hint, field in _HINTS:
         if api_field is None and hint in text:
             return field
@@ -129,7 +131,7 @@ def refusal(err: ApiError, *, obj: Mapping[str, Any]) -> Refusal | None:
     found = _INVALID_FIELD.search(text) or _DECODE_FIELD.search(text)
     api_field = found.group(1) if found else None
     invalid = err.status in {400, 413} or (err.status == 422 and not _POLICY.search(text))
-    field = _spec_field(kind, api_field, text=text)
+    field = _spec_field(kind, api_field, text=text, invalid=invalid)
     where = f" (the {kind}'s {api_field})" if api_field else ""
     verb = "refused" if invalid else "rejected"
     message = f"{field}: the API server {verb} {kind} {name}{where}: {text}"

@@ -133,6 +133,9 @@ def test_a_policy_refusal_waits_with_a_slow_retry(cluster: Any, make_job: Any, k
     running = _cond(job, "Running")
     assert (running["status"], running["reason"]) == ("False", reason)
     assert "violates PodSecurity" in running["message"] and job["status"]["phase"] != "Failed"
+    # A policy on a ConfigMap or Service says nothing of the spec: the namespace is named.
+    assert running["message"].startswith("spec.worker: " if kind == "Pod"
+                                         else "metadata.namespace: "), running["message"]
     assert result.requeue_after == 30.0
 
 
