@@ -34,7 +34,8 @@ def field_path(loc: Iterable[Any]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in _UNION_TAGS or str(part).startswith("function-"):
+        elif part in _UNION_TAGS or part == "[key]" or str(part).startswith("function-"):
+            # "[key]": pydantic's mark of a map's key (the message says it is the key)
             continue
         else:
             out += f".{part}" if out else str(part)

@@ -25,6 +25,15 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from adaptis.api.errors import SpecError, from_validation_error
+from adaptis.api.pod_fields import (
+    EnvVar,
+    LabelKey,
+    LabelValue,
+    ResourceRequirements,
+    Toleration,
+    Volume,
+    VolumeMount,
+)
 
 __all__ = [
     "API_VERSION",
@@ -201,7 +210,9 @@ class PlannerSpec(_Spec):
 
 
 class WorkerTemplate(_Spec):
-    """Overrides of the worker pods. Kubernetes objects pass through unchecked."""
+    """Overrides of the worker pods. The Kubernetes objects pass through to every worker pod,
+    checked against core/v1's shapes (adaptis.api.pod_fields); a volume's source is checked by
+    the API server."""
 
     image: str | None = Field(
         default=None, max_length=1024, description="Worker image; default: the operator's."
@@ -209,30 +220,30 @@ class WorkerTemplate(_Spec):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         default=None, description="Image pull policy of the worker container."
     )
-    resources: dict[str, Any] | None = Field(
+    resources: ResourceRequirements | None = Field(
         default=None,
         description="Container resources (requests/limits); nvidia.com/gpu comes from "
         "parallelism.gpusPerWorker.",
     )
-    env: list[dict[str, Any]] = Field(
+    env: list[EnvVar] = Field(
         default_factory=list, description="Extra container environment (core/v1 EnvVar)."
     )
-    node_selector: dict[str, str] = Field(
+    node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, description="Only nodes with these labels are candidates."
     )
-    tolerations: list[dict[str, Any]] = Field(
+    tolerations: list[Toleration] = Field(
         default_factory=list, description="Pod tolerations (core/v1 Toleration)."
     )
-    volumes: list[dict[str, Any]] = Field(
+    volumes: list[Volume] = Field(
         default_factory=list, description="Extra pod volumes (core/v1 Volume)."
     )
-    volume_mounts: list[dict[str, Any]] = Field(
+    volume_mounts: list[VolumeMount] = Field(
         default_factory=list, description="Extra container volume mounts (core/v1 VolumeMount)."
     )
-    labels: dict[str, str] = Field(
+    labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, description="Extra labels of the worker pods."
     )
-    annotations: dict[str, str] = Field(
+    annotations: dict[LabelKey, str] = Field(
         default_factory=dict, description="Extra annotations of the worker pods."
     )
     priority_class_name: str | None = Field(
@@ -440,7 +451,8 @@ class WorkerConfig(_Spec):
     job_name: str = Field(default="local", description="Label value of the metrics.")
     model: ModelSpec
     training: TrainingSpec = TrainingSpec()
-    plan: Any = Field(description="An adaptis.api.plan.Plan document.")
+    plan: Any = Field(description="An adaptis.api.plan.Plan document, its actions plain or "
+                      "packed (actionsPacked, as the operator writes it).")
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="None: off; 0: any.")
     checkpoint_dir: str | None = None
     checkpoint_every: int = Field(default=0, ge=0)

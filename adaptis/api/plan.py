@@ -3,7 +3,9 @@
 A plan is data, as in the Zero Bubble scheduler: ``stages`` (contiguous layer ranges),
 ``placement`` (stages per device) and per-device ``actions`` (``[kind, stage, microbatch]``)
 in the order each device runs them. :meth:`Plan.check` verifies the structural rules of the
-contract against a problem's size; the planner's simulator checks timing and memory.
+contract against a problem's size; the planner's simulator checks timing and memory. The
+actions may also come packed (``actionsPacked``, :mod:`adaptis.api.plan_packing`), the form
+the operator stores in a job's ConfigMap: :meth:`Plan.packed` writes it, validation reads both.
 """
 
 from __future__ import annotations
@@ -13,15 +15,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Literal, NewType
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from adaptis.api.errors import SpecError, from_validation_error
+from adaptis.api.plan_packing import pack_actions, unpack_actions
 
 __all__ = [
     "Action",
     "ActionKind",
     "Comparison",
     "MicrobatchId",
+    "PACKED_ACTIONS",
     "Plan",
     "StageId",
     "StrategyName",
@@ -38,6 +42,9 @@ ActionKind = Literal["F", "B", "W", "BW"]
 Action = tuple[ActionKind, Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]]
 
 StrategyName = Literal["adaptis", "gpipe", "1f1b", "i1f1b", "zb-h1", "zb-v", "balanced"]
+#: The key of a plan document that carries the actions packed instead of as ``actions``.
+PACKED_ACTIONS = "actionsPacked"
+
 STRATEGY_NAMES: tuple[str, ...] = ("adaptis", "gpipe", "1f1b", "i1f1b", "zb-h1", "zb-v", "balanced")
 
 
@@ -78,6 +85,27 @@ class Plan(BaseModel):
     predicted: Predicted | None = Field(
         default=None, description="What the performance model predicts for this plan."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unpack(cls, data: Any) -> Any:
+        # The packed wire form of the same actions (adaptis.api.plan_packing): unpacked here so
+        # that every reader (operator cache, worker, load_plan) gets one model either way.
+        if isinstance(data, dict) and PACKED_ACTIONS in data:
+            if "actions" in data:
+                raise ValueError(f"give either actions or {PACKED_ACTIONS}, not both")
+            packed = data[PACKED_ACTIONS]
+            if not isinstance(packed, str):
+                raise ValueError(f"{PACKED_ACTIONS} must be a string (got {type(packed).__name__})")
+            data = {k: v for k, v in data.items() if k != PACKED_ACTIONS}
+            data["actions"] = unpack_actions(packed)
+        return data
+
+    def packed(self) -> dict[str, Any]:
+        """The plan as a JSON document whose actions are packed: small at any size."""
+        doc = self.model_dump(mode="json", exclude_none=True, exclude={"actions"})
+        doc[PACKED_ACTIONS] = pack_actions(self.actions)
+        return doc
 
     # --- derived views --------------------------------------------------------------------
     @property

@@ -78,8 +78,13 @@ def _name_violations(name: str, *, workers: int) -> list[Violation]:
     longest = max(pod_name(name, workers - 1), service_name(name), config_map_name(name),
                   key=len)
     if len(longest) > MAX_NAME_LENGTH:
-        out.append(("metadata.name", f"{name!r} is too long: child name {longest!r} exceeds "
-                    f"{MAX_NAME_LENGTH} characters; shorten the name by "
+        # Also the value of the pods' adaptis.io/job label, which may not exceed 63 either; a
+        # name of hundreds of characters is shown by its length, not twice in full.
+        shown = (repr(name) if len(name) <= MAX_NAME_LENGTH
+                 else f"a name of {len(name)} characters")
+        child = repr(longest) if len(name) <= MAX_NAME_LENGTH else "of a child"
+        out.append(("metadata.name", f"{shown} is too long: the name {child} exceeds "
+                    f"{MAX_NAME_LENGTH} characters (DNS label, label value); shorten it by "
                     f"{len(longest) - MAX_NAME_LENGTH}"))
     return out
 

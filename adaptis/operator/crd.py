@@ -9,8 +9,12 @@ schema as the API server requires it:
 - ``anyOf [X, null]`` becomes ``X`` with ``nullable: true``;
 - JSON-schema draft-2020 ``exclusiveMinimum: n`` becomes OpenAPI 3.0's ``minimum: n`` plus
   ``exclusiveMinimum: true``;
-- free-form mappings (Kubernetes objects that pass through: resources, volumes, tolerations,
-  env) get ``x-kubernetes-preserve-unknown-fields: true`` so the API server keeps them;
+- free-form mappings (a volume's source, an env var's valueFrom) get
+  ``x-kubernetes-preserve-unknown-fields: true`` so the API server keeps them;
+- ``int | str`` (a resource quantity) becomes ``x-kubernetes-int-or-string`` with the string's
+  pattern, as Kubernetes' own schemas state quantities;
+- maps with constrained keys (labels) keep the value's schema only: a structural schema has no
+  ``patternProperties``, so their keys are checked by the models (operator, ``adaptis run``);
 - defaults are kept for scalars only (the API server applies them), never ``null`` ones.
 
 :func:`crd_manifest` is the whole object; :func:`crd_yaml` is what ``crds/`` holds, and a test
@@ -31,7 +35,7 @@ __all__ = ["CRD_FILENAME", "crd_manifest", "crd_yaml", "structural_schema"]
 CRD_FILENAME = f"{GROUP}_{PLURAL}.yaml"
 
 # Keys of pydantic's JSON schema that carry no meaning for the API server.
-_DROPPED = frozenset({"title", "$defs", "examples"})
+_DROPPED = frozenset({"title", "$defs", "examples", "propertyNames"})
 
 
 
@@ -84,13 +88,19 @@ def _convert(
     if "anyOf" in node:
         options = [_resolve(o, defs=defs) for o in node["anyOf"]]
         concrete = [o for o in options if o.get("type") != "null"]
+        nullable = len(concrete) < len(options)
+        if sorted(str(o.get("type")) for o in concrete) == ["integer", "string"]:
+            # The structural form of int-or-string: no type, the string's pattern beside.
+            text = next(o for o in concrete if o["type"] == "string")
+            concrete = [{**{k: v for k, v in text.items() if k != "type"},
+                         "x-kubernetes-int-or-string": True}]
         if len(concrete) != 1:
             raise ValueError(f"{path}: unions other than X | None cannot be structural")
-        nullable = len(concrete) < len(options)
         node = {**concrete[0], **{k: v for k, v in node.items() if k != "anyOf"}}
     out: dict[str, Any] = {}
     for key, value in node.items():
-        if key in _DROPPED or key in {"properties", "items", "additionalProperties", "required"}:
+        if key in _DROPPED or key in {"properties", "items", "additionalProperties", "required",
+                                      "patternProperties"}:
             continue
         if key == "exclusiveMinimum":
             out["minimum"], out["exclusiveMinimum"] = value, True
@@ -105,12 +115,16 @@ def _convert(
     if kind == "object":
         props = node.get("properties")
         extra = node.get("additionalProperties")
+        if extra is None and len(node.get("patternProperties") or {}) == 1:
+            extra = next(iter(node["patternProperties"].values()))
         if props:
             out["properties"] = {
                 name: _convert(sub, defs=defs, path=f"{path}.{name}") for name, sub in props.items()
             }
             if node.get("required"):
                 out["required"] = list(node["required"])
+            if extra is True:  # named fields plus any others (a Volume's source): kept
+                out["x-kubernetes-preserve-unknown-fields"] = True
         elif isinstance(extra, dict) and extra:
             out["additionalProperties"] = _convert(
                 extra, defs=defs, path=f"{path}.*", field=False
@@ -122,7 +136,7 @@ def _convert(
         out["items"] = _convert(
             node.get("items", {}), defs=defs, path=f"{path}[]", field=False
         )
-    elif kind is None and not node.get("enum"):
+    elif kind is None and not node.get("enum") and not node.get("x-kubernetes-int-or-string"):
         out["x-kubernetes-preserve-unknown-fields"] = True
     if nullable:
         out["nullable"] = True

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["InvalidJob", "OperatorError", "Unsatisfiable"]
+__all__ = ["InvalidJob", "OperatorError", "PlanTooLarge", "Unsatisfiable"]
 
 
 class OperatorError(Exception):
@@ -29,3 +29,8 @@ class InvalidJob(OperatorError):
 
 class Unsatisfiable(OperatorError):
     """No placement exists on the candidate nodes (too few GPUs, no node matches, no memory)."""
+
+
+class PlanTooLarge(OperatorError):
+    """A plan whose ConfigMap, packed, still exceeds the API server's size limit: the message
+    names the spec fields to shrink."""

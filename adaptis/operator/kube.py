@@ -26,15 +26,16 @@ from adaptis.api.job import GROUP, PLURAL, VERSION
 from adaptis.operator.errors import OperatorError
 from adaptis.operator.manifests import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY, JobRef
 
-__all__ = ["ApiError", "Cluster", "KubeCluster", "create_many"]
+__all__ = ["ApiError", "Cluster", "KubeCluster", "REFUSED_STATUSES", "create_many"]
 
 log = logging.getLogger(__name__)
 
 _JOBS = f"/apis/{GROUP}/{VERSION}/namespaces/{{ns}}/{PLURAL}"
 _MERGE = "application/merge-patch+json"
-# Statuses of a create that admission refused (Pod Security, a policy, a quota, validation),
-# as opposed to a failure of the API server.
-_REFUSED = frozenset({403, 422})
+# Statuses of a create refused for what it asks (validation 400/413/422, admission 403/422,
+# a namespace gone 404), as opposed to a failure of the API server (429, 5xx): the former
+# become the job's condition (adaptis.operator.children), the latter are retried.
+REFUSED_STATUSES = frozenset({400, 403, 404, 413, 422})
 
 
 class ApiError(OperatorError):
@@ -60,24 +61,25 @@ class Cluster(Protocol):
     def list_config_maps(self, namespace: str, *,
                          selector: Mapping[str, str]) -> list[dict[str, Any]]: ...
     def create(self, obj: Mapping[str, Any]) -> bool: ...
+    def dry_run_create(self, obj: Mapping[str, Any]) -> None: ...
     def replace_config_map(self, obj: Mapping[str, Any]) -> None: ...
     def delete_pod(self, namespace: str, name: str, *, force: bool = False) -> None: ...
     def event(self, job: JobRef, *, type_: str, reason: str, message: str) -> None: ...
 
 
 def create_many(cluster: Cluster, objects: Sequence[Mapping[str, Any]], *,
-                parallelism: int) -> tuple[int, dict[str, str]]:
+                parallelism: int) -> tuple[int, dict[str, ApiError]]:
     """Create objects a few at a time (a 64-rank gang is 64 round trips): how many are new,
-    and by name the ones admission refused, with the API server's reason."""
-    refused: dict[str, str] = {}
+    and by name the ones the API server refused (:data:`REFUSED_STATUSES`), with its error."""
+    refused: dict[str, ApiError] = {}
 
     def create(obj: Mapping[str, Any]) -> bool:
         try:
             return cluster.create(obj)
         except ApiError as err:
-            if err.status not in _REFUSED:
+            if err.status not in REFUSED_STATUSES:
                 raise
-            refused[obj["metadata"]["name"]] = str(err)
+            refused[obj["metadata"]["name"]] = err
             return False
 
     if len(objects) <= 1:
@@ -229,6 +231,12 @@ class KubeCluster:
     def create(self, obj: Mapping[str, Any]) -> bool:
         status, _ = self.request("POST", _collection(obj), body=obj, ok=frozenset({409}))
         return status != 409
+
+    def dry_run_create(self, obj: Mapping[str, Any]) -> None:
+        # dryRun=All: validation and admission run, nothing is stored; a 409 (the name is
+        # taken) says nothing about the content, so it counts as passed.
+        self.request("POST", _collection(obj), body=obj, query={"dryRun": "All"},
+                     ok=frozenset({409}))
 
     def replace_config_map(self, obj: Mapping[str, Any]) -> None:
         name = obj["metadata"]["name"]

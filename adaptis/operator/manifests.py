@@ -6,7 +6,11 @@ render the same objects with the same names, which is what makes the reconciler 
 an operator restart harmless (a create that meets an existing name is a 409, i.e. done).
 
 - ConfigMap ``<job>-config``: ``worker.json`` (:class:`~adaptis.api.job.WorkerConfig`, read by
-  ``adaptis worker``) and ``plan-record.json`` (the operator's cached plan).
+  ``adaptis worker``) and ``plan-record.json`` (the operator's cached plan, less the plan
+  itself, which it takes from ``worker.json``), the plan's actions packed
+  (:meth:`adaptis.api.plan.Plan.packed`) so that large plans fit the API server's 1 MiB
+  (:data:`CONFIG_MAP_LIMIT_BYTES`); one that still does not raises
+  :class:`~adaptis.operator.errors.PlanTooLarge` (docs/plan-storage.md).
 - Service ``<job>-workers``: headless; gives rank 0 the stable DNS name that ``MASTER_ADDR``
   holds (``<job>-worker-0.<job>-workers.<ns>.svc``).
 - Pod ``<job>-worker-<rank>``: required node affinity to the node the plan gives the rank;
@@ -16,6 +20,7 @@ an operator restart harmless (a create that meets an existing name is a 409, i.e
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +28,7 @@ from typing import Any
 from adaptis.api.job import API_VERSION, KIND, JobSpec, WorkerConfig
 # The names live in the api layer, whose rules check that they fit DNS labels; re-exported.
 from adaptis.api.rules import config_map_name, pod_name, service_name
+from adaptis.operator.errors import PlanTooLarge
 from adaptis.operator.planning import PlanRecord
 from adaptis.operator.pod_security import (
     container_security_context,
@@ -34,6 +40,7 @@ from adaptis.operator.pod_security import (
 
 __all__ = [
     "CHECKPOINT_VOLUME",
+    "CONFIG_MAP_LIMIT_BYTES",
     "CONFIG_MOUNT",
     "CONFIG_VOLUME",
     "DIST_PORT",
@@ -70,6 +77,8 @@ CONFIG_VOLUME = "adaptis-config"
 CHECKPOINT_VOLUME = "checkpoints"
 CONFIG_MOUNT = "/etc/adaptis"
 DIST_PORT = 29500
+# The API server refuses a ConfigMap whose data and binaryData (keys and values) exceed 1 MiB.
+CONFIG_MAP_LIMIT_BYTES = 1024 * 1024
 RESERVED_ENV = frozenset(
     {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "ADAPTIS_JOB",
      "ADAPTIS_NAMESPACE"}
@@ -135,7 +144,7 @@ def worker_config(job: JobRef, spec: JobSpec, record: PlanRecord) -> WorkerConfi
         job_name=job.name,
         model=spec.model,
         training=spec.training,
-        plan=record.plan.model_dump(mode="json", exclude_none=True),
+        plan=record.plan.packed(),
         metrics_port=spec.metrics.port,
         checkpoint_dir=spec.checkpoint.path,
         checkpoint_every=spec.checkpoint.every_steps,
@@ -143,16 +152,27 @@ def worker_config(job: JobRef, spec: JobSpec, record: PlanRecord) -> WorkerConfi
 
 
 def render_config_map(job: JobRef, spec: JobSpec, record: PlanRecord) -> dict[str, Any]:
+    """The job's ConfigMap; :class:`PlanTooLarge` when it would not fit the API server's limit."""
     config = worker_config(job, spec, record)
+    # The plan is stored once, in worker.json; record_from_config_map reads it from there.
+    cached = record.model_dump(mode="json", exclude_none=True, exclude={"plan"})
+    data = {
+        "worker.json": config.model_dump_json(by_alias=True, exclude_none=True, indent=1),
+        "plan-record.json": json.dumps(cached, separators=(",", ":")),
+    }
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in data.items())
+    if size > CONFIG_MAP_LIMIT_BYTES:
+        actions = sum(len(a) for a in record.plan.actions)
+        raise PlanTooLarge(
+            f"spec.training.microbatches, spec.parallelism.workers: the plan ({len(record.nodes)} "
+            f"ranks, {actions} actions) needs a ConfigMap of {size} bytes, over the API "
+            f"server's {CONFIG_MAP_LIMIT_BYTES}; use fewer microbatches or workers")
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(job, config_map_name(job.name),
                           annotations={LABEL_PLAN: plan_hash(record)}),
-        "data": {
-            "worker.json": config.model_dump_json(by_alias=True, exclude_none=True, indent=1),
-            "plan-record.json": record.model_dump_json(exclude_none=True),
-        },
+        "data": data,
     }
 
 

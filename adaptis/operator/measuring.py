@@ -86,7 +86,7 @@ def measure_candidates(
     raw_nodes: Mapping[str, Mapping[str, Any]],
     given_up: MutableMapping[str, str],
     settings: ReconcileSettings,
-    create_all: Callable[[Sequence[Mapping[str, Any]]], tuple[int, dict[str, str]]],
+    create_all: Callable[[Sequence[Mapping[str, Any]]], tuple[int, Mapping[str, object]]],
 ) -> Measured | None:
     """Profile the unmeasured candidates with one pod each; None while any is at work.
 

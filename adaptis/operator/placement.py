@@ -26,9 +26,10 @@ from pydantic import ValidationError
 from adaptis.api.job import JobSpec
 from adaptis.operator.admitting import Waiting, admit, hold_placement
 from adaptis.operator.capacity import CapacityLedger, JobKey
-from adaptis.operator.errors import Unsatisfiable
+from adaptis.operator import children
+from adaptis.operator.errors import OperatorError, PlanTooLarge, Unsatisfiable
 from adaptis.operator.kube import Cluster, create_many
-from adaptis.operator.manifests import config_map_name, render_config_map
+from adaptis.operator.manifests import config_map_name, render_config_map, render_pod
 from adaptis.operator.measuring import measure_candidates
 from adaptis.operator.passes import PassState, ReconcileSettings
 from adaptis.operator.planning import PlanRecord, plan_job, record_from_config_map, spec_hash
@@ -187,9 +188,10 @@ class Placer:
             try:
                 record = plan_job(spec, candidates, name=f"{ns}/{name}",
                                   inter_node=self._settings.inter_node, slots=slots)
-            except (Unsatisfiable, PlannerError, ValidationError) as err:
-                reason = "Unsatisfiable" if isinstance(err, Unsatisfiable) else "PlannerError"
-                message = str(err) if isinstance(err, Unsatisfiable) else f"planner: {err}"
+                rendered = render_config_map(p.job, spec, record)
+            except (Unsatisfiable, PlanTooLarge, PlannerError, ValidationError) as err:
+                reason = type(err).__name__ if isinstance(err, OperatorError) else "PlannerError"
+                message = f"planner: {err}" if reason == "PlannerError" else str(err)
                 failed = (inputs, reason, message)
                 self._failed[key] = failed
             else:
@@ -204,11 +206,8 @@ class Placer:
         if record is None:
             return None
         p.condition("Profiling", "False", reason="Profiled", message=profile_msg)
-        rendered = render_config_map(p.job, spec, record)
-        if cm is None:
-            self._cluster.create(rendered)
-        else:
-            self._cluster.replace_config_map(rendered)
+        children.probe_then_store(self._cluster, rendered, replace=cm is not None, probe=render_pod(
+            p.job, spec, record, rank=0, attempt=0, settings=self._settings.manifests))
         if cached is not None and cached.spec_hash == shash:
             lost = sorted(n for n, fp in cached.node_fingerprints.items()
                           if n not in by_name or by_name[n].fingerprint() != fp)

@@ -275,12 +275,17 @@ def plan_job(
 
 
 def record_from_config_map(cm: Mapping[str, Any] | None) -> PlanRecord | None:
-    """The plan cached in a job's ConfigMap (``plan-record.json``); None: plan afresh."""
-    raw = ((cm or {}).get("data") or {}).get("plan-record.json")
+    """The plan cached in a job's ConfigMap (``plan-record.json``, its plan from
+    ``worker.json``, where it is stored once, packed); None: plan afresh."""
+    data = (cm or {}).get("data") or {}
+    raw = data.get("plan-record.json")
     if not raw:
         return None
     try:
-        return PlanRecord.model_validate_json(raw)
-    except ValidationError:
+        doc = json.loads(raw)
+        if isinstance(doc, dict) and "plan" not in doc:  # records before packing held it
+            doc["plan"] = json.loads(data.get("worker.json") or "{}").get("plan")
+        return PlanRecord.model_validate(doc)
+    except (ValidationError, ValueError, AttributeError):
         log.warning("ignoring an unreadable plan-record.json; re-planning")
         return None

@@ -26,6 +26,7 @@ from typing import Any
 
 from adaptis.api.job import JobSpec
 from adaptis.operator.capacity import CapacityLedger, unschedulable_since
+from adaptis.operator import children
 from adaptis.operator.errors import InvalidJob
 from adaptis.operator.kube import Cluster, create_many
 from adaptis.operator.manifests import (
@@ -103,6 +104,12 @@ class Reconciler:
         generation = meta.get("generation")
         try:
             self._step(p, spec_raw=body.get("spec") or {}, generation=generation)
+        except children.ChildRefused as err:  # the job's content, not an API failure: no retry
+            if err.refusal.invalid:
+                self._fail(p, reason="InvalidSpec", message=str(err),
+                           pods=self._cluster.list_pods(namespace, name))
+            else:
+                children.wait_on(p, err.refusal)
         finally:
             if generation is not None:
                 p.update(observed_generation=generation)
@@ -121,10 +128,9 @@ class Reconciler:
             return
         try:
             spec = validate_job(name=p.job.name, spec_raw=spec_raw)
-        except InvalidJob as err:
-            # An update that breaks a running job stops its pods too.
-            self._fail(p, reason="InvalidSpec", message=str(err),
-                       pods=self._cluster.list_pods(p.job.namespace, p.job.name))
+        except InvalidJob as err:  # a broken update stops the pods too (a bad name had none)
+            self._fail(p, reason="InvalidSpec", message=str(err), pods=[] if "metadata.name"
+                       in err.fields else self._cluster.list_pods(p.job.namespace, p.job.name))
             return
         if retry_invalid:
             p.update(phase="Pending", completion_time=None, message=None)
@@ -209,7 +215,7 @@ class Reconciler:
         taken = {(pod.get("metadata") or {}).get("name") for pod in pods}
         blocked = [r for r in missing if pod_name(p.job.name, r) in taken]
         if missing:
-            self._cluster.create(render_service(p.job, spec))
+            children.create_child(self._cluster, render_service(p.job, spec))
         # A rank whose previous pod is still terminating waits; that deletion wakes us.
         pods_to_create = [render_pod(p.job, spec, record, rank=rank, attempt=attempt,
                                      settings=self._settings.manifests)
@@ -226,11 +232,8 @@ class Reconciler:
                 p.requeue.append(float(spec.active_deadline_seconds))
         if created:
             p.events.append(("Normal", "CreatedPods", f"created {created} worker pod(s)"))
-        if refused:  # retried: the admin may relax the namespace's policy, the user the spec
-            msg = f"the API server refused worker pod(s): {next(iter(refused.values()))}"[:1024]
-            p.update(message=msg)
-            p.condition("Running", "False", reason="PodsRejected", message=msg, event="Warning")
-            p.requeue.append(_RETRY_UNSATISFIABLE_S)
+        if refused:  # invalid pods raise ChildRefused; a policy's refusal waits for the admin
+            children.wait_on(p, children.first_refusal(refused, pods_to_create))
             return
 
         if c.running + c.succeeded == workers:

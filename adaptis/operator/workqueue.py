@@ -10,7 +10,10 @@ client-go's workqueue:
 - a failed pass is retried with exponential backoff; a pass may ask to be looked at again later
   (``add_after``), which is how deadlines and TTLs fire;
 - every known key is re-added every ``resync_s`` seconds as a safety net (a missed watch event
-  costs at most one resync period).
+  costs at most one resync period), except a key waiting out its backoff: the resync and
+  :meth:`WorkQueue.add_all` leave it to its delayed retry, or a failing job would be retried
+  every resync period however long its backoff had grown. An event about the job itself
+  (:meth:`WorkQueue.add`) still wakes it at once, as in client-go: something changed.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class WorkQueue(Generic[K]):
         self._delayed: list[tuple[float, int, K]] = []
         self._seq = 0
         self._failures: dict[K, int] = {}
+        self._backoff_until: dict[K, float] = {}  # failing keys: no resync before this time
         self._known: set[K] = set()
         self._threads: list[threading.Thread] = []
         self._stopped = False
@@ -82,12 +86,25 @@ class WorkQueue(Generic[K]):
         with self._cv:
             self._known.discard(key)
             self._failures.pop(key, None)
+            self._backoff_until.pop(key, None)
 
     def add_all(self) -> None:
         """Re-add every known key (something cluster-wide changed, e.g. a node)."""
         with self._cv:
-            for key in self._known:
+            self._resync_locked(self._clock())
+
+    def _resync_locked(self, now: float) -> None:
+        for key in self._known:
+            if self._backoff_until.get(key, now) <= now:
                 self._add_locked(key)
+
+    def _pump_locked(self, now: float) -> None:
+        """Queue the delayed keys now due, and every known key when a resync is due."""
+        while self._delayed and self._delayed[0][0] <= now:
+            self._add_locked(heapq.heappop(self._delayed)[2])
+        if now >= self._next_resync:
+            self._next_resync = now + self._resync_s
+            self._resync_locked(now)
 
     def _add_locked(self, key: K) -> None:
         if key in self._processing:
@@ -125,12 +142,7 @@ class WorkQueue(Generic[K]):
         with self._cv:
             while not self._stopped:
                 now = self._clock()
-                while self._delayed and self._delayed[0][0] <= now:
-                    self._add_locked(heapq.heappop(self._delayed)[2])
-                if now >= self._next_resync:
-                    self._next_resync = now + self._resync_s
-                    for key in self._known:
-                        self._add_locked(key)
+                self._pump_locked(now)
                 if self._queue:
                     key = self._queue.popleft()
                     self._queued.discard(key)
@@ -149,8 +161,10 @@ class WorkQueue(Generic[K]):
                 n = self._failures.get(key, 0) + 1
                 self._failures[key] = n
                 again_after = min(_BACKOFF_BASE_S * 2 ** (n - 1), _BACKOFF_MAX_S)
+                self._backoff_until[key] = self._clock() + again_after
             else:
                 self._failures.pop(key, None)
+                self._backoff_until.pop(key, None)
             if key in self._dirty:
                 self._dirty.discard(key)
                 self._add_locked(key)
@@ -159,12 +173,28 @@ class WorkQueue(Generic[K]):
                 heapq.heappush(self._delayed, (self._clock() + again_after, self._seq, key))
                 self._cv.notify()
 
+    def _run_one(self, key: K) -> None:
+        try:
+            again = self._process(key)
+        except Exception:  # noqa: BLE001 - a failed pass is retried, never kills a worker
+            log.exception("reconcile of %s failed; retrying with backoff", key)
+            self._done(key, again_after=None, failed=True)
+        else:
+            self._done(key, again_after=again, failed=False)
+
     def _loop(self) -> None:
         while (key := self._take()) is not None:
-            try:
-                again = self._process(key)
-            except Exception:  # noqa: BLE001 - a failed pass is retried, never kills a worker
-                log.exception("reconcile of %s failed; retrying with backoff", key)
-                self._done(key, again_after=None, failed=True)
-            else:
-                self._done(key, again_after=again, failed=False)
+            self._run_one(key)
+
+    def process_due(self) -> int:
+        """Run, in the calling thread, one pass of every key due now; how many ran. What the
+        worker threads do, one round of it: lets a test drive the queue with a fake clock."""
+        with self._cv:
+            self._pump_locked(self._clock())
+            keys = list(self._queue)
+            self._queue.clear()
+            self._queued.clear()
+            self._processing.update(keys)
+        for key in keys:
+            self._run_one(key)
+        return len(keys)

@@ -58,6 +58,8 @@ _SAMPLES: dict[str, Callable[[KubeCluster], object]] = {
     "list_config_maps": lambda c: c.list_config_maps("ns", selector={"a": "b"}),
     "create": lambda c: [c.create({"kind": kind, "metadata": {"namespace": "ns", "name": "x"}})
                          for kind in _routable_kinds()],
+    "dry_run_create": lambda c: c.dry_run_create(
+        {"kind": "Pod", "metadata": {"namespace": "ns", "name": "x"}}),
     "replace_config_map": lambda c: c.replace_config_map(
         {"kind": "ConfigMap", "metadata": {"namespace": "ns", "name": "x"}, "data": {}}),
     "delete_pod": lambda c: c.delete_pod("ns", "pod", force=True),

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from adaptis.api.pod_fields import LABEL_VALUE_PATTERN, MAX_LABEL_VALUE
+from adaptis.operator.kube import ApiError
 from adaptis.operator.manifests import LABEL_JOB, JobRef
 
 
@@ -131,6 +134,10 @@ class FakeCluster:
         return copy.deepcopy(list(self.nodes.values()))
 
     def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        if not re.match(LABEL_VALUE_PATTERN, job) or len(job) > MAX_LABEL_VALUE:
+            # As the API server: a selector's value must be a valid label value.
+            raise ApiError(f"GET pods: 400 unable to parse requirement: invalid label value: "
+                           f"{job!r}", status=400)
         return copy.deepcopy([
             o for (kind, ns, _), o in sorted(self.objects.items())
             if kind == "Pod" and ns == namespace and o["metadata"]["labels"].get(LABEL_JOB) == job
@@ -169,6 +176,9 @@ class FakeCluster:
         stored.setdefault("status", {"phase": "Pending"} if obj["kind"] == "Pod" else {})
         self.objects[key] = stored
         return True
+
+    def dry_run_create(self, obj: Mapping[str, Any]) -> None:
+        self.calls.append(f"dry-run {obj['kind']}")
 
     def replace_config_map(self, obj: Mapping[str, Any]) -> None:
         self.calls.append("replace ConfigMap")

@@ -49,7 +49,8 @@ def test_cli_check_detects_drift(tmp_path: Path) -> None:
 def test_schema_is_structural_and_every_field_is_described() -> None:
     for path, node in _walk(_schema()):
         assert not {"$ref", "anyOf", "oneOf", "allOf", "title", "$defs"} & set(node), path
-        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), path
+        assert ("type" in node or node.get("x-kubernetes-preserve-unknown-fields")
+                or node.get("x-kubernetes-int-or-string")), path
         if path.count(".") and not path.endswith(("[]", ".*")) and path != ".metadata":
             assert node.get("description"), f"{path} has no description"
         if node.get("exclusiveMinimum") is not None:
@@ -64,9 +65,21 @@ def test_bounds_enums_nullable_and_pass_through_objects() -> None:
     assert nodes[".spec.planner.strategy"]["enum"][0] == "adaptis"
     assert nodes[".spec.training.gradClip"]["nullable"] is True
     assert nodes[".spec.training.gradClip"]["exclusiveMinimum"] is True
-    for field in ("resources", "env[]", "tolerations[]", "volumes[]", "volumeMounts[]"):
+    # The passthrough fields have core/v1's shapes; only a volume's source and an env var's
+    # valueFrom pass through as they are.
+    for field in ("volumes[]", "env[].valueFrom"):
         assert nodes[f".spec.worker.{field}"]["x-kubernetes-preserve-unknown-fields"] is True
-    assert nodes[".spec.worker.nodeSelector"]["additionalProperties"] == {"type": "string"}
+    for field in ("resources", "env[]", "tolerations[]", "volumeMounts[]"):
+        assert "x-kubernetes-preserve-unknown-fields" not in nodes[f".spec.worker.{field}"]
+    assert nodes[".spec.worker.volumes[].name"]["type"] == "string"
+    assert nodes[".spec.worker.tolerations[].key"]["type"] == "string"
+    assert nodes[".spec.worker.env[].name"]["type"] == "string"
+    assert nodes[".spec.worker.volumeMounts[].name"]["type"] == "string"
+    quantity = nodes[".spec.worker.resources.limits.*"]
+    assert quantity["x-kubernetes-int-or-string"] is True and "pattern" in quantity
+    for field in ("nodeSelector", "labels"):
+        value = nodes[f".spec.worker.{field}"]["additionalProperties"]
+        assert value["type"] == "string" and value["maxLength"] == 63 and "pattern" in value
     assert nodes[".spec.model"]["required"] == ["vocabSize", "hidden", "blocks"]
     rules = nodes[".spec.model"]["x-kubernetes-validations"]
     assert "hidden % self.heads" in rules[0]["rule"]

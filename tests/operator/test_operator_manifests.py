@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from plan_kit import split_backward_plan
 
 from adaptis.api.job import JobSpec, WorkerConfig
 from adaptis.api.plan import Plan
@@ -18,7 +19,7 @@ from adaptis.operator.manifests import (
     render_pod,
     render_service,
 )
-from adaptis.operator.planning import PlanRecord, plan_job
+from adaptis.operator.planning import PlanRecord, plan_job, record_from_config_map
 from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, profile_node
 
 JOB = JobRef(name="demo", namespace="ns", uid="uid-1")
@@ -50,7 +51,20 @@ def test_config_map_carries_the_worker_config_and_the_plan(
     assert config.job_name == "demo" and config.model == spec.model
     plan = Plan.model_validate(config.plan)
     assert plan.stages == record.plan.stages and config.metrics_port == 9400
-    assert PlanRecord.model_validate_json(cm["data"]["plan-record.json"]) == record
+    assert record_from_config_map(cm) == record
+    # The plan is stored once, packed, in worker.json; the record holds the rest.
+    assert "plan" not in json.loads(cm["data"]["plan-record.json"])
+    assert "actionsPacked" in json.loads(cm["data"]["worker.json"])["plan"]
+
+
+def test_a_record_written_before_packing_still_reads(
+        planned: tuple[JobSpec, PlanRecord]) -> None:
+    spec, record = planned
+    old = {"data": {"plan-record.json": record.model_dump_json(exclude_none=True)}}
+    assert record_from_config_map(old) == record
+    cm = render_config_map(JOB, spec, record)
+    cm["data"]["worker.json"] = "not json"
+    assert record_from_config_map(cm) is None  # re-planned, not a crash
 
 
 def test_headless_service_selects_the_gang(planned: tuple[JobSpec, PlanRecord]) -> None:
@@ -111,3 +125,46 @@ def test_cpu_workers_request_no_gpu(planned: tuple[JobSpec, PlanRecord]) -> None
     c = pod["spec"]["containers"][0]
     assert "nvidia.com/gpu" not in json.dumps(c["resources"])
     assert c["image"] == "img:1"
+
+
+def _large_record() -> tuple[JobSpec, PlanRecord]:
+    """A 64-rank x 4096-microbatch split-backward plan (786,432 actions) and its job."""
+    spec = JobSpec.model_validate({
+        "model": {"vocabSize": 32000, "hidden": 256, "heads": 4,
+                  "blocks": [{"kind": "attention", "count": 62}]},
+        "training": {"steps": 4, "microbatches": 4096},
+        "parallelism": {"workers": 64, "gpusPerWorker": 1},
+        "planner": {"strategy": "zb-h1"},
+    })
+    nodes = [f"gpu-{r // 8}" for r in range(64)]
+    record = PlanRecord(spec_hash="0" * 16, plan=split_backward_plan(devices=64, microbatches=4096),
+                        nodes=nodes, hostnames=nodes, gpus=["NVIDIA-H100-80GB-HBM3"] * 64,
+                        node_fingerprints={n: "fp" for n in nodes}, strategy="zb-h1",
+                        predicted_iteration_seconds=1.0, predicted_bubble_ratio=0.01)
+    return spec, record
+
+
+def test_a_64_rank_4096_microbatch_plan_fits_its_config_map_and_round_trips() -> None:
+    from adaptis.operator.manifests import CONFIG_MAP_LIMIT_BYTES
+    from adaptis.worker.executor import parse_plan
+
+    spec, record = _large_record()
+    cm = render_config_map(JOB, spec, record)
+    size = sum(len(k) + len(v.encode()) for k, v in cm["data"].items())
+    # Plain JSON the plan alone is ~11 MB; packed the whole ConfigMap is a small share of 1 MiB.
+    assert size < CONFIG_MAP_LIMIT_BYTES // 8, size
+    assert record_from_config_map(cm) == record  # the operator's cache
+    config = WorkerConfig.model_validate_json(cm["data"]["worker.json"])  # the worker's read
+    assert parse_plan(config, world_size=64) == record.plan
+
+
+def test_a_plan_too_large_even_packed_names_the_fields_to_shrink(
+        monkeypatch: pytest.MonkeyPatch, planned: tuple[JobSpec, PlanRecord]) -> None:
+    from adaptis.operator import manifests
+    from adaptis.operator.errors import PlanTooLarge
+
+    spec, record = planned
+    monkeypatch.setattr(manifests, "CONFIG_MAP_LIMIT_BYTES", 1000)
+    with pytest.raises(PlanTooLarge, match=r"^spec\.training\.microbatches, "
+                       r"spec\.parallelism\.workers: .* over the API server's 1000"):
+        render_config_map(JOB, spec, record)

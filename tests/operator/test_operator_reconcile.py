@@ -261,3 +261,28 @@ def test_spec_change_replans_and_replaces_pods(cluster: Any, make_job: Any) -> N
     assert [p["metadata"]["name"] for p in cluster.pods()] == ["demo-worker-0", "demo-worker-1"]
     assert cluster.job()["status"]["observedGeneration"] == 2
     assert cluster.job()["status"]["replans"] == 0
+
+
+def test_a_plan_too_large_to_store_is_a_condition_not_a_retry_loop(
+        cluster: Any, make_job: Any, monkeypatch: Any) -> None:
+    from adaptis.operator import manifests, planning
+
+    monkeypatch.setattr(manifests, "CONFIG_MAP_LIMIT_BYTES", 1000)
+    plans: list[str] = []
+    real = planning.plan_strategy  # what plan_job calls for the job's strategy (1f1b)
+    monkeypatch.setattr(planning, "plan_strategy",
+                        lambda *a, **k: plans.append("plan") or real(*a, **k))
+    cluster.add_job(make_job())
+    rec = Reconciler(cluster)
+    result = rec.reconcile("ns", "demo")
+    planned = _cond(cluster.job(), "Planned")
+    assert (planned["status"], planned["reason"]) == ("False", "PlanTooLarge")
+    assert planned["message"].startswith("spec.training.microbatches, spec.parallelism.workers:")
+    assert any(e[2] == "PlanTooLarge" for e in cluster.events)
+    assert cluster.get_config_map("ns", "demo-config") is None and cluster.pods() == []
+    assert result.requeue_after is not None and result.requeue_after >= 30
+    # Passes on the same inputs (every resync) neither plan again nor rewrite the status.
+    writes, planned = cluster.calls.count("patch_status"), len(plans)
+    rec.reconcile("ns", "demo")
+    assert planned >= 1 and len(plans) == planned  # the strategy (and i1f1b), once
+    assert cluster.calls.count("patch_status") == writes

@@ -56,3 +56,83 @@ def test_all_violations_are_reported_together(make_job: Any) -> None:
                                             "parallelism": {"workers": 9}})
     text = str(info.value)
     assert "spec.metrics.port:" in text and "spec.parallelism.workers:" in text
+
+
+# The six specs of issue 11 that the operator accepted, then failed to create pods for on every
+# pass (an exception loop): each is now InvalidSpec naming its field, before anything exists.
+SIX = [
+    pytest.param("x" * 253, {}, "metadata.name", id="253-character name"),
+    pytest.param("demo", {"worker": {"labels": {"team": "h\u00e9"}}}, "spec.worker.labels.team",
+                 id="non-ASCII label value"),
+    pytest.param("demo", {"worker": {"env": [{"name": ["A"], "value": "1"}]}},
+                 "spec.worker.env[0].name", id="env name as a list"),
+    pytest.param("demo", {"worker": {"resources": {"limits": "lots"}}},
+                 "spec.worker.resources.limits", id="limits: lots"),
+    pytest.param("demo", {"worker": {"tolerations": [{"key": 5, "operator": "Exists"}]}},
+                 "spec.worker.tolerations[0].key", id="integer toleration key"),
+    pytest.param("demo", {"worker": {"volumes": [{"name": "data", "emptyDir": {}}],
+                                     "volumeMounts": [{"name": {"a": 1}, "mountPath": "/d"}]}},
+                 "spec.worker.volumeMounts[0].name", id="mount name as a mapping"),
+]
+
+
+@pytest.mark.parametrize(("name", "over", "field"), SIX)
+def test_the_six_looping_specs_fail_once_naming_the_field(
+        cluster: Any, make_job: Any, name: str, over: dict[str, Any], field: str) -> None:
+    from adaptis.operator.reconcile import Reconciler
+
+    cluster.add_job(make_job(name, spec=over))
+    rec = Reconciler(cluster)
+    result = rec.reconcile("ns", name)  # no exception: nothing for the work queue to retry
+    job = cluster.job(name)
+    failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
+    assert job["status"]["phase"] == "Failed" and failed["reason"] == "InvalidSpec"
+    assert failed["message"].startswith(field + ":"), failed["message"]
+    assert (name, "Warning", "InvalidSpec") in [e[:4 - 1] for e in cluster.events]
+    assert result.requeue_after is None and cluster.objects == {}
+    # Resyncs change nothing and create nothing.
+    calls = len(cluster.calls)
+    rec.reconcile("ns", name)
+    assert [c for c in cluster.calls[calls:] if c != "get_job"] == []
+
+
+@pytest.mark.parametrize(("over", "field", "needle"), [
+    ({"resources": {"requests": {"cpu": 0.5}}}, "spec.worker.resources.requests.cpu",
+     "not a quantity"),
+    ({"resources": {"limits": {"memory": "lots"}}}, "spec.worker.resources.limits.memory",
+     "not a quantity"),
+    ({"labels": {"bad key!": "a"}}, "spec.worker.labels.bad key!", "not a label key"),
+    ({"labels": {"team": "x" * 64}}, "spec.worker.labels.team", "not a label value"),
+    ({"nodeSelector": {"zone": "a b"}}, "spec.worker.nodeSelector.zone", "not a label value"),
+    ({"annotations": {"/x": "any value"}}, "spec.worker.annotations./x", "not a label key"),
+    ({"env": [{"name": "A=B"}]}, "spec.worker.env[0].name", "pattern"),
+    ({"env": [{"name": "A", "valu": "typo"}]}, "spec.worker.env[0].valu", "unknown key"),
+    ({"tolerations": [{"key": "k", "operator": "Maybe"}]}, "spec.worker.tolerations[0].operator",
+     "'Exists' or 'Equal'"),
+    ({"volumes": [{"name": "Data", "emptyDir": {}}]}, "spec.worker.volumes[0].name", "pattern"),
+    ({"volumeMounts": [{"name": "checkpoints"}]}, "spec.worker.volumeMounts[0].mountPath",
+     "required"),
+])
+def test_passthrough_fields_have_kubernetes_shapes(make_job: Any, over: dict[str, Any],
+                                                   field: str, needle: str) -> None:
+    with pytest.raises(InvalidJob) as err:
+        validate_job(name="demo", spec_raw={**make_job()["spec"], "worker": over})
+    assert field in err.value.fields and needle in str(err.value), str(err.value)
+
+
+def test_well_formed_passthrough_fields_reach_the_pod_unchanged(make_job: Any) -> None:
+    worker = {
+        "resources": {"requests": {"cpu": 2, "memory": "4Gi"}, "limits": {"memory": "8Gi"}},
+        "env": [{"name": "HF_HOME", "value": "/cache"},
+                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "t"}}}],
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml",
+                         "effect": "NoSchedule"}, {"operator": "Exists"}],
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
+        "labels": {"team": "a", "example.com/tier": "gold"},
+        "annotations": {"example.com/note": "any text, even é"},
+        "nodeSelector": {"topology.kubernetes.io/zone": "zone-a"},
+    }
+    spec = validate_job(name="demo", spec_raw={**make_job()["spec"], "worker": worker})
+    dumped = spec.worker.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True)
+    assert dumped == worker

@@ -92,3 +92,61 @@ def test_resync_revisits_known_keys_until_forgotten() -> None:
         assert _wait(lambda: seen["y"] > before)
     finally:
         q.stop()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_backoff_holds_across_resyncs_and_node_events() -> None:
+    clock = FakeClock()
+    calls: list[float] = []
+
+    def process(key: str) -> None:
+        calls.append(clock.now)
+        raise RuntimeError("API server: 500")
+
+    q: WorkQueue[str] = WorkQueue(process, workers=1, resync_s=3.0, clock=clock)
+    q.add("job")
+    # Forty resync periods (120 s) with a node event every period: the failing key runs only
+    # when its backoff (0.5, 1, 2, 4, ... 60 s) has passed, never once per resync.
+    for _ in range(1200):
+        clock.now += 0.1
+        if round(clock.now * 10) % 30 == 0:
+            q.add_all()
+        q.process_due()
+    gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
+    # Each gap is the backoff, give or take the 0.1 s step of the fake clock.
+    for gap, want in zip(gaps, [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0], strict=False):
+        assert want - 1e-6 <= gap <= want + 0.15, gaps
+    assert len(calls) <= 9, calls  # 0.5+1+...+32 = 63.5 s, then 60 s steps: 8 passes in 120 s
+    # A success resets it: the next resync finds the key again.
+    q2: WorkQueue[str] = WorkQueue(lambda k: None, workers=1, resync_s=3.0, clock=clock)
+    q2.add("job")
+    assert q2.process_due() == 1
+    clock.now += 3.0
+    assert q2.process_due() == 1
+
+
+def test_an_event_about_the_job_itself_still_wakes_a_key_in_backoff() -> None:
+    clock = FakeClock()
+    calls: list[float] = []
+
+    def process(key: str) -> None:
+        calls.append(clock.now)
+        if len(calls) < 4:
+            raise RuntimeError("API server: 503")
+
+    q: WorkQueue[str] = WorkQueue(process, workers=1, resync_s=3.0, clock=clock)
+    q.add("job")
+    q.process_due()
+    clock.now += 0.6
+    q.process_due()  # second failure: 1 s backoff
+    clock.now += 0.1
+    assert q.process_due() == 0
+    q.add("job")  # e.g. the user edited the spec
+    assert q.process_due() == 1

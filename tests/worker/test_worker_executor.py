@@ -15,7 +15,7 @@ from adaptis.api.job import TrainingSpec, WorkerConfig
 from adaptis.api.plan import Plan
 from adaptis.worker.data import SyntheticTokens
 from adaptis.worker.errors import PlanMismatchError
-from adaptis.worker.executor import Executor, transfer_bytes
+from adaptis.worker.executor import Executor, parse_plan, transfer_bytes
 from adaptis.worker.reference import reference_step
 
 TRAIN = TrainingSpec(microbatches=3, microbatch_size=2, sequence_length=8, grad_clip=None, seed=5)
@@ -87,6 +87,18 @@ def test_plans_that_do_not_fit_the_model_or_world_are_rejected() -> None:
     with pytest.raises(PlanMismatchError):
         Executor(WorkerConfig(model=SMALL_MODEL, training=TRAIN, plan={"stages": "nonsense"}),
                  rank=0, world_size=1, device=torch.device("cpu"))
+
+
+def test_the_worker_reads_the_packed_plan_the_operator_writes() -> None:
+    # The operator's ConfigMap carries the actions packed (adaptis.api.plan_packing).
+    plan = _three_stages_split()
+    packed = WorkerConfig(model=SMALL_MODEL, training=TRAIN, plan=plan.packed())
+    assert "actions" not in packed.plan
+    assert parse_plan(packed, world_size=1) == plan
+    broken = WorkerConfig(model=SMALL_MODEL, training=TRAIN,
+                          plan={**plan.packed(), "actionsPacked": "apk1:AAAA"})
+    with pytest.raises(PlanMismatchError, match="corrupt packed plan"):
+        Executor(broken, rank=0, world_size=1, device=torch.device("cpu"))
 
 
 def test_transfer_bytes_count_cross_rank_boundaries_only() -> None:
