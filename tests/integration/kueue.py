@@ -56,6 +56,10 @@ ADMISSION_GATE = "kueue.x-k8s.io/admission"
 KUEUE_GROUP = "kueue.x-k8s.io"
 #: CRDs whose versions Kueue converts by webhook (its config/components/crd/kustomization.yaml).
 CONVERTED_CRDS = ("localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters")
+#: Kueue v0.17 reads its metrics serving certificate from this fixed path whenever internal
+#: certificate management is off, even with metrics disabled (cmd/kueue/main.go), and exits
+#: if it is missing. In a cluster it is a Secret mounted there; here we write one (root only).
+METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
 #: Names of the webhook configurations this fixture registers (Kueue's own names are generic).
 MUTATING_NAME = "kueue-test-mutating"
 VALIDATING_NAME = "kueue-test-validating"
@@ -180,6 +184,7 @@ class KueueManager:
         (cert_dir / "tls.key").write_bytes(pair.key_pem)
         (cert_dir / "tls.key").chmod(0o600)
 
+        self._ensure_metrics_cert()
         self._install_crds(crd_files)
         if self.cp.kubectl("get", "namespace", "kueue-system", check=False).returncode != 0:
             self.cp.kubectl("create", "namespace", "kueue-system")
@@ -214,6 +219,28 @@ class KueueManager:
             self.process.stop()
 
     # ------------------------------------------------------------------ steps
+
+    def _ensure_metrics_cert(self) -> None:
+        """Make sure a valid pair is at :data:`METRICS_CERT_DIR` (any pair: metrics are off)."""
+        crt, key = METRICS_CERT_DIR / "tls.crt", METRICS_CERT_DIR / "tls.key"
+        if crt.is_file() and key.is_file():
+            return  # another session (or an admin) put one there; it only has to parse
+        assert self._ca is not None
+        pair = self._ca.issue("metrics", common_name="kueue-metrics", server=True,
+                              ip_addresses=[HOST])
+        try:
+            METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
+            # Atomic renames: a concurrent test session never reads half a file.
+            for target, data in ((key, pair.key_pem), (crt, pair.cert_pem)):
+                tmp = target.with_name(f".{target.name}.{os.getpid()}")
+                tmp.write_bytes(data)
+                tmp.chmod(0o600)
+                os.replace(tmp, target)
+        except OSError as err:
+            raise ControlPlaneError(
+                f"Kueue needs a certificate in {METRICS_CERT_DIR} and we cannot write it "
+                f"({err}); run the tests as root, or put any tls.crt/tls.key pair there"
+            ) from err
 
     def _install_crds(self, files: Sequence[Path]) -> None:
         assert self._ca is not None
@@ -256,13 +283,18 @@ class KueueManager:
                     context.wrap_socket(raw, server_hostname=HOST):
                 return True  # the handshake verified our certificate
 
+        self._wait(ready, what="Kueue's /readyz")
+        self._wait(webhook_answers, what=f"Kueue's webhook TLS on {HOST}:{self.webhook_port}")
+
+    def _wait(self, predicate: Any, *, what: str) -> None:
+        """:func:`wait_until` with the deadline of this manager; the log tail on a timeout."""
         try:
-            wait_until(ready, timeout=self.timeout, what="Kueue's /readyz")
-            wait_until(webhook_answers, timeout=self.timeout,
-                       what=f"Kueue's webhook TLS on {HOST}:{self.webhook_port}")
+            wait_until(predicate, timeout=self.timeout, what=what)
         except ControlPlaneError as err:
+            if self.process is not None and not self.process.running:
+                raise  # check_alive's message already carries the log tail
             raise ControlPlaneError(f"{err}\nlast lines of {self.log_path}:\n"
-                                    f"{self.log_tail()}") from err
+                                    f"{self.log_tail()}") from None
 
     def _wait_pods_gated(self) -> None:
         """A dry-run pod with a queue name comes back with Kueue's scheduling gate."""
@@ -281,9 +313,4 @@ class KueueManager:
             gates = json.loads(out.stdout)["spec"].get("schedulingGates") or []
             return any(g.get("name") == ADMISSION_GATE for g in gates)
 
-        try:
-            wait_until(gated, timeout=self.timeout,
-                       what=f"Kueue's webhook to gate a dry-run pod in {namespace}")
-        except ControlPlaneError as err:
-            raise ControlPlaneError(f"{err}\nlast lines of {self.log_path}:\n"
-                                    f"{self.log_tail()}") from err
+        self._wait(gated, what=f"Kueue's webhook to gate a dry-run pod in {namespace}")
