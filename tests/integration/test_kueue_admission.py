@@ -174,7 +174,8 @@ def _delete_jobs(e: Env) -> None:
 
 def test_quota_admits_one_job_and_holds_the_next_until_it_finishes(env: Env) -> None:
     cp = env.cp
-    cp.apply(_job("job-a", queue=LOCAL_QUEUE, run_seconds=25))
+    # A runs long enough for B to be seen waiting behind it even on a loaded machine.
+    cp.apply(_job("job-a", queue=LOCAL_QUEUE, run_seconds=40))
 
     # A fits the quota: Kueue admits its Workload (one PodSet, although the ranks are pinned
     # to two different nodes: the operator's role-hash annotation) to the flavor.
