@@ -213,7 +213,7 @@ def render_pod(
         LABEL_RANK: str(rank),
         LABEL_PLAN: plan_hash(record),
         LABEL_ATTEMPT: str(attempt),
-        **kueue_labels(job_name=job.name, queue_name=spec.queue_name),
+        **kueue_labels(job_name=job.name, queue_name=spec.queue_name, attempt=attempt),
     }
     annotations = {
         **spec.worker.annotations,

@@ -11,7 +11,10 @@ GPUs (8 GPUs), every one labelled with the ResourceFlavor's node label. The Clus
 - job B (the same, while A runs): its pods exist but stay gated (no node, not runnable), the
   job says WaitingForAdmission, its Workload says why (no quota); once A has finished, B is
   admitted and runs to the end;
-- job C, whose LocalQueue does not exist: its pods stay gated, its Workload is inadmissible.
+- job C, whose LocalQueue does not exist: its pods stay gated, its Workload is inadmissible;
+  deleted, its pods go (Kueue lets them go once the unretriable group has terminated);
+- job R, whose ranks fail: the gang restarts as a new pod group (Workload ``job-r-a1``),
+  admitted again, and the job fails at its backoff limit; no pod is left held by Kueue.
 """
 
 from __future__ import annotations
@@ -160,10 +163,10 @@ def env(control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def _delete_jobs(e: Env) -> None:
     """Delete this module's jobs, and their Kueue Workloads, while Kueue still runs.
 
-    Kueue holds a finalizer on the pods of a group until the group has finished, a replacement
-    is seen, or its Workload is deleted (Kueue's troubleshooting guide): a job deleted while it
-    waits (job-c) or runs leaves Terminating pods behind, see docs/kueue.md. Deleting the
-    Workloads is the remedy Kueue documents, and what an admin does.
+    Kueue holds a finalizer on the pods of a group until the group has finished or its Workload
+    is deleted. The jobs here have all finished or were deleted by the tests; should a test
+    have failed half way, a deleted job's still Running pods would stay Terminating here (kwok
+    plays no kubelet that stops them), so the Workloads go too: Kueue's documented remedy.
     """
     cp = e.cp
     cp.kubectl("delete", "adaptisjobs", "--all", "-n", NS, "--wait=false")
@@ -265,3 +268,36 @@ def test_a_job_whose_local_queue_does_not_exist_never_runs(env: Env) -> None:
         assert env.held_back("job-c") is not None
         time.sleep(1)
     assert env.phase("job-c") == "Planned"
+
+    # Deleted while waiting: the pods go, and so does the Workload (owned by the pods).
+    env.cp.kubectl("delete", "adaptisjob", "job-c", "-n", NS, "--wait=false")
+    env.wait("job-c's pods to be gone (Kueue's finalizer released)",
+             lambda: not env.pods("job-c"), timeout=60)
+
+
+def test_a_gang_restart_is_queued_again_as_a_new_group(env: Env) -> None:
+    job = _job("job-r", queue=LOCAL_QUEUE, run_seconds=2)
+    job["spec"]["backoffLimit"] = 1
+    job["spec"]["worker"]["annotations"]["adaptis.io/fake-fail"] = "true"
+    env.cp.apply(job)
+    env.wait("job-r Failed at its backoff limit", lambda: env.phase("job-r") == "Failed",
+             timeout=120)
+    status = env.op.status("job-r")
+    assert status["restarts"] == 1
+    failed = env.condition(env.op.job("job-r"), "Failed")
+    assert failed is not None and failed["reason"] == "BackoffLimitExceeded"
+    # Attempt 1 was a group (and Workload) of its own, admitted and finished.
+    pods = env.pods("job-r")
+    assert [p["metadata"]["labels"]["adaptis.io/attempt"] for p in pods] == ["1", "1"]
+    assert {p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] for p in pods} == {"job-r-a1"}
+    def finished() -> dict[str, Any] | None:
+        wl = env.workload("job-r-a1")
+        return wl if env.condition(wl, "Finished") else None
+
+    wl = env.wait("job-r-a1's Workload Finished", finished)
+    admitted = env.condition(wl, "Admitted")
+    assert admitted is not None and admitted["status"] == "True"
+    # The failed pods of the last attempt are kept (for their logs), no longer held by Kueue.
+    env.wait("Kueue's finalizer gone from job-r's pods",
+             lambda: all("kueue.x-k8s.io/managed" not in (p["metadata"].get("finalizers") or [])
+                         for p in env.pods("job-r")))
