@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Build the binaries of the integration-test control plane from Go modules.
 #
-# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok and helm
-# from the consumer modules under hack/controlplane/ into
+# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm and
+# the Kueue manager from the consumer modules under hack/controlplane/ into
 #   ${ADAPTIS_K8S_CACHE:-$HOME/.cache/adaptis-k8s}/<k8s-version>/bin
+# (Kueue's CRDs and webhook configurations, from the same module's source, go to
+# bin/kueue-config/)
 # and installs Debian's `prometheus` package (prometheus, promtool) when prometheus is missing.
 #
 # Idempotent: a binary whose stamp (tool version + go.sum digest + Go version) matches is skipped,
@@ -45,6 +47,7 @@ ETCD_VERSION="$(modver "${MODS}/etcd" go.etcd.io/etcd/server/v3)"
 KWOK_VERSION="$(modver "${MODS}/kwok" sigs.k8s.io/kwok)"
 HELM_VERSION="$(modver "${MODS}/helm" helm.sh/helm/v3)"
 HELM_CLIENT_GO="$(modver "${MODS}/helm" k8s.io/client-go)"   # v0.<minor>.<patch>
+KUEUE_VERSION="$(modver "${MODS}/kueue" sigs.k8s.io/kueue)"
 
 JOBS="${ADAPTIS_BUILD_JOBS:-2}"
 GO_VERSION="$(go env GOVERSION)"
@@ -143,6 +146,32 @@ for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
 done
 build_group helm "${HELM_VERSION}" "${helm_ldflags}" \
   helm=helm.sh/helm/v3/cmd/helm
+
+kueue_ldflags="-X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION}"
+build_group kueue "${KUEUE_VERSION}" "${kueue_ldflags}" \
+  kueue=sigs.k8s.io/kueue/cmd/kueue
+
+# Kueue's CRDs and webhook configurations come from the source of the very module version the
+# manager was built from (the module zip carries config/components/), so binary and manifests
+# never drift apart.  They are copied next to the binary, into bin/kueue-config/ (crd/*.yaml,
+# webhook/manifests.yaml), with a stamp like the binaries', so the tests need no Go command.
+kueue_config="${BIN_DIR}/kueue-config"
+kueue_config_stamp="$(stamp_value kueue-config "${KUEUE_VERSION}" "${MODS}/kueue" "")"
+if [[ -f "${kueue_config}/.stamp" && "$(cat "${kueue_config}/.stamp")" == "${kueue_config_stamp}" ]]; then
+  log "kueue-config ${KUEUE_VERSION}: up to date, skipped"
+else
+  (cd "${MODS}/kueue" && go mod download sigs.k8s.io/kueue)
+  kueue_src="$(cd "${MODS}/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
+  [[ -d "${kueue_src}/config/components/crd/bases" ]] \
+    || { log "no config/components/crd/bases in the Kueue module (${kueue_src})"; exit 1; }
+  rm -rf "${kueue_config}"
+  mkdir -p "${kueue_config}/crd" "${kueue_config}/webhook"
+  cp "${kueue_src}"/config/components/crd/bases/*.yaml "${kueue_config}/crd/"
+  cp "${kueue_src}/config/components/webhook/manifests.yaml" "${kueue_config}/webhook/"
+  chmod -R u+w "${kueue_config}"   # the module cache is read-only; a later rm -rf must work
+  echo "${kueue_config_stamp}" > "${kueue_config}/.stamp"
+  log "kueue-config ${KUEUE_VERSION}: $(ls "${kueue_config}"/crd/*.yaml | wc -l) CRDs and the webhooks from ${kueue_src}"
+fi
 
 if [[ "${ADAPTIS_SKIP_PROMETHEUS:-0}" != "1" ]]; then
   if command -v prometheus >/dev/null && command -v promtool >/dev/null; then

@@ -29,6 +29,7 @@ from adaptis.api.job import API_VERSION, KIND, JobSpec, WorkerConfig
 # The names live in the api layer, whose rules check that they fit DNS labels; re-exported.
 from adaptis.api.rules import config_map_name, pod_name, service_name
 from adaptis.operator.errors import PlanTooLarge
+from adaptis.operator.kueue import kueue_annotations, kueue_labels
 from adaptis.operator.planning import PlanRecord
 from adaptis.operator.pod_security import (
     container_security_context,
@@ -69,9 +70,6 @@ LABEL_PLAN = "adaptis.io/plan-hash"
 LABEL_ATTEMPT = "adaptis.io/attempt"
 MANAGED_BY = "adaptis"
 NODE_ANNOTATION = "adaptis.io/node"  # the node the plan pins the rank to (counted before binding)
-KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
-KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
-KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 
 CONFIG_VOLUME = "adaptis-config"
 CHECKPOINT_VOLUME = "checkpoints"
@@ -234,13 +232,11 @@ def render_pod(
         LABEL_RANK: str(rank),
         LABEL_PLAN: plan_hash(record),
         LABEL_ATTEMPT: str(attempt),
-        KUEUE_GROUP: job.name,
+        **kueue_labels(job_name=job.name, queue_name=spec.queue_name, attempt=attempt),
     }
-    if spec.queue_name:
-        labels[KUEUE_QUEUE] = spec.queue_name
     annotations = {
         **spec.worker.annotations,
-        KUEUE_TOTAL: str(world),
+        **kueue_annotations(world=world, queue_name=spec.queue_name),
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(spec.metrics.port),
         "prometheus.io/path": "/metrics",

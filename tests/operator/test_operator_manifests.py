@@ -83,7 +83,7 @@ def test_pod_of_a_rank(planned: tuple[JobSpec, PlanRecord]) -> None:
     assert meta["name"] == "demo-worker-3"
     assert meta["labels"]["app.kubernetes.io/managed-by"] == "adaptis"
     assert meta["labels"]["adaptis.io/rank"] == "3"
-    assert meta["labels"]["kueue.x-k8s.io/pod-group-name"] == "demo"
+    assert meta["labels"]["kueue.x-k8s.io/pod-group-name"] == "demo-a2"  # attempt 2
     assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     assert meta["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "4"
     assert meta["annotations"]["prometheus.io/scrape"] == "true"
