@@ -198,6 +198,14 @@ class PlannerSpec(_Spec):
     profile: Literal["estimate", "measure"] = Field(
         default="estimate", description="estimate: layer costs from sizes; measure: profile first."
     )
+    time_limit_seconds: int = Field(
+        default=30, ge=1, le=300,
+        description="How long the planner may search. When it runs out, the job runs the best "
+        "plan found so far (or the best baseline), and the Planned condition says so; a planner "
+        "still busy shortly after it is stopped and the job falls back to 1F1B. Planning runs "
+        "off the operator's reconcile workers, but it holds one of the operator's few planner "
+        "slots while it runs, so the limit is bounded (docs/planning-budget.md).",
+    )
 
 
 class WorkerTemplate(_Spec):

@@ -3,7 +3,9 @@
 Sits at the top of the operator layer; ``adaptis operator`` (``adaptis.cli.operator``) parses
 the command line into :class:`OperatorOptions` and calls :func:`run_operator`. kopf owns the
 event loop and the watch streams; the reconciler runs in the work queue's threads, so a slow
-plan never blocks a watch. With a metrics port, :mod:`adaptis.operator.metrics` serves the
+pass never blocks a watch, and plans are made in processes of their own
+(:mod:`adaptis.operator.plan_runner`), which wake their job through the queue when done, so a
+big plan never holds up another job's pass. With a metrics port, :mod:`adaptis.operator.metrics` serves the
 operator's own figures.
 """
 
@@ -19,6 +21,7 @@ import kopf
 from adaptis.operator.handlers import JobKey, build_registry
 from adaptis.operator.kube import KubeCluster
 from adaptis.operator.metrics import OperatorMetrics
+from adaptis.operator.plan_runner import PlannerLimits, PlanRunner
 from adaptis.operator.reconcile import ReconcileSettings, Reconciler
 from adaptis.operator.workqueue import WorkQueue
 
@@ -38,6 +41,7 @@ class OperatorOptions:
     reconcile_workers: int = 2
     resync_seconds: float = 30.0
     reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
+    planner: PlannerLimits = field(default_factory=PlannerLimits)
 
 
 def _kopf_settings() -> kopf.OperatorSettings:
@@ -58,7 +62,8 @@ def _kopf_settings() -> kopf.OperatorSettings:
 def run_operator(options: OperatorOptions, *, stop_flag: threading.Event | None = None) -> None:
     """Run until stopped (a signal, or ``stop_flag`` when embedded in another program)."""
     cluster = KubeCluster()
-    reconciler = Reconciler(cluster, settings=options.reconcile)
+    planner = PlanRunner(limits=options.planner, wake=lambda key: queue.add(key))
+    reconciler = Reconciler(cluster, settings=options.reconcile, planner=planner)
 
     metrics = OperatorMetrics(queue_depth=lambda: queue.depth())
 
@@ -88,5 +93,6 @@ def run_operator(options: OperatorOptions, *, stop_flag: threading.Event | None 
         asyncio.run(coroutine)
     finally:
         queue.stop()
+        planner.shutdown()
         if server is not None:
             server.shutdown()

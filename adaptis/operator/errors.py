@@ -29,3 +29,5 @@ class InvalidJob(OperatorError):
 
 class Unsatisfiable(OperatorError):
     """No placement exists on the candidate nodes (too few GPUs, no node matches, no memory)."""
+
+    reason = "Unsatisfiable"  # the Planned condition's reason; subclasses say more

@@ -43,7 +43,8 @@ from adaptis.operator.manifests import (
 )
 from adaptis.operator.measuring import delete_job_profilers, job_profilers, measure_candidates
 from adaptis.operator.passes import PassState, ReconcileSettings, Result
-from adaptis.operator.planning import PlanRecord, plan_job, record_from_config_map, spec_hash
+from adaptis.operator.plan_runner import InlinePlanner, Planner, Planning, PlanRequest, planned_reason
+from adaptis.operator.planning import PlanRecord, record_from_config_map, spec_hash
 from adaptis.operator.profile_store import measured_figures, profile_selector, read_stored_profiles
 from adaptis.operator.profiler_pods import is_profiler_pod
 from adaptis.operator.profiling import candidate_nodes, profile_node
@@ -71,8 +72,11 @@ class Reconciler:
         *,
         settings: ReconcileSettings | None = None,
         clock: Callable[[], datetime] | None = None,
+        planner: Planner | None = None,
     ) -> None:
         self._cluster = cluster
+        # Where plans are made: in this thread by default, off it in the operator (plan_runner).
+        self._planner = planner or InlinePlanner()
         self._settings = settings or ReconcileSettings()
         self._clock = clock or (lambda: datetime.now(UTC))
         # (namespace, name) -> (planning inputs, reason, message) of the last failed plan, so
@@ -88,6 +92,7 @@ class Reconciler:
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             self._failed.pop((namespace, name), None)
             self._given_up.pop((namespace, name), None)
+            self._planner.forget((namespace, name))
             # Gone or going: owner references clean the children up, except the profiler
             # pods, which live in the operator's namespace and so cannot be owned by the job.
             delete_job_profilers(self._cluster, JobRef(name=name, namespace=namespace, uid=""),
@@ -213,14 +218,19 @@ class Reconciler:
             p.condition("Profiling", "True", reason="ProfilingNodes", message=profile_msg)
             self._write_now(p)
             try:
-                record = plan_job(spec, candidates, name=f"{ns}/{name}",
-                                  inter_node=self._settings.inter_node)
+                made = self._planner.request((ns, name), inputs=inputs, request=PlanRequest(
+                    spec=spec, candidates=tuple(candidates), name=f"{ns}/{name}",
+                    inter_node=self._settings.inter_node))
             except (Unsatisfiable, PlannerError, ValidationError) as err:
-                reason = "Unsatisfiable" if isinstance(err, Unsatisfiable) else "PlannerError"
+                reason = err.reason if isinstance(err, Unsatisfiable) else "PlannerError"
                 message = str(err) if isinstance(err, Unsatisfiable) else f"planner: {err}"
                 failed = (inputs, reason, message)
                 self._failed[(ns, name)] = failed
             else:
+                if isinstance(made, Planning):  # the planner wakes the job when it is done
+                    p.condition("Planned", "False", reason="Planning", message=made.message)
+                    return None
+                record = made
                 self._failed.pop((ns, name), None)
         if failed is not None and failed[0] == inputs:
             p.update(phase="Pending", message=failed[2])
@@ -246,11 +256,12 @@ class Reconciler:
         summary = plan_summary(record)
         p.update(**summary)
         speedup = record.predicted_speedup_over_i1f1b
-        p.condition("Planned", "True", reason="Planned",
+        reason, note, event = planned_reason(record)
+        p.condition("Planned", "True", reason=reason,
                     message=f"{record.strategy}: {summary['stages']} stages on "
                     f"{len(record.nodes)} ranks over {len(set(record.nodes))} node(s); "
                     f"predicted bubble {record.predicted_bubble_ratio:.3f}, speedup over i1f1b "
-                    f"{'n/a' if speedup is None else f'{speedup:.2f}x'}", event="Normal")
+                    f"{'n/a' if speedup is None else f'{speedup:.2f}x'}{note}", event=event)
         if p.status.phase == "Profiling":
             p.update(phase="Planned", message=None)
         return record
