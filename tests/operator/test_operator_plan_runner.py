@@ -8,6 +8,7 @@ The planning functions are module-level so that they cross into the planner proc
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
 from collections.abc import Callable
@@ -178,7 +179,7 @@ def test_a_planner_over_its_memory_cap_falls_back_too(cluster: Any, make_job: An
     assert "memory cap (512 MiB)" in cond["message"]
 
 
-def test_a_planner_stopped_twice_names_the_time_limit_and_is_not_retried(
+def test_a_planner_stopped_twice_names_the_time_limit_and_leaves_no_process(
         cluster: Any, make_job: Any) -> None:
     cond = _planned_after_wake(cluster, make_job, plan=always_sleep,
                                limits=PlannerLimits(kill_grace_s=0.3))
@@ -187,6 +188,8 @@ def test_a_planner_stopped_twice_names_the_time_limit_and_is_not_retried(
                                       "32 layers x 256 microbatches was stopped")
     assert "shrink spec.training.microbatches" in cond["message"]
     assert not cluster.pods()
+    # Both stopped planners are gone, not left sleeping beside the operator.
+    assert not [c for c in multiprocessing.active_children() if c.name.startswith("adaptis-plan")]
 
 
 def test_a_plan_cut_by_its_time_limit_says_so(cluster: Any, make_job: Any) -> None:
