@@ -70,13 +70,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--max-concurrent-plans", type=int, default=1, metavar="N",
                         help="plans made at once, each in a process of its own; others wait "
                              "their turn (default 1)")
-    parser.add_argument("--planner-memory-mib", type=int, default=1024, metavar="MIB",
+    parser.add_argument("--planner-memory-mib", type=int, default=1536, metavar="MIB",
                         help="address-space cap of one planner process, mapped libraries "
-                             "included; 0: none (default 1024; fits the chart's memory limit "
+                             "included; 0: none (default 1536; fits the chart's memory limit "
                              "with the operator itself, see docs/planning-budget.md)")
-    parser.add_argument("--planner-kill-grace-seconds", type=float, default=10.0, metavar="S",
+    parser.add_argument("--planner-kill-grace-seconds", type=float, default=20.0, metavar="S",
                         help="how long a planner may run past the job's "
-                             "spec.planner.timeLimitSeconds before it is killed (default 10)")
+                             "spec.planner.timeLimitSeconds before it is killed (default 20)")
     parser.set_defaults(func=_run)
 
 

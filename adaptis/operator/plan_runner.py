@@ -94,11 +94,13 @@ class PlannerLimits:
 
     max_concurrent: int = 1
     # Address space of one planner process; None: no cap. RLIMIT_AS counts mapped libraries
-    # too, about 0.3 GiB before the first plan (docs/planning-budget.md).
-    memory_bytes: int | None = 1024 * _MIB
+    # too, about 50 MiB before the first plan; the largest allowed spec peaks near 840 MiB
+    # (docs/planning-budget.md).
+    memory_bytes: int | None = 1536 * _MIB
     # After spec.planner.timeLimitSeconds the planner returns its best plan by itself; this is
-    # how much longer it may take (one schedule of a big problem) before it is killed.
-    kill_grace_s: float = 10.0
+    # how much longer it may take before it is killed: it overruns by up to one simulation,
+    # about 8 s at the largest allowed spec on an idle core (docs/planning-budget.md).
+    kill_grace_s: float = 20.0
     # False: plan in a thread of this process (no memory cap, no kill; tests and `adaptis run`).
     isolate: bool = True
     # Jobs smaller than this (workers x layers x microbatches) are planned in the pass itself:

@@ -39,7 +39,7 @@ from typing import Protocol
 
 from adaptis.api.plan import Action, Plan
 from adaptis.planner.costs import Costs
-from adaptis.planner.errors import PlannerError
+from adaptis.planner.errors import OutOfTime, PlannerError
 from adaptis.planner.partition import balanced_partition, megatron_partition
 from adaptis.planner.simulator import simulate
 from adaptis.planner.zero_bubble import Actions, zero_bubble_actions
@@ -253,7 +253,13 @@ def _fastest(costs: Costs, plans: Iterable[Callable[[], Plan]], *, deadline: flo
         if best is not None and deadline is not None and time.monotonic() >= deadline:
             log.info("%s: time limit reached, keeping the best order tried", best[1].strategy)
             break
-        plan = make()
+        try:
+            plan = make()
+        except OutOfTime:
+            if best is None:
+                raise
+            log.info("%s: time limit reached while making an order", best[1].strategy)
+            break
         sim = simulate(costs, plan)
         key = (not sim.feasible, sim.iteration_time)
         if best is None or key < best[0]:
@@ -264,11 +270,13 @@ def _fastest(costs: Costs, plans: Iterable[Callable[[], Plan]], *, deadline: flo
 
 
 def _greedy_orders(
-    costs: Costs, *, stages: list[tuple[int, int]], owned: list[list[int]], caps: list[int]
+    costs: Costs, *, stages: list[tuple[int, int]], owned: list[list[int]], caps: list[int],
+    deadline: float | None,
 ) -> list[Callable[[], Actions]]:
     """The eager-W and lazy-W greedy orders: the ZB heuristics try both kinds of gap filling."""
     return [
-        partial(zero_bubble_actions, costs, stages=stages, owned=owned, caps=caps, lazy_w=lazy)
+        partial(zero_bubble_actions, costs, stages=stages, owned=owned, caps=caps, lazy_w=lazy,
+                deadline=deadline)
         for lazy in (False, True)
     ]
 
@@ -296,7 +304,7 @@ def zb_h1(costs: Costs, *, deadline: float | None = None) -> Plan:
     orders: list[Callable[[], Actions]] = [
         lambda: zb_h1_actions(devices=p, microbatches=m),
         lambda: one_f_one_b_actions(devices=p, microbatches=m, split=True),
-        *_greedy_orders(costs, stages=stages, owned=owned, caps=caps),
+        *_greedy_orders(costs, stages=stages, owned=owned, caps=caps, deadline=deadline),
     ]
     return _fastest(costs, (partial(_plan_of, costs, stages=stages, owned=owned, order=o,
                                     strategy="zb-h1") for o in orders), deadline=deadline)
@@ -317,7 +325,7 @@ def zb_v(costs: Costs, *, deadline: float | None = None) -> Plan:
     caps = _memory_caps(costs, stages=stages, owned=owned, want=2 * p, least=[2] * p)
     orders: list[Callable[[], Actions]] = [
         lambda: zb_v_actions(devices=p, microbatches=costs.microbatches),
-        *_greedy_orders(costs, stages=stages, owned=owned, caps=caps),
+        *_greedy_orders(costs, stages=stages, owned=owned, caps=caps, deadline=deadline),
     ]
     return _fastest(costs, (partial(_plan_of, costs, stages=stages, owned=owned, order=o,
                                     strategy="zb-v") for o in orders), deadline=deadline)

@@ -6,9 +6,10 @@ baseline and never returns a plan slower than it or one that exceeds a device's 
 neither the baselines nor the search fit, it tries :func:`adaptis.planner.feasibility.memory_fallback`.
 
 ``time_limit_s`` bounds a call (baselines and search together; None: no limit): the
-baselines run cheapest first and are skipped once it has passed (one that fits is always
-kept), the joint search returns the best candidate it scheduled in time, and the adaptis
-result says so in ``cut_short``. The limit is checked between steps and every few thousand
+baselines run cheapest first within the first half of it (the first always runs; later ones
+are skipped once the half has passed), the joint search returns the best candidate it
+scheduled by the end, and the adaptis result says so in ``cut_short``. The search keeps at
+least half the time because where no baseline fits in memory it alone can find a plan. The limit is checked between steps and every few thousand
 scheduler steps, so a call overruns it by at most one baseline's simulation.
 
 The lower bound (``lower_bound``) is the largest of five limits no plan can beat:
@@ -98,17 +99,22 @@ class _Limit:
 
     seconds: float | None
     deadline: float | None
+    baselines_until: float | None  # the end of the baselines' share
 
     @classmethod
     def start(cls, seconds: float | None) -> _Limit:
         if seconds is None:
-            return cls(None, None)
+            return cls(None, None, None)
         if not math.isfinite(seconds) or seconds <= 0:
             raise PlannerError(f"time limit: {seconds} s; give a positive number of seconds")
-        return cls(seconds, time.monotonic() + seconds)
+        now = time.monotonic()
+        return cls(seconds, now + seconds, now + seconds / 2)
 
     def passed(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def baselines_passed(self) -> bool:
+        return self.baselines_until is not None and time.monotonic() >= self.baselines_until
 
 
 # The order baselines run in under a time limit: one-order ones first (1F1B and balanced are
@@ -116,19 +122,20 @@ class _Limit:
 _CHEAPEST_FIRST = ("1f1b", "balanced", "gpipe", "zb-h1", "zb-v", "i1f1b")
 
 
-def _baselines(costs: Costs, limit: _Limit = _Limit(None, None)) -> dict[str, Outcome]:
+def _baselines(costs: Costs, limit: _Limit = _Limit(None, None, None)) -> dict[str, Outcome]:
     out: dict[str, Outcome] = {}
     order = [n for n in _CHEAPEST_FIRST if n in BASELINES] + [
         n for n in BASELINES if n not in _CHEAPEST_FIRST]
     for name in order:
         make = BASELINES[name]
-        if limit.passed() and any(o.result.feasible for o in out.values()):
+        if out and limit.baselines_passed():
             out[name] = Outcome(name, None, None, StrategyResult(
-                feasible=False, reason=f"not tried: the time limit ({limit.seconds:g} s) ran out"))
+                feasible=False, reason=f"not tried: the baselines' half of the time limit "
+                                       f"({limit.seconds:g} s) ran out"))
             continue
         t0 = time.perf_counter()
         try:
-            plan = make(costs, deadline=limit.deadline)
+            plan = make(costs, deadline=limit.baselines_until)
         except PlannerError as err:  # e.g. i1f1b on a 1-layer model: infeasible, not a crash
             log.info("%s: %s", name, err)
             out[name] = Outcome(name, None, None, StrategyResult(feasible=False, reason=str(err)))
