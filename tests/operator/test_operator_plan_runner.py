@@ -18,7 +18,7 @@ import pytest
 
 from adaptis.api.job import JobSpec
 from adaptis.operator.plan_runner import PlannerLimits, PlanRunner, plan_size
-from adaptis.operator.planning import PlanRecord, plan_job
+from adaptis.operator.planning import PlanRecord, plan_job, spec_hash
 from adaptis.operator.reconcile import Reconciler
 
 # Above PlannerLimits.inline_below (so it goes to the runner), still fast to really plan.
@@ -225,3 +225,13 @@ def test_new_inputs_replace_a_pending_plan(cluster: Any, make_job: Any) -> None:
     _wait_for(planned, message="the job should take the plan of its current spec")
     assert seen == [256, 512]
     runner.shutdown()
+
+
+def test_a_new_time_limit_does_not_replan_a_running_job(make_job: Any) -> None:
+    spec = JobSpec.model_validate(make_job(spec=BIG)["spec"])
+    longer = spec.model_copy(update={"planner": spec.planner.model_copy(
+        update={"time_limit_seconds": 300})})
+    assert spec_hash(longer) == spec_hash(spec)
+    fewer = spec.model_copy(update={"training": spec.training.model_copy(
+        update={"microbatches": 128})})
+    assert spec_hash(fewer) != spec_hash(spec)

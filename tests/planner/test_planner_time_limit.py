@@ -113,3 +113,12 @@ def test_cli_time_limit(capsys: pytest.CaptureFixture[str]) -> None:
         main(["plan", str(SMALL), "--time-limit", "0"])
     assert bad.value.code == 2
     assert "--time-limit: '0' is not a positive number of seconds" in capsys.readouterr().err
+
+
+def test_zero_bubble_order_stops_inside_a_long_order() -> None:
+    costs = _costs(microbatches=2048)  # over 1024 steps: the clock is read
+    stages = [(0, costs.layers // 2), (costs.layers // 2, costs.layers)]
+    with pytest.raises(OutOfTime):
+        baselines.zero_bubble_actions(costs, stages=stages, owned=[[0], [1]], caps=[2, 1],
+                                      deadline=time.monotonic() - 1)
+    assert baselines.zero_bubble_actions(costs, stages=stages, owned=[[0], [1]], caps=[2, 1])
