@@ -35,9 +35,10 @@ def _vm_peak_mib() -> float:
     return float("nan")
 
 
-def _one(size: str, time_limit: float | None) -> dict[str, Any]:
+def _one(size: str, time_limit: float | None, *, hidden: int, vocab: int, seq: int) -> dict[str, Any]:
     """Plan one size in this process (run by the driver as a child)."""
     from adaptis.api.job import JobSpec
+    from adaptis.operator.errors import Unsatisfiable
     from adaptis.operator.planning import plan_job
     from adaptis.operator.profiling import profile_node
 
@@ -46,16 +47,22 @@ def _one(size: str, time_limit: float | None) -> dict[str, Any]:
 
     workers, blocks, microbatches = map(int, size.split("x"))
     spec = JobSpec.model_validate({
-        "model": {"vocabSize": 32000, "hidden": 1024, "heads": 8,
+        "model": {"vocabSize": vocab, "hidden": hidden, "heads": 8,
                   "blocks": [{"kind": "attention", "count": blocks}]},
-        "training": {"microbatches": microbatches, "sequenceLength": 512},
+        "training": {"microbatches": microbatches, "sequenceLength": seq},
         "parallelism": {"workers": workers, "gpusPerWorker": 1},
     })
     nodes = [profile_node(gpu_node(f"node-{i}"), topology_keys=("topology.kubernetes.io/zone",))
              for i in range(-(-workers // 8))]
     before = _vm_peak_mib()
     t0 = time.perf_counter()
-    record = plan_job(spec, nodes, name=size, time_limit_s=time_limit)
+    try:
+        record = plan_job(spec, nodes, name=size, time_limit_s=time_limit)
+    except Unsatisfiable as err:
+        return {"size": size, "time_limit_s": time_limit,
+                "seconds": round(time.perf_counter() - t0, 2),
+                "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                "vm_peak_mib": round(_vm_peak_mib()), "budget_reason": f"no plan: {err}"[:120]}
     return {
         "size": size, "time_limit_s": time_limit,
         "seconds": round(time.perf_counter() - t0, 2),
@@ -63,6 +70,7 @@ def _one(size: str, time_limit: float | None) -> dict[str, Any]:
         "vm_peak_mib": round(_vm_peak_mib()), "vm_before_mib": round(before),
         "budget_reason": record.budget_reason,
         "stages": len(record.plan.stages),
+        "record_kib": round(len(record.model_dump_json(exclude_none=True)) / 1024),
         "bubble": round(record.predicted_bubble_ratio, 4),
     }
 
@@ -73,17 +81,21 @@ def main() -> int:
     parser.add_argument("--time-limit", type=float, default=None, metavar="S")
     parser.add_argument("--kill-after", type=float, default=900.0, metavar="S",
                         help="give up on one size after this long (reported as such)")
+    parser.add_argument("--hidden", type=int, default=1024, help="the model's hidden size")
+    parser.add_argument("--vocab", type=int, default=32000, help="the model's vocabulary")
+    parser.add_argument("--seq", type=int, default=512, help="tokens per sequence")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(_one(args.sizes[0], args.time_limit)))
+        print(json.dumps(_one(args.sizes[0], args.time_limit, hidden=args.hidden, vocab=args.vocab, seq=args.seq)))
         return 0
     rows = []
     print("| workers x blocks x microbatches | time limit | seconds | peak RSS MiB | peak VM MiB "
           "| result |")
     print("|---|---|---|---|---|---|")
     for size in args.sizes:
-        cmd = [sys.executable, __file__, "--one", size]
+        cmd = [sys.executable, __file__, "--one", size, "--hidden", str(args.hidden),
+               "--vocab", str(args.vocab), "--seq", str(args.seq)]
         if args.time_limit is not None:
             cmd += ["--time-limit", str(args.time_limit)]
         try:

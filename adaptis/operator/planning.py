@@ -222,7 +222,7 @@ def plan_job(
     baseline = None
     if strategy == "adaptis":
         # The joint search scores every baseline anyway: take i1f1b from the same run.
-        _, outcomes = compare(problem, time_limit_s=time_limit_s)
+        _, outcomes = compare(problem, time_limit_s=time_limit_s, bound=False)
         outcome, baseline = outcomes["adaptis"], outcomes["i1f1b"]
     else:
         outcome = plan_strategy(problem, strategy, time_limit_s=time_limit_s)

@@ -228,7 +228,8 @@ class Reconciler:
                 self._failed[(ns, name)] = failed
             else:
                 if isinstance(made, Planning):  # the planner wakes the job when it is done
-                    p.condition("Planned", "False", reason="Planning", message=made.message)
+                    p.condition("Planned", "False", reason="Planning", message=made.message,
+                                event="Normal")
                     return None
                 record = made
                 self._failed.pop((ns, name), None)

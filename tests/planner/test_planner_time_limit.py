@@ -122,3 +122,11 @@ def test_zero_bubble_order_stops_inside_a_long_order() -> None:
         baselines.zero_bubble_actions(costs, stages=stages, owned=[[0], [1]], caps=[2, 1],
                                       deadline=time.monotonic() - 1)
     assert baselines.zero_bubble_actions(costs, stages=stages, owned=[[0], [1]], caps=[2, 1])
+
+
+def test_compare_without_the_bound_reports_zero_and_the_same_plans() -> None:
+    problem = load_problem(SMALL)
+    with_bound, outcomes = compare(problem)
+    without, again = compare(problem, bound=False)
+    assert with_bound.lower_bound > 0 and without.lower_bound == 0.0
+    assert again["adaptis"].result.iteration_time == outcomes["adaptis"].result.iteration_time
