@@ -1,4 +1,4 @@
-"""Planning off the reconcile workers: each plan in a process of its own, with a time and memory budget.
+"""Planning off the reconcile workers: each plan in a process of its own, within a budget.
 
 Sits between :class:`~adaptis.operator.reconcile.Reconciler` (which asks for a job's plan on
 every pass) and :func:`adaptis.operator.planning.plan_job` (which does the work). A large
@@ -173,9 +173,10 @@ def _child(conn: Connection, plan: PlanFunction, request: PlanRequest, strategy:
         message = ("planner", str(err))
     try:
         conn.send(message)
-    except MemoryError:
+    except MemoryError:  # pickling a big record can be the last straw
         conn.send(("stopped", f"it ran out of its memory cap ({(memory_bytes or 0) // _MIB} MiB)"))
-    conn.close()
+    finally:
+        conn.close()
 
 
 class PlanRunner:

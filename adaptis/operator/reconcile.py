@@ -43,7 +43,8 @@ from adaptis.operator.manifests import (
 )
 from adaptis.operator.measuring import delete_job_profilers, job_profilers, measure_candidates
 from adaptis.operator.passes import PassState, ReconcileSettings, Result
-from adaptis.operator.plan_runner import InlinePlanner, Planner, Planning, PlanRequest, planned_reason
+from adaptis.operator.plan_runner import (InlinePlanner, Planner, Planning, PlanRequest,
+                                          planned_reason)
 from adaptis.operator.planning import PlanRecord, record_from_config_map, spec_hash
 from adaptis.operator.profile_store import measured_figures, profile_selector, read_stored_profiles
 from adaptis.operator.profiler_pods import is_profiler_pod
