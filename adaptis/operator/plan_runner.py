@@ -205,10 +205,16 @@ class PlanRunner:
                 if not future.done():
                     return Planning(self._message(future, request.spec))
                 del self._entries[key]
+                done = future
             else:
-                self._entries[key] = (inputs, self._pool.submit(self._run, key, request))
-                return Planning(self._message(self._entries[key][1], request.spec))
-        return future.result()  # the record, or the planner's exception: raised to the caller
+                done = None
+                future = self._pool.submit(self._plan_within_budget, request)
+                self._entries[key] = (inputs, future)
+                waiting = Planning(self._message(future, request.spec))
+        if done is not None:
+            return done.result()  # the record, or the planner's exception: raised to the caller
+        future.add_done_callback(lambda _: self._done(key))  # outside the lock: may run now
+        return waiting
 
     def forget(self, key: Key) -> None:
         """Drop a job's plan (the job is gone); a running one finishes within its budget."""
@@ -226,14 +232,14 @@ class PlanRunner:
         return (f"waiting for one of the operator's {self._limits.max_concurrent} planner "
                 f"slot(s); then up to spec.planner.timeLimitSeconds ({limit} s)")
 
-    def _run(self, key: Key, request: PlanRequest) -> PlanRecord:
-        try:
-            return self._plan_within_budget(request)
-        finally:
-            with self._lock:
-                current = self._entries.get(key)
-            if self._wake is not None and current is not None:
-                self._wake(key)
+    def _done(self, key: Key) -> None:
+        # A done-callback, so the result is set before the job's next pass asks for it (a
+        # wake from inside the task could be answered "still planning", and nothing would
+        # wake the job again until the resync).
+        with self._lock:
+            current = key in self._entries
+        if self._wake is not None and current:
+            self._wake(key)
 
     def _plan_within_budget(self, request: PlanRequest) -> PlanRecord:
         stopped = self._execute(request, strategy=None)

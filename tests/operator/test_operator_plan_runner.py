@@ -235,3 +235,20 @@ def test_a_new_time_limit_does_not_replan_a_running_job(make_job: Any) -> None:
     fewer = spec.model_copy(update={"training": spec.training.model_copy(
         update={"microbatches": 128})})
     assert spec_hash(fewer) != spec_hash(spec)
+
+
+def test_the_pass_a_finished_plan_wakes_gets_that_plan(cluster: Any, make_job: Any) -> None:
+    # The queue may run the woken key at once: the result must be there by then.
+    seen: list[str] = []
+
+    def wake(key: Any) -> None:
+        rec.reconcile(*key)
+        seen.append(_condition(cluster, "big", "Planned")["status"])
+
+    runner = PlanRunner(limits=PlannerLimits(isolate=False), wake=wake, plan=plan_job)
+    rec = Reconciler(cluster, planner=runner)
+    cluster.add_job(make_job("big", spec=BIG))
+    rec.reconcile("ns", "big")
+    _wait_for(lambda: bool(seen), message="the finished plan did not wake the job")
+    assert seen == ["True"]
+    runner.shutdown()
