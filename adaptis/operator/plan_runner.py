@@ -226,7 +226,9 @@ class PlanRunner:
 
     def _message(self, future: Future[PlanRecord], spec: JobSpec) -> str:
         limit = spec.planner.time_limit_seconds
-        if future.running():
+        # A plan just submitted may not have reached its thread yet: a free slot takes it.
+        busy = sum(1 for _, f in self._entries.values() if f.running() and f is not future)
+        if future.running() or busy < self._limits.max_concurrent:
             return (f"planning in a separate process (spec.planner.timeLimitSeconds: {limit}); "
                     "the job continues when the plan is ready")
         return (f"waiting for one of the operator's {self._limits.max_concurrent} planner "
