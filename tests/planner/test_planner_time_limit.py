@@ -130,3 +130,11 @@ def test_compare_without_the_bound_reports_zero_and_the_same_plans() -> None:
     without, again = compare(problem, bound=False)
     assert with_bound.lower_bound > 0 and without.lower_bound == 0.0
     assert again["adaptis"].result.iteration_time == outcomes["adaptis"].result.iteration_time
+
+
+def test_adaptis_run_plans_within_the_specs_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    from adaptis.cli.run import _plan
+
+    plan = _plan(load_problem(SMALL), "adaptis", time_limit_s=1e-9)
+    assert plan.strategy == "adaptis" and plan.actions
+    assert "planning cut short by spec.planner.timeLimitSeconds" in capsys.readouterr().err
