@@ -41,6 +41,7 @@ __all__ = [
     "BlockSpec",
     "CHUNKED_STRATEGIES",
     "CHUNKS_PER_RANK",
+    "MAX_BLOCKS",
     "JobSpec",
     "JobStatus",
     "KIND",
@@ -58,6 +59,11 @@ API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "AdaPtisJob"
 PLURAL = "adaptisjobs"
 SHORT_NAMES = ("apj",)
+
+# The most blocks a model may have in all (the layers the planner partitions, less embedding and
+# head): planning time and memory grow with them; docs/planning-budget.md measures 64 workers x
+# 4096 blocks x 4096 microbatches at 38 s and 0.84 GiB within a 30 s limit.
+MAX_BLOCKS = 4096
 
 
 class _Spec(BaseModel):
@@ -86,7 +92,10 @@ class BlockSpec(_Spec):
     )
 
     kind: BlockKind = Field(description="attention (+MLP), mamba (selective SSM), moe, dense MLP.")
-    count: int = Field(default=1, ge=1, le=4096, description="How many such blocks in a row.")
+    count: int = Field(
+        default=1, ge=1, le=MAX_BLOCKS,
+        description=f"How many such blocks in a row; all runs together at most {MAX_BLOCKS} "
+        "(the planner's time and memory grow with them, docs/planning-budget.md).")
     experts: int = Field(default=4, ge=1, le=256, description="MoE only: number of experts.")
     top_k: int = Field(default=2, ge=1, le=16, description="MoE only: experts per token.")
 
@@ -190,7 +199,12 @@ class TrainingSpec(_Spec):
 class ParallelismSpec(_Spec):
     """How many pipeline ranks, and what each one gets."""
 
-    workers: int = Field(default=2, ge=1, le=4096, description="Pipeline ranks (pods).")
+    workers: int = Field(
+        default=2, ge=1, le=128,
+        description="Pipeline ranks (pods). At most 128: every rank adds a pipeline hop per "
+        "microbatch, and the plan (ranks x microbatches x F/B/W) grows past what the planner "
+        "can search and store; 64 ranks x 4096 microbatches plan in 0.84 GiB "
+        "(docs/planning-budget.md).")
     gpus_per_worker: int = Field(default=1, ge=0, le=16, description="0: CPU workers.")
 
 
@@ -206,6 +220,14 @@ class PlannerSpec(_Spec):
     )
     profile: Literal["estimate", "measure"] = Field(
         default="estimate", description="estimate: layer costs from sizes; measure: profile first."
+    )
+    time_limit_seconds: int = Field(
+        default=30, ge=1, le=300,
+        description="How long the planner may search. When it runs out, the job runs the best "
+        "plan found so far (or the best baseline), and the Planned condition says so; a planner "
+        "still busy shortly after it is stopped and the job falls back to 1F1B. Planning runs "
+        "off the operator's reconcile workers, but it holds one of the operator's few planner "
+        "slots while it runs, so the limit is bounded (docs/planning-budget.md).",
     )
 
 
@@ -293,6 +315,8 @@ def _job_cel_rules() -> list[dict[str, str]]:
     chunked = ", ".join(f"'{name}'" for name in CHUNKED_STRATEGIES)
     chunks = CHUNKS_PER_RANK
     return [
+        {"rule": f"{layers} <= {MAX_BLOCKS + 2}", "fieldPath": ".model.blocks",
+         "message": f"the blocks' counts must add up to at most {MAX_BLOCKS}"},
         {"rule": f"{workers} <= {layers}", "fieldPath": ".parallelism.workers",
          "message": "workers must not exceed the model's layers (2 + the sum of block counts)"},
         {"rule": "!has(self.planner) || !has(self.planner.strategy) || "

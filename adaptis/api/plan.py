@@ -211,6 +211,12 @@ class StrategyResult(BaseModel):
     search_seconds: float | None = Field(
         default=None, description="Wall time the strategy took to plan, in seconds."
     )
+    cut_short: str | None = Field(
+        default=None,
+        description="Set when planning stopped at its time limit (adaptis plan --time-limit, "
+        "spec.planner.timeLimitSeconds): which plan that left, the best the joint search found "
+        "in time or the best baseline. Unset: the search ran to its end.",
+    )
 
 
 class Comparison(BaseModel):

@@ -25,6 +25,7 @@ from adaptis.api.errors import SpecError
 from adaptis.api.job import (
     CHUNKED_STRATEGIES,
     CHUNKS_PER_RANK,
+    MAX_BLOCKS,
     JobSpec,
     ModelSpec,
     ParallelismSpec,
@@ -94,6 +95,9 @@ def job_violations(*, name: str, spec: JobSpec) -> list[Violation]:
     out = _name_violations(name, workers=spec.parallelism.workers)
     workers = spec.parallelism.workers
     layers = layer_count(spec.model)
+    if layers - 2 > MAX_BLOCKS:
+        out.append(("spec.model.blocks", f"the blocks' counts add up to {layers - 2}; at most "
+                    f"{MAX_BLOCKS} can be planned (docs/planning-budget.md): use fewer blocks"))
     if workers > layers:
         out.append(("spec.parallelism.workers", f"{workers} exceeds the model's {layers} layers "
                     f"(embedding, blocks, head): each rank needs one; use at most {layers}"))

@@ -74,6 +74,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--unschedulable-replan-seconds", type=float, default=120.0, metavar="S",
                         help="re-plan a job whose ranks stay unschedulable on their planned "
                              "nodes this long, on the GPUs free then (default 120)")
+    parser.add_argument("--max-concurrent-plans", type=int, default=1, metavar="N",
+                        help="plans made at once, each in a process of its own; others wait "
+                             "their turn (default 1)")
+    parser.add_argument("--planner-memory-mib", type=int, default=1536, metavar="MIB",
+                        help="address-space cap of one planner process, mapped libraries "
+                             "included; 0: none (default 1536; fits the chart's memory limit "
+                             "with the operator itself, see docs/planning-budget.md)")
+    parser.add_argument("--planner-kill-grace-seconds", type=float, default=20.0, metavar="S",
+                        help="how long a planner may run past the job's "
+                             "spec.planner.timeLimitSeconds before it is killed (default 20)")
     parser.set_defaults(func=_run)
 
 
@@ -82,6 +92,7 @@ def _run(args: argparse.Namespace) -> int:
     from adaptis.operator.app import OperatorOptions, run_operator
     from adaptis.operator.errors import OperatorError
     from adaptis.operator.manifests import ManifestSettings
+    from adaptis.operator.plan_runner import PlannerLimits
     from adaptis.operator.planning import DEFAULT_INTER_NODE
     from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS
     from adaptis.operator.reconcile import ReconcileSettings
@@ -89,6 +100,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.worker_run_as_user < 1 or args.worker_run_as_group < 0:
         print("adaptis operator: --worker-run-as-user must be a non-root UID (>= 1) and "
               "--worker-run-as-group >= 0", file=sys.stderr)
+        return 2
+    if args.max_concurrent_plans < 1 or args.planner_memory_mib < 0 \
+            or not args.planner_kill_grace_seconds > 0:
+        print("adaptis operator: --max-concurrent-plans must be >= 1, --planner-memory-mib "
+              ">= 0 (0: no cap) and --planner-kill-grace-seconds > 0", file=sys.stderr)
         return 2
     # A long-running service logs its decisions (plans, restarts, failures) by default; kopf
     # logs every handled watch event at INFO, which only -v shows.
@@ -120,6 +136,9 @@ def _run(args: argparse.Namespace) -> int:
                                     unschedulable_replan_s=max(
                                         1.0, args.unschedulable_replan_seconds)),
         queue_strict_after_s=max(0.0, args.queue_strict_after_seconds),
+        planner=PlannerLimits(max_concurrent=args.max_concurrent_plans,
+                              memory_bytes=args.planner_memory_mib * (1 << 20) or None,
+                              kill_grace_s=args.planner_kill_grace_seconds),
     )
     try:
         run_operator(options)

@@ -61,6 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="write the chosen strategy's plan (replayable; what the workers run)")
     p.add_argument("--timeline", metavar="OUT.png|OUT.svg", type=Path,
                    help="draw the chosen plan as a per-device timeline")
+    p.add_argument("--time-limit", metavar="SECONDS", type=_seconds, default=None,
+                   help="stop planning after about this long and keep the best plan found so "
+                        "far (or the best baseline); the report says when it was cut short")
     p.set_defaults(func=run)
 
 
@@ -156,6 +159,8 @@ def format_table(comparison: Comparison, *, problem: Problem) -> str:
         rows.append(row)
         if not r.feasible:
             notes.append(f"note: {name} is infeasible: {_first_reason(r.reason)}")
+        if r.cut_short:
+            notes.append(f"note: {name} was cut short by --time-limit: {r.cut_short}")
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
 
     def line(cells: list[str]) -> str:
@@ -175,6 +180,16 @@ def format_table(comparison: Comparison, *, problem: Problem) -> str:
 
 
 # --- the command ------------------------------------------------------------------------------
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
 def _load(path: str) -> Problem:
     """The problem, or a CLIError of one line per fault (YAML parse errors span several)."""
     from adaptis.cli import CLIError
@@ -211,9 +226,11 @@ def run(args: argparse.Namespace) -> int:
     progress = ProgressLine(stream=sys.stderr, time_unit=problem.time_unit)
     try:
         if args.compare:
-            comparison, outcomes = compare(problem, on_progress=progress)
+            comparison, outcomes = compare(problem, on_progress=progress,
+                                           time_limit_s=args.time_limit)
         else:
-            outcome = plan_strategy(problem, chosen, on_progress=progress)
+            outcome = plan_strategy(problem, chosen, on_progress=progress,
+                                    time_limit_s=args.time_limit)
             outcomes = {chosen: outcome}
             comparison = Comparison(
                 name=problem.name, time_unit=problem.time_unit,

@@ -77,11 +77,15 @@ def _problem(args: argparse.Namespace, job: AdaPtisJob, *, workers: int) -> Prob
     return measure_problem(job.spec, devices=workers)
 
 
-def _plan(problem: Problem, strategy: str) -> Plan:
+def _plan(problem: Problem, strategy: str, *, time_limit_s: float | None = None) -> Plan:
     from adaptis.cli import CLIError
     from adaptis.planner.strategies import plan_strategy
 
-    outcome = plan_strategy(problem, strategy)
+    # The spec's planner.timeLimitSeconds, as the operator plans it.
+    outcome = plan_strategy(problem, strategy, time_limit_s=time_limit_s)
+    if outcome.result.cut_short:
+        print(f"adaptis run: planning cut short by spec.planner.timeLimitSeconds: "
+              f"{outcome.result.cut_short}", file=sys.stderr)
     if outcome.plan is None:
         raise CLIError(f"strategy {strategy} has no feasible plan: {outcome.result.reason}")
     return outcome.plan
@@ -128,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     problem = _problem(args, job, workers=workers)
-    plan = _plan(problem, strategy)
+    plan = _plan(problem, strategy, time_limit_s=float(spec.planner.time_limit_seconds))
     pred = plan.predicted
     pred_bubble = pred.bubble_ratio if pred else None
     pred_iter = pred.iteration_time * TIME_UNIT_SECONDS[pred.time_unit] if pred else None

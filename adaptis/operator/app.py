@@ -3,7 +3,9 @@
 Sits at the top of the operator layer; ``adaptis operator`` (``adaptis.cli.operator``) parses
 the command line into :class:`OperatorOptions` and calls :func:`run_operator`. kopf owns the
 event loop and the watch streams; the reconciler runs in the work queue's threads, so a slow
-plan never blocks a watch. With a metrics port, :mod:`adaptis.operator.metrics` serves the
+pass never blocks a watch, and plans are made in processes of their own
+(:mod:`adaptis.operator.plan_runner`), which wake their job through the queue when done, so a
+big plan never holds up another job's pass. With a metrics port, :mod:`adaptis.operator.metrics` serves the
 operator's own figures.
 """
 
@@ -20,6 +22,7 @@ from adaptis.operator.capacity import CapacityLedger
 from adaptis.operator.handlers import JobKey, build_registry
 from adaptis.operator.kube import KubeCluster
 from adaptis.operator.metrics import OperatorMetrics
+from adaptis.operator.plan_runner import PlannerLimits, PlanRunner
 from adaptis.operator.reconcile import ReconcileSettings, Reconciler
 from adaptis.operator.workqueue import WorkQueue
 
@@ -40,6 +43,7 @@ class OperatorOptions:
     resync_seconds: float = 30.0
     queue_strict_after_s: float = 120.0  # see capacity.CapacityLedger
     reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
+    planner: PlannerLimits = field(default_factory=PlannerLimits)
 
 
 def _kopf_settings() -> kopf.OperatorSettings:
@@ -60,10 +64,12 @@ def _kopf_settings() -> kopf.OperatorSettings:
 def run_operator(options: OperatorOptions, *, stop_flag: threading.Event | None = None) -> None:
     """Run until stopped (a signal, or ``stop_flag`` when embedded in another program)."""
     cluster = KubeCluster()
-    # A job that releases GPUs wakes the jobs waiting for them, in queue order.
+    # A job that releases GPUs wakes the jobs waiting for them, in queue order; a finished
+    # plan wakes its job.
     ledger = CapacityLedger(strict_after_s=options.queue_strict_after_s,
                             wake=lambda key: queue.add(key))
-    reconciler = Reconciler(cluster, settings=options.reconcile, ledger=ledger)
+    planner = PlanRunner(limits=options.planner, wake=lambda key: queue.add(key))
+    reconciler = Reconciler(cluster, settings=options.reconcile, ledger=ledger, planner=planner)
 
     metrics = OperatorMetrics(queue_depth=lambda: queue.depth())
 
@@ -95,5 +101,6 @@ def run_operator(options: OperatorOptions, *, stop_flag: threading.Event | None 
         asyncio.run(coroutine)
     finally:
         queue.stop()
+        planner.shutdown()
         if server is not None:
             server.shutdown()

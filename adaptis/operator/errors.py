@@ -30,6 +30,7 @@ class InvalidJob(OperatorError):
 class Unsatisfiable(OperatorError):
     """No placement exists on the candidate nodes (too few GPUs, no node matches, no memory)."""
 
+    reason = "Unsatisfiable"  # the Planned condition's reason; subclasses say more
 
 class PlanTooLarge(OperatorError):
     """A plan whose ConfigMap, packed, still exceeds the API server's size limit: the message

@@ -32,7 +32,8 @@ from adaptis.operator.kube import Cluster, create_many
 from adaptis.operator.manifests import config_map_name, render_config_map, render_pod
 from adaptis.operator.measuring import measure_candidates
 from adaptis.operator.passes import PassState, ReconcileSettings
-from adaptis.operator.planning import PlanRecord, plan_job, record_from_config_map, spec_hash
+from adaptis.operator.plan_runner import Planner, Planning, PlanRequest, planned_reason
+from adaptis.operator.planning import PlanRecord, record_from_config_map, spec_hash
 from adaptis.operator.profile_store import measured_figures, profile_selector, read_stored_profiles
 from adaptis.operator.profiling import NodeProfile, candidate_nodes, profile_node
 from adaptis.operator.status import condition_true, plan_summary
@@ -53,10 +54,11 @@ class Placer:
     nodes given up on or avoided)."""
 
     def __init__(self, cluster: Cluster, *, settings: ReconcileSettings, ledger: CapacityLedger,
-                 publish: Callable[[PassState], None]) -> None:
+                 planner: Planner, publish: Callable[[PassState], None]) -> None:
         self._cluster = cluster
         self._settings = settings
         self._ledger = ledger
+        self._planner = planner  # in this thread, or off it (plan_runner.PlanRunner)
         self._publish = publish  # write the status mid-pass, before a slow step
         # key -> (planning inputs, reason, message) of the last failed plan, so that retries on
         # unchanged inputs (every resync) do not search again.
@@ -95,6 +97,7 @@ class Placer:
         self._failed.pop(key, None)
         self._given_up.pop(key, None)
         self._avoid.pop(key, None)
+        self._planner.forget(key)
         self._ledger.release(key)
 
     def avoid(self, key: JobKey, nodes: Sequence[str], *, until: datetime) -> None:
@@ -186,11 +189,20 @@ class Placer:
             p.condition("Profiling", "True", reason="ProfilingNodes", message=profile_msg)
             self._publish(p)
             try:
-                record = plan_job(spec, candidates, name=f"{ns}/{name}",
-                                  inter_node=self._settings.inter_node, slots=slots)
+                made = self._planner.request(key, inputs=inputs, request=PlanRequest(
+                    spec=spec, candidates=tuple(candidates), name=f"{ns}/{name}",
+                    inter_node=self._settings.inter_node,
+                    slots=None if slots is None else tuple(slots)))
+                if isinstance(made, Planning):  # the planner wakes the job when it is done
+                    p.condition("Planned", "False", reason="Planning", message=made.message,
+                                event="Normal")
+                    return None  # the reservation is held while it plans
+                record = made
                 rendered = render_config_map(p.job, spec, record)
             except (Unsatisfiable, PlanTooLarge, PlannerError, ValidationError) as err:
-                reason = type(err).__name__ if isinstance(err, OperatorError) else "PlannerError"
+                reason = (err.reason if isinstance(err, Unsatisfiable)
+                          else type(err).__name__ if isinstance(err, OperatorError)
+                          else "PlannerError")
                 message = f"planner: {err}" if reason == "PlannerError" else str(err)
                 failed = (inputs, reason, message)
                 self._failed[key] = failed
@@ -219,11 +231,12 @@ class Placer:
         summary = plan_summary(record)
         p.update(**summary)
         speedup = record.predicted_speedup_over_i1f1b
-        p.condition("Planned", "True", reason="Planned",
+        reason, note, event = planned_reason(record)
+        p.condition("Planned", "True", reason=reason,
                     message=f"{record.strategy}: {summary['stages']} stages on "
                     f"{len(record.nodes)} ranks over {len(set(record.nodes))} node(s); "
                     f"predicted bubble {record.predicted_bubble_ratio:.3f}, speedup over i1f1b "
-                    f"{'n/a' if speedup is None else f'{speedup:.2f}x'}", event="Normal")
+                    f"{'n/a' if speedup is None else f'{speedup:.2f}x'}{note}", event=event)
         if p.status.phase in {"Profiling", "Queued"}:
             p.update(phase="Planned", message=None)
         return record

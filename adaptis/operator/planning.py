@@ -71,6 +71,10 @@ class PlanRecord(BaseModel):
     predicted_iteration_seconds: float
     predicted_bubble_ratio: float
     predicted_speedup_over_i1f1b: float | None = None
+    budget_reason: str | None = Field(
+        default=None, description="Set when the plan is not the full search's: TimeLimitReached "
+        "(the best found within spec.planner.timeLimitSeconds) or BaselineFallback.")
+    budget_note: str | None = Field(default=None, description="What budget_reason means here.")
 
     def gpus_by_node(self, *, gpus_per_worker: int) -> dict[str, int]:
         """The GPUs the plan holds on each node."""
@@ -100,8 +104,11 @@ class Slot:
 
 
 def spec_hash(spec: JobSpec) -> str:
-    """Digest of the spec fields that shape the plan and the pods (lifecycle fields excluded)."""
-    data = spec.model_dump(mode="json", exclude=set(_LIFECYCLE_FIELDS))
+    """Digest of the spec fields that shape the plan and the pods (lifecycle fields excluded,
+    and the planner's time limit: a new budget never restarts a running job)."""
+    exclude: dict[str, Any] = {f: True for f in _LIFECYCLE_FIELDS}
+    exclude["planner"] = {"time_limit_seconds"}
+    data = spec.model_dump(mode="json", exclude=exclude)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -222,21 +229,28 @@ def plan_job(
     name: str,
     inter_node: Link = DEFAULT_INTER_NODE,
     slots: Sequence[Slot] | None = None,
+    time_limit_s: float | None = None,
+    strategy: str | None = None,
 ) -> PlanRecord:
     """Plan on ``slots`` (chosen, and reserved, by the caller; by default
     :func:`choose_slots` of all the candidates' GPUs); raise :class:`Unsatisfiable` when no
-    feasible plan exists."""
+    feasible plan exists.
+
+    ``time_limit_s``: the planner's deadline (it keeps the best plan found by then);
+    ``strategy``: instead of spec.planner.strategy (a fallback; the record still belongs to
+    the spec)."""
     if slots is None:
         slots = choose_slots(candidates, spec=spec)
     problem = build_problem(spec, slots, inter_node=inter_node, name=name)
-    strategy = spec.planner.strategy
+    fallback = strategy is not None
+    strategy = strategy or spec.planner.strategy
     baseline = None
     if strategy == "adaptis":
         # The joint search scores every baseline anyway: take i1f1b from the same run.
-        _, outcomes = compare(problem)
+        _, outcomes = compare(problem, time_limit_s=time_limit_s, bound=False)
         outcome, baseline = outcomes["adaptis"], outcomes["i1f1b"]
     else:
-        outcome = plan_strategy(problem, strategy)
+        outcome = plan_strategy(problem, strategy, time_limit_s=time_limit_s)
     if outcome.plan is None or not outcome.result.feasible:
         reason = outcome.result.reason or "no reason given"
         if len(reason) > _MAX_REASON:  # one line per device: keep status and events readable
@@ -248,8 +262,9 @@ def plan_job(
     iteration = float(outcome.result.iteration_time or 0.0)
     speedup: float | None = None
     if strategy != "i1f1b":
-        baseline = baseline or plan_strategy(problem, "i1f1b")
-        if baseline.result.feasible and baseline.result.iteration_time and iteration > 0:
+        if baseline is None and not fallback:  # a fallback has no time left for a yardstick
+            baseline = plan_strategy(problem, "i1f1b", time_limit_s=time_limit_s)
+        if baseline is not None and baseline.result.feasible and baseline.result.iteration_time and iteration > 0:
             speedup = float(baseline.result.iteration_time) / iteration
     else:
         speedup = 1.0
@@ -271,6 +286,9 @@ def plan_job(
         predicted_bubble_ratio=float(outcome.result.bubble_ratio or 0.0),
         predicted_speedup_over_i1f1b=None if speedup is None or not math.isfinite(speedup)
         else round(speedup, 4),
+        budget_reason=None if outcome.result.cut_short is None else "TimeLimitReached",
+        budget_note=None if outcome.result.cut_short is None else
+        f"spec.planner.timeLimitSeconds ({time_limit_s:g} s) ran out: {outcome.result.cut_short}",
     )
 
 

@@ -41,6 +41,7 @@ from adaptis.operator.manifests import (
 from adaptis.operator.measuring import delete_job_profilers, job_profilers
 from adaptis.operator.passes import PassState, ReconcileSettings, Result
 from adaptis.operator.placement import Placer
+from adaptis.operator.plan_runner import InlinePlanner, Planner
 from adaptis.operator.planning import PlanRecord
 from adaptis.operator.profiler_pods import is_profiler_pod
 from adaptis.operator.status import (
@@ -76,6 +77,7 @@ class Reconciler:
         settings: ReconcileSettings | None = None,
         clock: Callable[[], datetime] | None = None,
         ledger: CapacityLedger | None = None,
+        planner: Planner | None = None,
     ) -> None:
         self._cluster = cluster
         # Shared by every reconcile worker: GPUs held by admitted jobs, and the waiting queue.
@@ -84,8 +86,9 @@ class Reconciler:
         self._clock = clock or (lambda: datetime.now(UTC))
         # What it keeps per job lives in memory only: a restarted operator tries once more,
         # which is what a user would want anyway.
+        # Where plans are made: in this thread by default, off it in the operator (plan_runner).
         self._placer = Placer(cluster, settings=self._settings, ledger=self._ledger,
-                              publish=self._write)
+                              planner=planner or InlinePlanner(), publish=self._write)
 
     def reconcile(self, namespace: str, name: str) -> Result:
         body = self._cluster.get_job(namespace, name)

@@ -20,6 +20,10 @@ closed forms on uniform stages, the greedy ones adapt to uneven stages and short
 as the ZB authors' own automatic scheduler does; that greedy lives in
 :mod:`adaptis.planner.zero_bubble` and is re-exported here.
 
+The ones that try several orders or chunk counts and keep the fastest take a ``deadline`` (a
+:func:`time.monotonic` value): past it they stop trying and keep the best tried so far, the
+first always (``adaptis plan --time-limit``, ``spec.planner.timeLimitSeconds``).
+
 When the model has fewer layers than a strategy needs stages, it runs on the first
 ``layers // chunks`` devices and the rest stay idle (as one would run Megatron there).
 """
@@ -28,11 +32,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Protocol
 
 from adaptis.api.plan import Action, Plan
 from adaptis.planner.costs import Costs
-from adaptis.planner.errors import PlannerError
+from adaptis.planner.errors import OutOfTime, PlannerError
 from adaptis.planner.partition import balanced_partition, megatron_partition
 from adaptis.planner.simulator import simulate
 from adaptis.planner.zero_bubble import Actions, zero_bubble_actions
@@ -56,7 +63,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Baseline = Callable[[Costs], Plan]
+class Baseline(Protocol):
+    """A baseline strategy: the plan of ``costs``; past ``deadline`` it tries nothing more."""
+
+    def __call__(self, costs: Costs, *, deadline: float | None = None) -> Plan: ...
 
 # Megatron users pick small chunk counts: each chunk adds a pipeline hop per microbatch.
 _MAX_CHUNKS = 16
@@ -122,7 +132,7 @@ def one_f_one_b_actions(*, devices: int, microbatches: int, split: bool = False)
     return out
 
 
-def gpipe(costs: Costs) -> Plan:
+def gpipe(costs: Costs, *, deadline: float | None = None) -> Plan:  # noqa: ARG001 - one plan: nothing to cut
     """GPipe with Megatron's partition: all forwards, then all (fused) backwards."""
     p = _pipeline_devices(costs, chunks=1, strategy="gpipe")
     stages = megatron_partition(costs, stages_count=p)
@@ -130,7 +140,7 @@ def gpipe(costs: Costs) -> Plan:
     return _plan(costs, stages=stages, owned=[[d] for d in range(p)], actions=acts, strategy="gpipe")
 
 
-def one_f_one_b(costs: Costs) -> Plan:
+def one_f_one_b(costs: Costs, *, deadline: float | None = None) -> Plan:  # noqa: ARG001 - one plan: nothing to cut
     """1F1B (PipeDream-flush) with Megatron's partition and a fused backward."""
     p = _pipeline_devices(costs, chunks=1, strategy="1f1b")
     stages = megatron_partition(costs, stages_count=p)
@@ -138,7 +148,7 @@ def one_f_one_b(costs: Costs) -> Plan:
     return _plan(costs, stages=stages, owned=[[d] for d in range(p)], actions=acts, strategy="1f1b")
 
 
-def balanced(costs: Costs) -> Plan:
+def balanced(costs: Costs, *, deadline: float | None = None) -> Plan:  # noqa: ARG001 - one plan: nothing to cut
     """1F1B on the partition that balances F+B+W per device speed (partition-only adaptation)."""
     p = _pipeline_devices(costs, chunks=1, strategy="balanced")
     stages = balanced_partition(costs, stages_count=p, speeds=costs.speed[:p])
@@ -232,23 +242,51 @@ def _memory_caps(
     return caps
 
 
-def _fastest(costs: Costs, plans: list[Plan]) -> Plan:
-    """The plan that fits in memory and runs fastest (the fastest overall if none fits)."""
-    sims = [simulate(costs, plan) for plan in plans]
-    best = min(range(len(plans)), key=lambda i: (not sims[i].feasible, sims[i].iteration_time))
-    return plans[best]
+def _fastest(costs: Costs, plans: Iterable[Callable[[], Plan]], *, deadline: float | None) -> Plan:
+    """The plan that fits in memory and runs fastest (the fastest overall if none fits).
+
+    ``plans`` are made one at a time (each may take seconds on a large problem); once
+    ``deadline`` has passed no further one is made, and the best of those tried wins.
+    """
+    best: tuple[tuple[bool, float], Plan] | None = None
+    for make in plans:
+        if best is not None and deadline is not None and time.monotonic() >= deadline:
+            log.info("%s: time limit reached, keeping the best order tried", best[1].strategy)
+            break
+        try:
+            plan = make()
+        except OutOfTime:
+            if best is None:
+                raise
+            log.info("%s: time limit reached while making an order", best[1].strategy)
+            break
+        sim = simulate(costs, plan)
+        key = (not sim.feasible, sim.iteration_time)
+        if best is None or key < best[0]:
+            best = (key, plan)
+    if best is None:
+        raise PlannerError("no order to try (internal error)")
+    return best[1]
 
 
 def _greedy_orders(
-    costs: Costs, *, stages: list[tuple[int, int]], owned: list[list[int]], caps: list[int]
-) -> list[Actions]:
+    costs: Costs, *, stages: list[tuple[int, int]], owned: list[list[int]], caps: list[int],
+    deadline: float | None,
+) -> list[Callable[[], Actions]]:
     """The eager-W and lazy-W greedy orders: the ZB heuristics try both kinds of gap filling."""
     return [
-        zero_bubble_actions(costs, stages=stages, owned=owned, caps=caps, lazy_w=lazy) for lazy in (False, True)
+        partial(zero_bubble_actions, costs, stages=stages, owned=owned, caps=caps, lazy_w=lazy,
+                deadline=deadline)
+        for lazy in (False, True)
     ]
 
 
-def zb_h1(costs: Costs) -> Plan:
+def _plan_of(costs: Costs, *, stages: list[tuple[int, int]], owned: list[list[int]],
+             order: Callable[[], Actions], strategy: str) -> Plan:
+    return _plan(costs, stages=stages, owned=owned, actions=order(), strategy=strategy)
+
+
+def zb_h1(costs: Costs, *, deadline: float | None = None) -> Plan:
     """Zero Bubble H1: 1F1B's partition and peak memory (``p`` microbatches), B/W split.
 
     The handcrafted order of :func:`zb_h1_actions` reaches the paper's bubble
@@ -263,13 +301,16 @@ def zb_h1(costs: Costs) -> Plan:
     owned = [[d] for d in range(p)]
     caps = _memory_caps(costs, stages=stages, owned=owned, want=p, least=[p - d for d in range(p)])
     m = costs.microbatches
-    orders = [zb_h1_actions(devices=p, microbatches=m), one_f_one_b_actions(devices=p, microbatches=m, split=True)]
-    orders += _greedy_orders(costs, stages=stages, owned=owned, caps=caps)
-    plans = [_plan(costs, stages=stages, owned=owned, actions=a, strategy="zb-h1") for a in orders]
-    return _fastest(costs, plans)
+    orders: list[Callable[[], Actions]] = [
+        lambda: zb_h1_actions(devices=p, microbatches=m),
+        lambda: one_f_one_b_actions(devices=p, microbatches=m, split=True),
+        *_greedy_orders(costs, stages=stages, owned=owned, caps=caps, deadline=deadline),
+    ]
+    return _fastest(costs, (partial(_plan_of, costs, stages=stages, owned=owned, order=o,
+                                    strategy="zb-h1") for o in orders), deadline=deadline)
 
 
-def zb_v(costs: Costs) -> Plan:
+def zb_v(costs: Costs, *, deadline: float | None = None) -> Plan:
     """Zero Bubble V: V-shaped placement of ``2p`` Megatron stages, B/W split.
 
     Every device may hold ``p`` microbatches through both its chunks (``2p`` chunk
@@ -282,10 +323,12 @@ def zb_v(costs: Costs) -> Plan:
     stages = megatron_partition(costs, stages_count=2 * p)
     owned = [[d, 2 * p - 1 - d] for d in range(p)]
     caps = _memory_caps(costs, stages=stages, owned=owned, want=2 * p, least=[2] * p)
-    orders = [zb_v_actions(devices=p, microbatches=costs.microbatches)]
-    orders += _greedy_orders(costs, stages=stages, owned=owned, caps=caps)
-    plans = [_plan(costs, stages=stages, owned=owned, actions=a, strategy="zb-v") for a in orders]
-    return _fastest(costs, plans)
+    orders: list[Callable[[], Actions]] = [
+        lambda: zb_v_actions(devices=p, microbatches=costs.microbatches),
+        *_greedy_orders(costs, stages=stages, owned=owned, caps=caps, deadline=deadline),
+    ]
+    return _fastest(costs, (partial(_plan_of, costs, stages=stages, owned=owned, order=o,
+                                    strategy="zb-v") for o in orders), deadline=deadline)
 
 
 # --- Megatron interleaved 1F1B -----------------------------------------------------------------
@@ -324,7 +367,7 @@ def _chunk_candidates(costs: Costs, *, devices: int) -> list[int]:
     return [v for v in range(2, _MAX_CHUNKS + 1) if v * devices <= costs.layers]
 
 
-def interleaved_1f1b(costs: Costs) -> Plan:
+def interleaved_1f1b(costs: Costs, *, deadline: float | None = None) -> Plan:
     """Megatron interleaved 1F1B with the best chunk count ``v >= 2`` the layers allow.
 
     "Best": every ``v`` that leaves each stage a layer (up to 16) is simulated, the fastest
@@ -333,13 +376,16 @@ def interleaved_1f1b(costs: Costs) -> Plan:
     :func:`megatron_partition`'s remainder rule), which can only make the baseline stronger.
     """
     p = _pipeline_devices(costs, chunks=2, strategy="i1f1b")
-    plans = []
-    for v in _chunk_candidates(costs, devices=p):
+
+    def chunked(v: int) -> Plan:
         stages = megatron_partition(costs, stages_count=v * p)
         owned = [[k * p + d for k in range(v)] for d in range(p)]
         acts = interleaved_actions(devices=p, chunks=v, microbatches=costs.microbatches)
-        plans.append(_plan(costs, stages=stages, owned=owned, actions=acts, strategy="i1f1b"))
-    return _fastest(costs, plans)
+        return _plan(costs, stages=stages, owned=owned, actions=acts, strategy="i1f1b")
+
+    # Fewest chunks first: Megatron's usual choice, and the cheapest to simulate.
+    return _fastest(costs, (partial(chunked, v) for v in _chunk_candidates(costs, devices=p)),
+                    deadline=deadline)
 
 
 BASELINES: dict[str, Baseline] = {

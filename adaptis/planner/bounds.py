@@ -36,6 +36,7 @@ the optimum of that assignment problem is below every plan's iteration time.
 from __future__ import annotations
 
 import math
+import time
 from bisect import bisect_right
 from itertools import accumulate
 
@@ -73,8 +74,11 @@ def pipeline_bound(costs: Costs) -> float:
     return max(spread, heaviest, chain, per_layer / vmax)
 
 
-def assignment_bound(costs: Costs) -> float:
-    """A lower bound on the least max per-device work over any layer -> device assignment."""
+def assignment_bound(costs: Costs, *, deadline: float | None = None) -> float:
+    """A lower bound on the least max per-device work over any layer -> device assignment.
+
+    Past ``deadline`` (:func:`time.monotonic`) the bisection stops where it is: its lower end
+    is a bound already, only a looser one (seconds are spent here on thousands of layers)."""
     m = costs.microbatches
     work = sorted(m * (f + bw) for f, bw in zip(costs.forward, costs.least_backward()))
     speeds = sorted(costs.speed)
@@ -86,14 +90,17 @@ def assignment_bound(costs: Costs) -> float:
     hi = _greedy_makespan(work, speeds)  # a real assignment: passes every necessary test
     for _ in range(8):  # only float rounding can fail a real assignment's makespan
         if _may_fit(work, speeds, hi):
-            return _bisect(work, speeds, lo=lo, hi=hi)
+            return _bisect(work, speeds, lo=lo, hi=hi, deadline=deadline)
         hi = math.nextafter(hi, math.inf) * (1 + _REL_TOL)
     return lo  # still a bound: spread and heaviest
 
 
-def _bisect(work: list[float], speeds: list[float], *, lo: float, hi: float) -> float:
+def _bisect(work: list[float], speeds: list[float], *, lo: float, hi: float,
+            deadline: float | None = None) -> float:
     """The largest T found with ``_may_fit`` false (``lo`` fails, ``hi`` passes)."""
     while hi - lo > _REL_TOL * hi:
+        if deadline is not None and time.monotonic() >= deadline:
+            break
         mid = (lo + hi) / 2
         if _may_fit(work, speeds, mid):
             hi = mid

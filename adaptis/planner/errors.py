@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DeadlockError", "PlannerError"]
+__all__ = ["DeadlockError", "OutOfTime", "PlannerError"]
 
 
 class PlannerError(Exception):
@@ -18,3 +18,11 @@ class DeadlockError(PlannerError):
     def __init__(self, message: str, *, waiting: tuple[object, ...] = ()) -> None:
         super().__init__(message)
         self.waiting = waiting
+
+
+class OutOfTime(PlannerError):
+    """The caller's deadline passed in the middle of a step (one list schedule).
+
+    Raised only inside the planner and caught by whoever set the deadline
+    (:mod:`adaptis.planner.search`), which keeps the best plan found before it.
+    """

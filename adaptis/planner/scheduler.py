@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from collections import deque
 from dataclasses import dataclass
 
 from adaptis.planner.costs import Costs
-from adaptis.planner.errors import PlannerError
+from adaptis.planner.errors import OutOfTime, PlannerError
 
 __all__ = ["Policy", "Schedule", "list_schedule"]
 
@@ -49,8 +50,13 @@ def list_schedule(
     stages: list[tuple[int, int]],
     owner: list[int],
     policy: Policy = Policy(),
+    deadline: float | None = None,
 ) -> Schedule:
-    """Schedule every microbatch's F/B/W for ``stages`` placed as ``owner[s]`` (a device)."""
+    """Schedule every microbatch's F/B/W for ``stages`` placed as ``owner[s]`` (a device).
+
+    ``deadline`` (a :func:`time.monotonic` value): raise :class:`OutOfTime` once it passes;
+    one schedule of a 64-device x 4096-microbatch problem alone can take minutes.
+    """
     sc = costs.stage_costs(stages)
     m = costs.microbatches
     n_st = len(stages)
@@ -113,7 +119,12 @@ def list_schedule(
     push = heapq.heappush
     pop = heapq.heappop
 
+    steps = 0
     while remaining:
+        steps += 1
+        # Every 4096 steps: the clock costs next to nothing at that rate.
+        if deadline is not None and not steps & 4095 and time.monotonic() >= deadline:
+            raise OutOfTime("the time limit ran out during a list schedule")
         if not events:
             raise PlannerError("list scheduler made no progress (internal error)")
         t, d = pop(events)

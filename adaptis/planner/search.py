@@ -8,6 +8,10 @@ the other schedule policies (scheduling), keep a move only if the simulated iter
 improves, roll back otherwise. It is not brute force: each candidate costs one list-schedule,
 and the number of candidates is bounded (``max_evaluations``).
 
+It is an anytime search: with a ``deadline`` it stops when the deadline passes (between
+candidates, or inside one list schedule) and returns the best candidate scheduled so far,
+marked ``cut_short``; the structures most likely to win are tried first.
+
 Placement patterns (device sequences over the stages, in model order):
 ``looped`` (Megatron: s mod p), ``vshape`` (rounds alternate direction, as ZB-V), and
 ``isolated`` variants whose last stage (the head) has a device of its own, the fastest, while
@@ -18,11 +22,13 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from itertools import accumulate
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from adaptis.planner.costs import Costs
+from adaptis.planner.errors import OutOfTime
 from adaptis.planner.partition import balanced_partition
 from adaptis.planner.scheduler import Policy, Schedule, list_schedule
 
@@ -43,6 +49,7 @@ class SearchResult:
     policy: Policy
     evaluations: int
     pattern: str
+    cut_short: bool = False  # the deadline stopped the search before its budget ran out
 
 
 @dataclass(slots=True)
@@ -174,25 +181,62 @@ def joint_search(
     incumbent: float = math.inf,
     max_evaluations: int | None = None,
     on_progress: Callable[[int, int, float], None] | None = None,
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> SearchResult | None:
-    """Best partition, placement and schedule found; None if no candidate fits in memory.
+    """Best partition, placement and schedule found; None if no candidate fits in memory
+    (or none was scheduled before ``deadline``, a :func:`time.monotonic` value).
 
     ``incumbent`` is the best baseline's iteration time: only logged against, the caller keeps
-    whichever is better.
+    whichever is better. ``clock`` reads the time the deadline is checked against between
+    candidates (inside a list schedule it is :func:`time.monotonic`).
     """
     patterns = _patterns(costs)
-    budget = max_evaluations or (len(patterns) + 27)
+    # One list so that phase 1's extra candidates raise the budget the progress shows too.
+    budget = [max_evaluations or (len(patterns) + 27)]
     evals = 0
 
-    def run(pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy) -> _Candidate:
-        nonlocal evals
-        evals += 1
-        sched = list_schedule(costs, stages=stages, owner=owner, policy=policy)
-        best_t = min(best.time if best else math.inf, sched.iteration_time if sched.feasible else math.inf)
-        if on_progress:
-            on_progress(evals, budget, best_t)
-        return _Candidate(pattern, owner, stages, sched, policy)
+    # The best candidate scheduled so far, whichever phase made it: what a deadline returns.
+    champion: _Candidate | None = None
 
+    def run(pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy) -> _Candidate:
+        nonlocal evals, champion
+        if deadline is not None and clock() >= deadline:
+            raise OutOfTime("the time limit ran out between candidates")
+        evals += 1
+        sched = list_schedule(costs, stages=stages, owner=owner, policy=policy, deadline=deadline)
+        cand = _Candidate(pattern, owner, stages, sched, policy)
+        if champion is None or cand.time < champion.time:
+            champion = cand
+        if on_progress:
+            on_progress(evals, budget[0], champion.time)
+        return cand
+
+    try:
+        best = _phases(costs, run=run, patterns=patterns, evals=lambda: evals, budget=budget)
+    except OutOfTime:
+        if champion is None or champion.time == math.inf:
+            log.info("search: the time limit ran out before any candidate fit (%d evaluations)", evals)
+            return None
+        log.info("search: cut short by the time limit after %d evaluations", evals)
+        return SearchResult(champion.stages, champion.owner, champion.schedule, champion.policy,
+                            evals, champion.pattern, cut_short=True)
+    if best is None:
+        return None
+    log.debug("search: %s, %d stages, %.4g (baseline %.4g), %d evaluations",
+              best.pattern, len(best.stages), best.time, incumbent, evals)
+    return SearchResult(best.stages, best.owner, best.schedule, best.policy, evals, best.pattern)
+
+
+def _phases(
+    costs: Costs,
+    *,
+    run: Callable[[str, list[int], list[tuple[int, int]], Policy], _Candidate],
+    patterns: list[tuple[str, list[int]]],
+    evals: Callable[[], int],
+    budget: list[int],
+) -> _Candidate | None:
+    """Structures, policies, then partition moves: the best candidate, None if none fits."""
     best: _Candidate | None = None
     # Phase 1: structure (placement pattern x stage count) with balanced partitions.
     ranked: list[_Candidate] = []
@@ -223,7 +267,7 @@ def joint_search(
                 costs, stages_count=len(owner), speeds=[costs.speed[d] for d in owner], spread=True
             )
             if even != stages:
-                budget += 1
+                budget[0] += 1
                 other = run(name, owner, even, POLICIES[0])
                 if other.time < cand.time:
                     cand = other
@@ -236,7 +280,7 @@ def joint_search(
     # Packed structures: balanced stages first, then any placement (longest stage first onto
     # the least loaded device, by time): non-contiguous, uneven stage counts per device.
     for k in range(2, 5):
-        if k * costs.devices > costs.layers or evals >= budget:
+        if k * costs.devices > costs.layers or evals() >= budget[0]:
             break
         stages = balanced_partition(costs, stages_count=k * costs.devices)
         owner = _pack(costs, stages=stages, pre=pre)
@@ -248,7 +292,7 @@ def joint_search(
     # Phase 2: scheduling policies on the three best structures.
     for cand in ranked[:3]:
         for policy in POLICIES[1:]:
-            if evals >= budget:
+            if evals() >= budget[0]:
                 break
             trial = run(cand.pattern, cand.owner, cand.stages, policy)
             if best is None or trial.time < best.time:
@@ -256,10 +300,7 @@ def joint_search(
     if best is None or best.time == math.inf:
         return None
     # Phase 3: partition moves (the bottleneck first, then any boundary), kept only when the simulation improves.
-    best = _refine(costs, best=best, run=run, budget=budget, evals=lambda: evals)
-    log.debug("search: %s, %d stages, %.4g (baseline %.4g), %d evaluations",
-              best.pattern, len(best.stages), best.time, incumbent, evals)
-    return SearchResult(best.stages, best.owner, best.schedule, best.policy, evals, best.pattern)
+    return _refine(costs, best=best, run=run, budget=budget[0], evals=evals)
 
 
 def _refine(

@@ -5,6 +5,14 @@ contract's strategy names; ``compare(problem)`` runs them all. ``adaptis`` start
 baseline and never returns a plan slower than it or one that exceeds a device's memory; when
 neither the baselines nor the search fit, it tries :func:`adaptis.planner.feasibility.memory_fallback`.
 
+``time_limit_s`` bounds a call (baselines and search together; None: no limit): the
+baselines run cheapest first within the first half of it (the first always runs; later ones
+are skipped once the half has passed), the joint search returns the best candidate it
+scheduled by the end, and the adaptis result says so in ``cut_short``; past the limit,
+``compare``'s lower bound is the pipeline terms (1-4) only. The search keeps at
+least half the time because where no baseline fits in memory it alone can find a plan. The limit is checked between steps and every few thousand
+scheduler steps, so a call overruns it by at most one baseline's simulation.
+
 The lower bound (``lower_bound``) is the largest of five limits no plan can beat:
 1. all work spread perfectly: sum of F+B+W over layers x microbatches / sum of device speeds;
 2. the heaviest layer on the fastest device: its F+B+W x microbatches / max speed (a layer
@@ -54,9 +62,10 @@ class Outcome:
     result: StrategyResult
 
 
-def lower_bound(costs: Costs) -> float:
-    """The largest of the pipeline terms and the granularity term (:mod:`adaptis.planner.bounds`)."""
-    return max(pipeline_bound(costs), assignment_bound(costs))
+def lower_bound(costs: Costs, *, deadline: float | None = None) -> float:
+    """The largest of the pipeline terms and the granularity term (:mod:`adaptis.planner.bounds`);
+    past ``deadline`` the granularity term is the loosest it has found so far."""
+    return max(pipeline_bound(costs), assignment_bound(costs, deadline=deadline))
 
 
 def _outcome(name: str, costs: Costs, plan: Plan, seconds: float) -> Outcome:
@@ -86,32 +95,73 @@ def _outcome(name: str, costs: Costs, plan: Plan, seconds: float) -> Outcome:
     return Outcome(name, plan, sim, result)
 
 
-def _baselines(costs: Costs) -> dict[str, Outcome]:
-    out = {}
-    for name, make in BASELINES.items():
+@dataclass(frozen=True, slots=True)
+class _Limit:
+    """A call's time limit: the seconds asked for and the :func:`time.monotonic` deadline."""
+
+    seconds: float | None
+    deadline: float | None
+    baselines_until: float | None  # the end of the baselines' share
+
+    @classmethod
+    def start(cls, seconds: float | None) -> _Limit:
+        if seconds is None:
+            return cls(None, None, None)
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise PlannerError(f"time limit: {seconds} s; give a positive number of seconds")
+        now = time.monotonic()
+        return cls(seconds, now + seconds, now + seconds / 2)
+
+    def passed(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def baselines_passed(self) -> bool:
+        return self.baselines_until is not None and time.monotonic() >= self.baselines_until
+
+
+# The order baselines run in under a time limit: one-order ones first (1F1B and balanced are
+# also the strongest of those), then those that try several orders or chunk counts.
+_CHEAPEST_FIRST = ("1f1b", "balanced", "gpipe", "zb-h1", "zb-v", "i1f1b")
+
+
+def _baselines(costs: Costs, limit: _Limit = _Limit(None, None, None)) -> dict[str, Outcome]:
+    out: dict[str, Outcome] = {}
+    order = [n for n in _CHEAPEST_FIRST if n in BASELINES] + [
+        n for n in BASELINES if n not in _CHEAPEST_FIRST]
+    for name in order:
+        make = BASELINES[name]
+        if out and limit.baselines_passed():
+            out[name] = Outcome(name, None, None, StrategyResult(
+                feasible=False, reason=f"not tried: the baselines' half of the time limit "
+                                       f"({limit.seconds:g} s) ran out"))
+            continue
         t0 = time.perf_counter()
         try:
-            plan = make(costs)
+            plan = make(costs, deadline=limit.baselines_until)
         except PlannerError as err:  # e.g. i1f1b on a 1-layer model: infeasible, not a crash
             log.info("%s: %s", name, err)
             out[name] = Outcome(name, None, None, StrategyResult(feasible=False, reason=str(err)))
             continue
         out[name] = _outcome(name, costs, plan, time.perf_counter() - t0)
-    return out
+    return {name: out[name] for name in BASELINES}  # the contract's order, whatever ran first
 
 
-def _adaptis(costs: Costs, baselines: dict[str, Outcome], on_progress: Progress | None) -> Outcome:
+def _adaptis(costs: Costs, baselines: dict[str, Outcome], *, on_progress: Progress | None,
+             limit: _Limit) -> Outcome:
     t0 = time.perf_counter()
     feasible = [o for o in baselines.values() if o.result.feasible and o.plan is not None]
     incumbent = min(feasible, key=lambda o: o.result.iteration_time or 0.0, default=None)
-    found = joint_search(
+    found = None if limit.passed() else joint_search(
         costs,
         incumbent=incumbent.result.iteration_time if incumbent else float("inf"),
         on_progress=on_progress,
+        deadline=limit.deadline,
     )
+    # Cut: the search said so, or never ran / found nothing because the limit had passed.
+    cut = found.cut_short if found is not None else limit.passed()
     best = incumbent
     tried = [] if found is None else [(found.stages, found.owner, found.schedule)]
-    if found is None and incumbent is None:
+    if found is None and incumbent is None and not cut:
         # Nothing fits: cut by memory (devices may stay empty), fewer microbatches in flight.
         fallback = memory_fallback(costs)
         tried = [] if fallback is None else [fallback]
@@ -128,11 +178,26 @@ def _adaptis(costs: Costs, baselines: dict[str, Outcome], on_progress: Progress 
             best = cand
     seconds = time.perf_counter() - t0
     if best is None:
+        reason = _least_memory_reason(costs, baselines)
+        if cut:
+            reason = f"the time limit ({limit.seconds:g} s) ran out before any plan fit; {reason}"
         return Outcome("adaptis", None, None, StrategyResult(
-            feasible=False, reason=_least_memory_reason(costs, baselines), search_seconds=seconds))
+            feasible=False, reason=reason, search_seconds=seconds,
+            cut_short="no plan: the time limit ran out first" if cut else None))
     assert best.plan is not None and best.simulation is not None  # invariant, not user input
+    note = None
+    skipped = [n for n, o in baselines.items() if (o.result.reason or "").startswith("not tried")]
+    if cut or skipped:
+        evals = 0 if found is None else found.evaluations
+        unseen = f"; baselines not tried: {', '.join(skipped)}" if skipped else ""
+        searched = (f"the search ran to its end ({evals} candidates)" if not cut
+                    else f"{evals} search candidates")
+        note = (f"the best plan found within the time limit ({limit.seconds:g} s): the joint "
+                f"search's ({searched}){unseen}" if best.name == "adaptis" else
+                f"the best baseline ({best.name}) found within the time limit "
+                f"({limit.seconds:g} s), {searched}{unseen}")
     plan = best.plan.model_copy(update={"strategy": "adaptis"})
-    result = best.result.model_copy(update={"search_seconds": seconds})
+    result = best.result.model_copy(update={"search_seconds": seconds, "cut_short": note})
     return Outcome("adaptis", plan, best.simulation, result)
 
 
@@ -160,28 +225,41 @@ def _least_memory_reason(costs: Costs, seen: dict[str, Outcome]) -> str:
             f"({ratio:.2f}x); {every}")
 
 
-def plan_strategy(problem: Problem, name: str, *, on_progress: Progress | None = None) -> Outcome:
-    """Plan ``problem`` with strategy ``name`` (one of the contract's names)."""
+def plan_strategy(problem: Problem, name: str, *, on_progress: Progress | None = None,
+                  time_limit_s: float | None = None) -> Outcome:
+    """Plan ``problem`` with strategy ``name`` (one of the contract's names), within
+    ``time_limit_s`` seconds if given (see the module's docstring)."""
     if name not in STRATEGY_NAMES:
         raise PlannerError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGY_NAMES)}")
+    limit = _Limit.start(time_limit_s)
     costs = Costs.from_problem(problem)
     if name == "adaptis":
-        return _adaptis(costs, _baselines(costs), on_progress)
+        return _adaptis(costs, _baselines(costs, limit), on_progress=on_progress, limit=limit)
     t0 = time.perf_counter()
-    return _outcome(name, costs, BASELINES[name](costs), time.perf_counter() - t0)
+    plan = BASELINES[name](costs, deadline=limit.deadline)
+    return _outcome(name, costs, plan, time.perf_counter() - t0)
 
 
 def compare(
-    problem: Problem, *, on_progress: Progress | None = None
+    problem: Problem, *, on_progress: Progress | None = None, time_limit_s: float | None = None,
+    bound: bool = True,
 ) -> tuple[Comparison, dict[str, Outcome]]:
-    """Every strategy of the contract, ``adaptis`` first."""
+    """Every strategy of the contract, ``adaptis`` first, within ``time_limit_s`` if given.
+
+    ``bound=False``: the comparison's lower bound is 0 (trivially true), for callers that use
+    only the outcomes; the granularity term takes seconds on thousands of layers."""
+    limit = _Limit.start(time_limit_s)
     costs = Costs.from_problem(problem)
-    baselines = _baselines(costs)
-    outcomes = {"adaptis": _adaptis(costs, baselines, on_progress), **baselines}
+    baselines = _baselines(costs, limit)
+    outcomes = {"adaptis": _adaptis(costs, baselines, on_progress=on_progress, limit=limit),
+                **baselines}
     comparison = Comparison(
         name=problem.name,
         time_unit=problem.time_unit,
-        lower_bound=lower_bound(costs),
+        # Past the limit, the granularity term (seconds on thousands of layers) is left out:
+        # the pipeline terms alone are still a lower bound, only a looser one.
+        lower_bound=0.0 if not bound else pipeline_bound(costs) if limit.passed()
+        else lower_bound(costs, deadline=limit.deadline),
         strategies={name: o.result for name, o in outcomes.items()},
     )
     return comparison, outcomes

@@ -10,10 +10,11 @@ is the simulator's job.
 from __future__ import annotations
 
 import math
+import time
 
 from adaptis.api.plan import Action
 from adaptis.planner.costs import Costs
-from adaptis.planner.errors import PlannerError
+from adaptis.planner.errors import OutOfTime, PlannerError
 
 __all__ = ["Actions", "zero_bubble_actions"]
 
@@ -62,6 +63,7 @@ def zero_bubble_actions(
     owned: list[list[int]],
     caps: list[int],
     lazy_w: bool = False,
+    deadline: float | None = None,
 ) -> Actions:
     """The F/B/W order of a Zero Bubble schedule, built by replaying time as the simulator does.
 
@@ -131,7 +133,13 @@ def zero_bubble_actions(
         return (start, prio, kind, s)
 
     plan: list[tuple[float, tuple[int, int, int], str, int] | None] = [decide(d) for d in range(len(owned))]
+    steps = 0
     while any(left):
+        steps += 1
+        # ``deadline`` (time.monotonic): a 32 x 512 order alone takes seconds; read the clock
+        # every 1024 steps only.
+        if deadline is not None and not steps & 1023 and time.monotonic() >= deadline:
+            raise OutOfTime("the time limit ran out during a zero bubble order")
         ready = [(c[0], d) for d, c in enumerate(plan) if c is not None and left[d]]
         if not ready:
             raise PlannerError("zero bubble schedule made no progress (internal error)")

@@ -69,6 +69,8 @@ CASES = [
          "spec.model.blocks[3].topK", (".spec.model.blocks[]", ".topK")),
     Case("more-workers-than-layers", {"spec.parallelism.workers": 40},
          "spec.parallelism.workers", (".spec", ".parallelism.workers")),
+    Case("more-blocks-than-can-be-planned", {"spec.model.blocks.0.count": 4096},
+         "spec.model.blocks", (".spec", ".model.blocks")),
     Case("zb-v-needs-two-layers-per-rank",
          {"spec.parallelism.workers": 6, "spec.planner.strategy": "zb-v"},
          "spec.planner.strategy", (".spec", ".planner.strategy")),

@@ -61,7 +61,7 @@ def test_bounds_enums_nullable_and_pass_through_objects() -> None:
     nodes = dict(_walk(_schema()))
     assert nodes[".spec.parallelism.properties.workers".replace(".properties", "")]["minimum"] == 1
     workers = nodes[".spec.parallelism.workers"]
-    assert workers["minimum"] == 1 and workers["maximum"] == 4096
+    assert workers["minimum"] == 1 and workers["maximum"] == 128
     assert nodes[".spec.planner.strategy"]["enum"][0] == "adaptis"
     assert nodes[".spec.training.gradClip"]["nullable"] is True
     assert nodes[".spec.training.gradClip"]["exclusiveMinimum"] is True
