@@ -43,9 +43,14 @@ def _free(ledger: CapacityLedger, cluster: Cluster, *, key: JobKey,
 
 
 def hold_placement(ledger: CapacityLedger, cluster: Cluster, *, key: JobKey, record: PlanRecord,
-                   candidates: Sequence[NodeProfile], gpus_per_worker: int) -> bool:
+                   candidates: Sequence[NodeProfile], gpus_per_worker: int,
+                   by_kueue: bool = False) -> bool:
     """Reserve the GPUs of a cached plan if they are still free (the job's own pods count as
-    free to it); False: another pod or job holds some of them now, so plan again."""
+    free to it); False: another pod or job holds some of them now, so plan again.
+    ``by_kueue``: Kueue admits the job (spec.queueName), the plan stands and nothing is
+    reserved: its pods count once Kueue lets them be scheduled."""
+    if by_kueue:
+        return True
     need = record.gpus_by_node(gpus_per_worker=gpus_per_worker)
     with ledger.admission():
         if ledger.reservation(key) == need:
@@ -66,6 +71,11 @@ def admit(ledger: CapacityLedger, cluster: Cluster, *, key: JobKey, spec: JobSpe
     """Slots on free GPUs, reserved for the job, or why it waits (it is then queued).
     ``own``: the job's profiler pods, whose GPUs are its own (they go once it is planned).
 
+    A job with ``spec.queueName`` is Kueue's to queue: it never waits here and holds no
+    reservation (its gated pods hold nothing; admitted, they count like anyone's pods). Its
+    slots are free GPUs when there are enough, else any of the candidates': if they are taken
+    when Kueue admits it, the unschedulable re-plan moves it.
+
     Raises :class:`~adaptis.operator.errors.Unsatisfiable` when the candidates could not hold
     the job even if they were empty.
     """
@@ -75,6 +85,11 @@ def admit(ledger: CapacityLedger, cluster: Cluster, *, key: JobKey, spec: JobSpe
         choose_slots(candidates, spec=spec)  # raises Unsatisfiable with the counts
     order = QueueOrder.of(key, priority=cluster.priority_of(spec.worker.priority_class_name),
                           created=created)
+    if spec.queue_name:
+        with ledger.admission():
+            free = _free(ledger, cluster, key=key, candidates=candidates, own=own)
+        fits = count_slots(candidates, spec=spec, free=free) >= workers
+        return choose_slots(candidates, spec=spec, free=free if fits else None)
     with ledger.admission():
         free = _free(ledger, cluster, key=key, candidates=candidates, own=own)
         blocker = ledger.blocker(key, order=order)

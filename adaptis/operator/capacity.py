@@ -95,6 +95,8 @@ def _pod_node(pod: Mapping[str, Any]) -> str | None:
     node = (pod.get("spec") or {}).get("nodeName")
     if node:
         return str(node)
+    if (pod.get("spec") or {}).get("schedulingGates"):
+        return None  # held back by admission (Kueue's quota): it holds no GPU until released
     # Our own pods hold their pinned node from creation on, bound or not.
     meta = pod.get("metadata") or {}
     if (meta.get("labels") or {}).get(LABEL_MANAGED_BY) == MANAGED_BY:

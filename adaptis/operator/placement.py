@@ -134,7 +134,8 @@ class Placer:
         if cached is not None and cached.still_valid(spec_hash_now=shash, candidates=by_name) \
                 and (gpw == 0 or hold_placement(self._ledger, self._cluster, key=key,
                                                 record=cached, candidates=candidates,
-                                                gpus_per_worker=gpw)):
+                                                gpus_per_worker=gpw,
+                                                by_kueue=bool(spec.queue_name))):
             self._admitted(p, workers=len(cached.nodes))
             return cached
 

@@ -185,3 +185,26 @@ def test_a_placement_that_stays_unschedulable_is_replanned_without_that_node(
     assert job["status"]["replans"] == 1
     assert not _nodes_of(cluster, "a") & first
     assert len(cluster.pods()) == 2
+
+
+def test_a_job_kueue_holds_back_holds_no_gpus(cluster: Any, make_job: Any) -> None:
+    # A job with a queueName is Kueue's to queue: the operator plans it (on free GPUs when
+    # there are enough) but reserves nothing, and its gated pods hold no GPU.
+    body = _job(make_job, "kueued", workers=6)
+    body["spec"]["queueName"] = "team-a"
+    cluster.add_job(body)
+    cluster.add_job(_job(make_job, "direct", workers=6, created="2026-01-01T00:01:00Z"))
+    rec = Reconciler(cluster, ledger=CapacityLedger(snapshot_ttl_s=0))  # every pass lists pods
+    rec.reconcile("ns", "kueued")
+    for pod in cluster.pods():  # what Kueue's webhook does to them at creation
+        pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    rec.reconcile("ns", "kueued")
+    assert cluster.job("kueued")["status"]["phase"] != "Queued"
+    rec.reconcile("ns", "direct")  # all 8 GPUs are idle: it runs, not WaitingForCapacity
+    assert cluster.job("direct")["status"]["phase"] == "Planned"
+    # Released by Kueue, the ranks hold their pinned GPUs: a third job waits for them.
+    for pod in cluster.pods():
+        pod["spec"].pop("schedulingGates", None)
+    cluster.add_job(_job(make_job, "third", workers=3, created="2026-01-01T00:02:00Z"))
+    rec.reconcile("ns", "third")
+    assert cluster.job("third")["status"]["phase"] == "Queued"
