@@ -11,12 +11,17 @@ kwok), with the operator as the subprocess a user runs. Scenarios:
   5-20 s (kwok completes them), ``--jobs`` arrive at once and as many again arrive one every
   ``--arrival-seconds``; figures: makespan, jobs finished per minute, queue wait (pods created
   minus job created) median and max, GPU busy share, jobs never started (starved).
+- ``large``: the largest spec the CRD allows one asks for (64 workers, 4096 blocks, 4096
+  microbatches, ``timeLimitSeconds`` 30) is applied, and while it plans ``--jobs`` small jobs;
+  figures: each small job's apply -> Running, the large job's apply -> Planned and how its
+  plan ended, operator (and planner process) peak memory against the chart's limit.
 
 Usage (builds or reuses the control-plane binaries):
 
     ~/.cache/adaptis/venv/bin/python bench/operator_shared.py static --nodes 128 --jobs 40
     ~/.cache/adaptis/venv/bin/python bench/operator_shared.py static --nodes 512 --jobs 100
     ~/.cache/adaptis/venv/bin/python bench/operator_shared.py churn --jobs 40
+    ~/.cache/adaptis/venv/bin/python bench/operator_shared.py large --nodes 16 --jobs 5
 
 Prints one table; the machine's load average is printed with it (figures taken while the
 load is above the core count are marked as not to be trusted).
@@ -50,7 +55,7 @@ from benchkit import (  # noqa: E402
 )
 
 NS = "bench"
-CHART_MEMORY_LIMIT_MIB = 512  # charts/adaptis/values.yaml operator.resources.limits.memory
+CHART_MEMORY_LIMIT_MIB = 2048  # charts/adaptis/values.yaml operator.resources.limits.memory
 
 
 def job(name: str, *, workers: int, gpus: int, run_s: int) -> dict[str, Any]:
@@ -178,9 +183,62 @@ def churn(cp: ControlPlane, op: Operator, args: argparse.Namespace) -> dict[str,
     }
 
 
+def large(cp: ControlPlane, op: Operator, args: argparse.Namespace) -> dict[str, Any]:
+    big = job("large", workers=64, gpus=1, run_s=3600)
+    big["spec"]["model"]["blocks"] = [{"kind": "attention", "count": 4096}]
+    big["spec"]["training"]["microbatches"] = 4096
+    big["spec"]["planner"] = {"timeLimitSeconds": 30}
+    smalls = [job(f"small-{i}", workers=2, gpus=1, run_s=3600) for i in range(args.jobs)]
+    cpu0 = op.cpu_seconds()
+    t0 = time.monotonic()
+    _apply(cp, [big])
+
+    def planning() -> bool:
+        op.sample()
+        cond = {c["type"]: c for c in statuses(cp)["large"].get("conditions", [])}
+        return cond.get("Planned", {}).get("reason") == "Planning"
+
+    wait_until(planning, timeout=120, interval=0.5, what="the large job planning")
+    t_small = time.monotonic()
+    _apply(cp, smalls)
+    started: dict[str, float] = {}
+    big_planned: float | None = None
+    last: dict[str, dict[str, Any]] = {}
+
+    def settled() -> bool:
+        nonlocal big_planned, last
+        op.sample()
+        last = statuses(cp)
+        now = time.monotonic()
+        for spec in smalls:
+            name = spec["metadata"]["name"]
+            if name not in started and last.get(name, {}).get("phase") == "Running":
+                started[name] = now - t_small
+        planned = {c["type"]: c for c in last["large"].get("conditions", [])}.get("Planned", {})
+        if big_planned is None and planned.get("reason") not in {None, "Planning"}:
+            big_planned = now - t0  # planned, cut short, fallen back, or refused
+        return len(started) == len(smalls) and big_planned is not None
+
+    wait_until(settled, timeout=args.timeout, interval=0.5,
+               what="the small jobs Running and the large one planned")
+    planned = {c["type"]: c for c in last["large"].get("conditions", [])}["Planned"]
+    return {
+        "scenario": f"large: 64 workers x 4096 blocks x 4096 microbatches (timeLimitSeconds 30), "
+                    f"then {len(smalls)} small jobs while it plans, {args.nodes} nodes x 8 GPUs",
+        "small jobs apply -> Running, max (s)": round(max(started.values()), 1),
+        "small jobs Running before the large plan ended": sum(
+            t + (t_small - t0) < (big_planned or 0) for t in started.values()),
+        "large apply -> plan ended (s)": round(big_planned or 0, 1),
+        "large plan": f"{planned['status']} {planned['reason']}",
+        "operator CPU (s)": round(op.cpu_seconds() - cpu0, 1),
+        "operator peak RSS (MiB)": round(op.peak_rss_mib(), 1),
+        "operator + children sampled peak (MiB)": round(op.peak_tree_rss_kib / 1024, 1),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("scenario", choices=["static", "churn"])
+    parser.add_argument("scenario", choices=["static", "churn", "large"])
     parser.add_argument("--nodes", type=int, default=128)
     parser.add_argument("--churn-nodes", type=int, default=16)
     parser.add_argument("--jobs", type=int, default=40)
@@ -196,10 +254,10 @@ def main() -> int:
     try:
         install_crd(cp)
         cp.create_namespace(NS)
-        nodes = args.nodes if args.scenario == "static" else args.churn_nodes
+        nodes = args.churn_nodes if args.scenario == "churn" else args.nodes
         ready_s = create_nodes(cp, [fake_node(i, gpus=8) for i in range(nodes)])
         op.start()
-        figures = (static if args.scenario == "static" else churn)(cp, op, args)
+        figures = {"static": static, "churn": churn, "large": large}[args.scenario](cp, op, args)
         figures["nodes Ready after (s)"] = round(ready_s, 1)
         load = os.getloadavg()
         figures["load average 1/5/15 min"] = " / ".join(f"{x:.1f}" for x in load)
