@@ -5,8 +5,10 @@ the command line into :class:`OperatorOptions` and calls :func:`run_operator`. k
 event loop and the watch streams; the reconciler runs in the work queue's threads, so a slow
 pass never blocks a watch, and plans are made in processes of their own
 (:mod:`adaptis.operator.plan_runner`), which wake their job through the queue when done, so a
-big plan never holds up another job's pass. With a metrics port, :mod:`adaptis.operator.metrics` serves the
-operator's own figures.
+big plan never holds up another job's pass. The capacity ledger
+(:mod:`adaptis.operator.capacity`) is shared by every worker; a job that releases GPUs wakes
+the waiting ones through the queue too. With a metrics port, :mod:`adaptis.operator.metrics`
+serves the operator's own figures.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ class Cluster(Protocol):
 
 
 def create_many(cluster: Cluster, objects: Sequence[Mapping[str, Any]], *,
-                parallelism: int) -> tuple[int, dict[str, ApiError]]:
+                parallelism: int = 8) -> tuple[int, dict[str, ApiError]]:
     """Create objects a few at a time (a 64-rank gang is 64 round trips): how many are new,
     and by name the ones the API server refused (:data:`REFUSED_STATUSES`), with its error."""
     refused: dict[str, ApiError] = {}

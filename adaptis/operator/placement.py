@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 # How soon to look again when nothing else will wake the job (no pod or node event).
 _RETRY_UNSATISFIABLE_S = 30.0
 _RETRY_QUEUED_S = 15.0  # besides the wake-up a release sends: others' pods end unseen
-_CREATE_PARALLELISM = 8
 
 
 class Placer:
@@ -144,8 +143,7 @@ class Placer:
             measured_now = measure_candidates(
                 self._cluster, p, spec=spec, candidates=candidates, profilers=profilers,
                 raw_nodes=raw_nodes, given_up=self._given_up.setdefault(key, {}),
-                settings=self._settings, create_all=partial(create_many, self._cluster,
-                                                            parallelism=_CREATE_PARALLELISM))
+                settings=self._settings, create_all=partial(create_many, self._cluster))
             if measured_now is None:
                 return None  # profiler pods still at work: their events wake the job
             candidates, notes = measured_now

@@ -291,10 +291,12 @@ class PlanRunner:
             proc.join(timeout=5.0)
         if timed_out:
             return (f"it ran past spec.planner.timeLimitSeconds "
-                    f"({request.spec.planner.time_limit_seconds} s) + {self._limits.kill_grace_s:g} s")
+                    f"({request.spec.planner.time_limit_seconds} s) + "
+                    f"{self._limits.kill_grace_s:g} s")
         if message is None:
             code = proc.exitcode
-            return (f"the planner process was killed by signal {-code}" if code is not None and code < 0
+            return (f"the planner process was killed by signal {-code}"
+                    if code is not None and code < 0
                     else f"the planner process exited with status {code} without a plan")
         kind, text = message
         if kind == "ok":

@@ -264,7 +264,8 @@ def plan_job(
     if strategy != "i1f1b":
         if baseline is None and not fallback:  # a fallback has no time left for a yardstick
             baseline = plan_strategy(problem, "i1f1b", time_limit_s=time_limit_s)
-        if baseline is not None and baseline.result.feasible and baseline.result.iteration_time and iteration > 0:
+        if (baseline is not None and baseline.result.feasible
+                and baseline.result.iteration_time and iteration > 0):
             speedup = float(baseline.result.iteration_time) / iteration
     else:
         speedup = 1.0

@@ -59,10 +59,7 @@ log = logging.getLogger(__name__)
 
 _TERMINAL = frozenset({"Succeeded", "Failed"})
 # How soon to look again when nothing else will wake the job (no pod or node event).
-_RETRY_UNSATISFIABLE_S = 30.0
 _RETRY_TERMINATING_S = 2.0
-_RETRY_QUEUED_S = 15.0  # besides the wake-up a release sends: others' pods end unseen
-_CREATE_PARALLELISM = 8
 # A node a rank stayed unschedulable on is left out for this many unschedulable timeouts.
 _AVOID_FACTOR = 5
 
@@ -223,8 +220,7 @@ class Reconciler:
         pods_to_create = [render_pod(p.job, spec, record, rank=rank, attempt=attempt,
                                      settings=self._settings.manifests)
                           for rank in missing if rank not in blocked]
-        created, refused = create_many(self._cluster, pods_to_create,
-                                       parallelism=_CREATE_PARALLELISM)
+        created, refused = create_many(self._cluster, pods_to_create)
         if blocked:
             p.requeue.append(_RETRY_TERMINATING_S)
         if len(missing) == len(pods_to_create) == created:
