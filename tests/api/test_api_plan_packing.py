@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,22 +15,9 @@ from pydantic import ValidationError
 from adaptis.api.plan import PACKED_ACTIONS, Plan
 from adaptis.api.plan_packing import PackingError, pack_actions, unpack_actions
 
-
-def zero_bubble_plan(*, devices: int, microbatches: int) -> Plan:
-    """A structurally valid one-stage-per-device plan with split backward (F, B, W per
-    microbatch): 3 x devices x microbatches actions, in a 1F1B-like order."""
-    actions: list[list[tuple[str, int, int]]] = []
-    for d in range(devices):
-        warm = min(devices - d - 1, microbatches)
-        acts: list[tuple[str, int, int]] = [("F", d, m) for m in range(warm)]
-        for m in range(microbatches):
-            if warm + m < microbatches:
-                acts.append(("F", d, warm + m))
-            acts += [("B", d, m), ("W", d, m)]
-        actions.append(acts)
-    return Plan(stages=[(d, d + 1) for d in range(devices)],
-                placement=[[d] for d in range(devices)], actions=actions,
-                strategy="zb-h1", microbatches=microbatches)
+# One builder of large valid plans for the api's and the operator's storage tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
+from plan_kit import split_backward_plan as zero_bubble_plan  # noqa: E402
 
 
 def test_packed_plan_round_trips_and_stays_small() -> None:

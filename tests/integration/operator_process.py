@@ -76,3 +76,21 @@ class OperatorProcess:
 
     def status(self, name: str) -> dict[str, Any]:
         return dict(self.job(name).get("status") or {})
+
+    def condition(self, name: str, type_: str) -> dict[str, Any] | None:
+        return next((c for c in self.status(name).get("conditions", [])
+                     if c["type"] == type_), None)
+
+    def phase_is(self, name: str, phase: str) -> Callable[[], bool]:
+        return lambda: self.status(name).get("phase") == phase
+
+    def pods(self, name: str) -> list[dict[str, Any]]:
+        """The job's worker pods, by rank."""
+        items = self.cp.get_json("pods", "-n", self.namespace, "-l",
+                                 f"adaptis.io/job={name}")["items"]
+        return sorted(items, key=lambda p: int(p["metadata"]["labels"]["adaptis.io/rank"]))
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The Events about the job."""
+        return list(self.cp.get_json("events", "-n", self.namespace, "--field-selector",
+                                     f"involvedObject.name={name}")["items"])

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,16 +70,6 @@ class Operator(OperatorProcess):
         return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
                 for line in text.splitlines() if line and not line.startswith("#")}
 
-    def condition(self, name: str, type_: str) -> dict[str, Any] | None:
-        return next((c for c in self.status(name).get("conditions", [])
-                     if c["type"] == type_), None)
-
-    def pods(self, name: str) -> list[dict[str, Any]]:
-        items = self.cp.get_json("pods", "-n", NS, "-l", f"adaptis.io/job={name}")["items"]
-        return sorted(items, key=lambda p: int(p["metadata"]["labels"]["adaptis.io/rank"]))
-
-    def phase_is(self, name: str, phase: str) -> Callable[[], bool]:
-        return lambda: self.status(name).get("phase") == phase
 
 
 def _free_port() -> int:

@@ -44,12 +44,8 @@ class RefusalsOperator(Operator):
         super().__init__(cp, log_path)
         self.namespace = NS
 
-    def pods(self, name: str) -> list[dict[str, Any]]:
-        return list(self.cp.get_json("pods", "-n", NS, "-l", f"adaptis.io/job={name}")["items"])
-
     def events(self, name: str) -> list[dict[str, Any]]:
-        return [e for e in self.cp.get_json("events", "-n", NS, "--field-selector",
-                                            f"involvedObject.name={name}")["items"]
+        return [e for e in super().events(name)
                 if e["reason"] == "InvalidSpec" and e["type"] == "Warning"]
 
 

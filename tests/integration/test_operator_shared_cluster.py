@@ -34,33 +34,14 @@ def _job(name: str, *, pool: Mapping[str, str], workers: int = 2, run_s: int = 6
                                 **worker}}}
 
 
-class Operator(OperatorProcess):
-    def status(self, name: str) -> dict[str, Any]:
-        return dict(self.job(name).get("status") or {})
-
-    def condition(self, name: str, type_: str) -> dict[str, Any] | None:
-        return next((c for c in self.status(name).get("conditions", []) if c["type"] == type_),
-                    None)
-
-    def pods(self, name: str) -> list[dict[str, Any]]:
-        items = self.cp.get_json("pods", "-n", NS, "-l", f"adaptis.io/job={name}")["items"]
-        return sorted(items, key=lambda p: int(p["metadata"]["labels"]["adaptis.io/rank"]))
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        return list(self.cp.get_json("events", "-n", NS, "--field-selector",
-                                     f"involvedObject.name={name}")["items"])
-
-    def phase_is(self, name: str, phase: str) -> Any:
-        return lambda: self.status(name).get("phase") == phase
-
-
 @pytest.fixture(scope="module")
-def operator(control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def operator(control_plane: Any, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[OperatorProcess]:
     cp = control_plane
     install_crd(cp)
     cp.create_namespace(NS)
     cp.create_namespace(OTHER)
-    op = Operator(cp, tmp_path_factory.mktemp("shared") / "operator.log", namespace=NS)
+    op = OperatorProcess(cp, tmp_path_factory.mktemp("shared") / "operator.log", namespace=NS)
     op.start(extra_args=["--unschedulable-replan-seconds", "5"])
     try:
         yield op
@@ -76,7 +57,8 @@ def _hog(name: str, *, node: str, gpus: int) -> dict[str, Any]:
                          "limits": {"nvidia.com/gpu": str(gpus)}}}]}}
 
 
-def test_jobs_fill_the_free_gpus_then_queue_and_start_when_gpus_free(operator: Operator) -> None:
+def test_jobs_fill_the_free_gpus_then_queue_and_start_when_gpus_free(
+        operator: OperatorProcess) -> None:
     cp = operator.cp
     pool = {"adaptis.io/test-pool": "shared-fill"}
     for i in range(3):
@@ -115,7 +97,7 @@ def test_jobs_fill_the_free_gpus_then_queue_and_start_when_gpus_free(operator: O
     cp.kubectl("delete", "pod", "hog", "-n", OTHER, "--wait=false")
 
 
-def test_a_deleted_worker_pod_restarts_the_whole_gang(operator: Operator) -> None:
+def test_a_deleted_worker_pod_restarts_the_whole_gang(operator: OperatorProcess) -> None:
     cp = operator.cp
     pool = {"adaptis.io/test-pool": "shared-gang"}
     cp.add_fake_gpu_node("gang-0", gpu_count=4, zone="gang-zone", labels=pool)
@@ -141,7 +123,7 @@ def test_a_deleted_worker_pod_restarts_the_whole_gang(operator: Operator) -> Non
     cp.kubectl("delete", "apj", name, "-n", NS, "--wait=false")
 
 
-def test_a_placement_the_scheduler_cannot_bind_is_replanned(operator: Operator) -> None:
+def test_a_placement_the_scheduler_cannot_bind_is_replanned(operator: OperatorProcess) -> None:
     cp = operator.cp
     pool = {"adaptis.io/test-pool": "shared-mem"}
     # Same GPUs, but the first node (first by name, so planned on first) is short of memory
@@ -166,6 +148,6 @@ def test_a_placement_the_scheduler_cannot_bind_is_replanned(operator: Operator) 
     cp.kubectl("delete", "apj", name, "-n", NS, "--wait=false")
 
 
-def test_log_has_no_tracebacks(operator: Operator) -> None:
+def test_log_has_no_tracebacks(operator: OperatorProcess) -> None:
     log = Path(operator.log_path).read_text(errors="replace")
     assert "Traceback" not in log, operator.log_tail(80)
