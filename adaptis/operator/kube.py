@@ -6,13 +6,17 @@ credentials come from ``kubernetes.config`` (kubeconfig or in-cluster service ac
 generated model classes are skipped because deserialising 256 Node objects into them on every
 reconcile costs more than the reconcile itself. A create that answers 409 means "already
 there" and a delete that answers 404 means "already gone": both are success, which is what
-makes repeated reconciles and operator restarts safe.
+makes repeated reconciles and operator restarts safe. Idempotent calls are retried a few times
+on 429 and 502-504 (API priority and fairness, an API server restarting behind its load
+balancer), waiting as Retry-After says; creates are not (a retried create could answer 409 for
+itself), and what is still failing goes to the work queue's backoff as an :class:`ApiError`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +30,8 @@ from adaptis.api.job import GROUP, PLURAL, VERSION
 from adaptis.operator.errors import OperatorError
 from adaptis.operator.manifests import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY, JobRef
 
-__all__ = ["ApiError", "Cluster", "KubeCluster", "REFUSED_STATUSES", "create_many"]
+__all__ = ["ApiError", "Cluster", "KubeCluster", "REFUSED_STATUSES", "RETRY_AFTER_MAX_S",
+           "api_retry", "create_many"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +41,28 @@ _MERGE = "application/merge-patch+json"
 # a namespace gone 404), as opposed to a failure of the API server (429, 5xx): the former
 # become the job's condition (adaptis.operator.children), the latter are retried.
 REFUSED_STATUSES = frozenset({400, 403, 404, 413, 422})
+# Answers of an API server that is overloaded or restarting: worth a retry after a pause.
+_RETRY_STATUSES = frozenset({429, 502, 503, 504})
+# Calls whose repetition changes nothing more: every one the client makes but POST (status and
+# ConfigMap writes are merge patches, which are idempotent).
+_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "PATCH", "DELETE"})
+# A Retry-After beyond this is cut to it: a reconcile worker must not sleep for minutes on
+# one call (APF asks for 1 s); the work queue's backoff paces longer outages.
+RETRY_AFTER_MAX_S = 5.0
+
+
+class _ApiRetry(urllib3.Retry):
+    def get_retry_after(self, response: urllib3.BaseHTTPResponse) -> float | None:
+        seconds = super().get_retry_after(response)
+        return None if seconds is None else min(seconds, RETRY_AFTER_MAX_S)
+
+
+def api_retry() -> urllib3.Retry:
+    """The client's retry policy (see the module docstring)."""
+    return _ApiRetry(total=3, connect=3, read=2, status=3, backoff_factor=0.2,
+                     status_forcelist=_RETRY_STATUSES, allowed_methods=_IDEMPOTENT,
+                     respect_retry_after_header=True,
+                     raise_on_status=False)  # the last answer becomes an ApiError
 
 
 class ApiError(OperatorError):
@@ -129,7 +156,7 @@ class KubeCluster:
             cert_file=config.cert_file,
             key_file=config.key_file,
             timeout=urllib3.Timeout(total=timeout_s),
-            retries=urllib3.Retry(total=3, connect=3, read=2, status=0, backoff_factor=0.2),
+            retries=api_retry(),
         )
         self._lock = threading.Lock()
 
@@ -183,11 +210,6 @@ class KubeCluster:
     def delete_job(self, namespace: str, name: str) -> None:
         self.request("DELETE", f"{_JOBS.format(ns=quote(namespace))}/{quote(name)}",
                      body={"propagationPolicy": "Background"}, ok=frozenset({404}))
-
-    def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        path = (f"/apis/{GROUP}/{VERSION}/{PLURAL}" if namespace is None
-                else _JOBS.format(ns=quote(namespace)))
-        return list(self.request("GET", path)[1].get("items") or [])
 
     def list_nodes(self) -> list[dict[str, Any]]:
         # resourceVersion=0: served from the API server's watch cache, cheap at any size.
@@ -255,10 +277,13 @@ class KubeCluster:
     def event(self, job: JobRef, *, type_: str, reason: str, message: str) -> None:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         stamp = datetime.now(UTC).strftime("%Y%m%d%H%M%S%f")
+        # The random part: two events of one job in the same microsecond (or a clock stepped
+        # back) must not share a name, as a taken name would drop the second one.
+        name = f"{job.name}.{stamp}.{secrets.token_hex(4)}"
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{job.name}.{stamp}", "namespace": job.namespace},
+            "metadata": {"name": name, "namespace": job.namespace},
             "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AdaPtisJob",
                                "name": job.name, "namespace": job.namespace, "uid": job.uid},
             "type": type_,
@@ -271,6 +296,8 @@ class KubeCluster:
             "reportingComponent": "adaptis-operator",
         }
         try:
-            self.create(body)
+            if not self.create(body):
+                log.warning("event %s for %s/%s not recorded: the name %s is taken", reason,
+                            job.namespace, job.name, name)
         except ApiError as err:  # an event is best effort: never fail a reconcile over it
             log.warning("event %s for %s/%s not recorded: %s", reason, job.namespace, job.name, err)

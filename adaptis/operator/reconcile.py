@@ -133,7 +133,10 @@ class Reconciler:
                        in err.fields else self._cluster.list_pods(p.job.namespace, p.job.name))
             return
         if retry_invalid:
-            p.update(phase="Pending", completion_time=None, message=None)
+            # A new start: the pods the failure stopped are not lost ranks of a running gang
+            # (a restart counted against spec.backoffLimit), nor does the deadline run on.
+            p.update(phase="Pending", completion_time=None, message=None, launched=None,
+                     start_time=None)
             p.condition("Failed", "False", reason="SpecChanged",
                         message="the spec was corrected")
         pods = self._cluster.list_pods(p.job.namespace, p.job.name)

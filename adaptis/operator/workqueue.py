@@ -7,8 +7,11 @@ client-go's workqueue:
 - a key added while queued is queued once (64 pod events of one job make one pass, not 64);
 - a key added while being processed is marked dirty and processed again right after, never by
   two workers at once (so passes of one job never race each other);
-- a failed pass is retried with exponential backoff; a pass may ask to be looked at again later
-  (``add_after``), which is how deadlines and TTLs fire;
+- a failed pass is retried with exponential backoff, also when the key was added while it ran:
+  a failing pass's own pod deletions come back as pod events during the pass, and running
+  again at once on those would retry a failing job in a hot loop (the backoff retry re-reads
+  everything, so the event is only delayed, never lost); a pass may ask to be looked at again
+  later (``add_after``), which is how deadlines and TTLs fire;
 - every known key is re-added every ``resync_s`` seconds as a safety net (a missed watch event
   costs at most one resync period), except a key waiting out its backoff: the resync and
   :meth:`WorkQueue.add_all` leave it to its delayed retry, or a failing job would be retried
@@ -82,11 +85,16 @@ class WorkQueue(Generic[K]):
             self._cv.notify()
 
     def forget(self, key: K) -> None:
-        """Stop resyncing a key (its object is gone)."""
+        """Stop resyncing a key (its object is gone), and drop its timers and backoff retry.
+        An add while a pass of it runs still brings one more pass (the object may be back)."""
         with self._cv:
             self._known.discard(key)
             self._failures.pop(key, None)
             self._backoff_until.pop(key, None)
+            kept = [entry for entry in self._delayed if entry[2] != key]
+            if len(kept) != len(self._delayed):
+                heapq.heapify(kept)
+                self._delayed = kept
 
     def add_all(self) -> None:
         """Re-add every known key (something cluster-wide changed, e.g. a node)."""
@@ -162,6 +170,7 @@ class WorkQueue(Generic[K]):
                 self._failures[key] = n
                 again_after = min(_BACKOFF_BASE_S * 2 ** (n - 1), _BACKOFF_MAX_S)
                 self._backoff_until[key] = self._clock() + again_after
+                self._dirty.discard(key)  # the backoff retry is the next pass (docstring)
             else:
                 self._failures.pop(key, None)
                 self._backoff_until.pop(key, None)

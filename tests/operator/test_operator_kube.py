@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import urllib3
 import yaml
 
+from adaptis.operator import kube
 from adaptis.operator.kube import ApiError, KubeCluster
 from adaptis.operator.manifests import JobRef
 
@@ -24,10 +28,15 @@ from adaptis.operator.manifests import JobRef
 class _Api(BaseHTTPRequestHandler):
     requests: list[tuple[str, str, dict[str, str], Any]] = []
     existing = {"/api/v1/namespaces/ns/pods"}
+    # (method, path) -> the next answers (status, headers) before the normal one.
+    script: dict[tuple[str, str], list[tuple[int, dict[str, str]]]] = {}
 
-    def _reply(self, status: int, body: dict[str, Any]) -> None:
+    def _reply(self, status: int, body: dict[str, Any],
+               headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         self.send_response(status)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -38,7 +47,10 @@ class _Api(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(length)) if length else None
         self.requests.append((self.command, self.path, dict(self.headers), body))
         path = self.path.split("?")[0]
-        if self.command == "POST" and path in self.existing:
+        if self.script.get((self.command, path)):
+            status, headers = self.script[(self.command, path)].pop(0)
+            self._reply(status, {"kind": "Status", "message": f"scripted {status}"}, headers)
+        elif self.command == "POST" and path in self.existing:
             self._reply(409, {"kind": "Status", "reason": "AlreadyExists"})
         elif self.command == "POST" and path.endswith("/services"):
             self._reply(403, {"kind": "Status", "message": "forbidden: no RBAC"})
@@ -58,6 +70,7 @@ class _Api(BaseHTTPRequestHandler):
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[tuple[KubeCluster, type[_Api]]]:
     _Api.requests = []
+    _Api.script = {}
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Api)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -112,3 +125,79 @@ def test_events_name_the_job(api: Any) -> None:
     assert body["involvedObject"] == {"apiVersion": "adaptis.io/v1alpha1", "kind": "AdaPtisJob",
                                       "name": "demo", "namespace": "ns", "uid": "u1"}
     assert (body["type"], body["reason"]) == ("Warning", "InvalidSpec")
+
+
+def _sent(handler: type[_Api], method: str, path: str) -> int:
+    return sum(1 for m, p, _, _ in handler.requests if m == method and p.split("?")[0] == path)
+
+
+def test_idempotent_calls_retry_429_and_5xx_honouring_retry_after(api: Any) -> None:
+    cluster, handler = api
+    cm = "/api/v1/namespaces/ns/configmaps/c"
+    # API priority and fairness answers 429 with Retry-After; an apiserver restart 502-504.
+    handler.script[("GET", cm)] = [(429, {"Retry-After": "1"})]
+    start = time.monotonic()
+    assert cluster.get_config_map("ns", "c") == {}
+    # The first retry's backoff is 0 s: only the header makes it wait.
+    assert time.monotonic() - start >= 1.0, "Retry-After: 1 was not waited for"
+    assert _sent(handler, "GET", cm) == 2
+    handler.script[("GET", cm)] = [(503, {}), (502, {}), (504, {})]
+    assert cluster.get_config_map("ns", "c") == {}
+    assert _sent(handler, "GET", cm) == 2 + 4
+    status = "/apis/adaptis.io/v1alpha1/namespaces/ns/adaptisjobs/demo/status"
+    handler.script[("PATCH", status)] = [(504, {})]  # a merge patch is idempotent
+    cluster.patch_job_status("ns", "demo", status={"phase": "Running"})
+    assert _sent(handler, "PATCH", status) == 2
+    pod = "/api/v1/namespaces/ns/pods/p1"
+    handler.script[("DELETE", pod)] = [(503, {})]
+    cluster.delete_pod("ns", "p1")
+    assert _sent(handler, "DELETE", pod) == 2
+
+
+def test_creates_are_not_retried_and_spent_retries_raise_the_status(api: Any) -> None:
+    cluster, handler = api
+    cms = "/api/v1/namespaces/ns/configmaps"
+    handler.script[("POST", cms)] = [(503, {})]
+    with pytest.raises(ApiError) as err:  # a retried create could answer 409 for itself
+        cluster.create({"kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"}})
+    assert err.value.status == 503 and _sent(handler, "POST", cms) == 1
+    nodes = "/api/v1/nodes"
+    handler.script[("GET", nodes)] = [(503, {})] * 10
+    with pytest.raises(ApiError) as err:  # the queue's backoff takes over from here
+        cluster.list_nodes()
+    assert err.value.status == 503 and 2 <= _sent(handler, "GET", nodes) <= 5
+
+
+def test_a_long_retry_after_is_capped() -> None:
+    retry = kube.api_retry()
+    answer = urllib3.HTTPResponse(status=429, headers={"Retry-After": "3600"})
+    assert retry.get_retry_after(answer) == kube.RETRY_AFTER_MAX_S
+
+
+def test_two_events_in_the_same_microsecond_both_land(monkeypatch: Any) -> None:
+    frozen = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+            return frozen
+
+    monkeypatch.setattr(kube, "datetime", Frozen)
+    stored: dict[str, dict[str, Any]] = {}
+
+    def request(method: str, path: str, *, body: Any = None,
+                ok: frozenset[int] = frozenset(), **_: Any) -> tuple[int, dict[str, Any]]:
+        name = body["metadata"]["name"]
+        if name in stored:  # what the API server answers for a taken name
+            assert 409 in ok
+            return 409, {}
+        stored[name] = body
+        return 201, body
+
+    client = KubeCluster.__new__(KubeCluster)  # no credentials: the transport is replaced
+    client.request = request  # type: ignore[method-assign]
+    job = JobRef(name="demo", namespace="ns", uid="u1")
+    client.event(job, type_="Normal", reason="Planned", message="planned")
+    client.event(job, type_="Normal", reason="CreatedPods", message="created 4 worker pod(s)")
+    assert sorted(e["reason"] for e in stored.values()) == ["CreatedPods", "Planned"]
+    assert all(len(name) <= 253 and name.startswith("demo.") for name in stored)

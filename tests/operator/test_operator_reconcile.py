@@ -286,3 +286,68 @@ def test_a_plan_too_large_to_store_is_a_condition_not_a_retry_loop(
     rec.reconcile("ns", "demo")
     assert planned >= 1 and len(plans) == planned  # the strategy (and i1f1b), once
     assert cluster.calls.count("patch_status") == writes
+
+
+def test_a_broken_update_stops_the_running_pods_once_and_a_fix_starts_again(
+        cluster: Any, make_job: Any, clock: Any) -> None:
+    cluster.add_job(make_job())
+    rec = Reconciler(cluster, clock=clock)
+    rec.reconcile("ns", "demo")
+    _run_all(cluster)
+    rec.reconcile("ns", "demo")
+    assert cluster.job()["status"]["phase"] == "Running"
+    first_start = cluster.job()["status"]["startTime"]
+    # An update the validation refuses: the gang must not keep training on the old spec.
+    cluster.job()["spec"]["parallelism"]["workers"] = 20
+    cluster.job()["metadata"]["generation"] = 2
+    clock.advance(5)
+    rec.reconcile("ns", "demo")
+    st = cluster.job()["status"]
+    assert st["phase"] == "Failed" and st["observedGeneration"] == 2
+    failed = _cond(cluster.job(), "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert failed["message"].startswith("spec.parallelism.workers:")
+    pods = cluster.pods()
+    assert len(pods) == 4 and all(p["metadata"].get("deletionTimestamp") for p in pods), (
+        "a broken update left the running pods of the old spec in place")
+    # Later passes of the same generation (resyncs, pod events) are not retries: one status
+    # write in all, the completion time stays, nothing is created or deleted.
+    writes, done, calls = cluster.calls.count("patch_status"), st["completionTime"], len(
+        cluster.calls)
+    for _ in range(3):
+        clock.advance(60)
+        rec.reconcile("ns", "demo")
+    assert cluster.calls.count("patch_status") == writes, "a failed job was written every pass"
+    assert cluster.job()["status"]["completionTime"] == done
+    assert [c for c in cluster.calls[calls:] if c != "get_job"] == []
+    # A corrected spec is a new generation: the job starts again.
+    cluster.finish_deletions()
+    cluster.job()["spec"]["parallelism"]["workers"] = 4
+    cluster.job()["metadata"]["generation"] = 3
+    rec.reconcile("ns", "demo")
+    st = cluster.job()["status"]
+    assert st["phase"] == "Planned" and "completionTime" not in st and len(cluster.pods()) == 4
+    # Its stopped pods were not lost ranks (no restart used) and its deadline starts afresh.
+    assert st["restarts"] == 0 and st["startTime"] != first_start, st
+    assert (_cond(cluster.job(), "Failed")["status"],
+            _cond(cluster.job(), "Failed")["reason"]) == ("False", "SpecChanged")
+
+
+def test_only_an_invalid_spec_is_retried_on_a_new_generation(cluster: Any,
+                                                             make_job: Any) -> None:
+    cluster.add_job(make_job(spec={"backoffLimit": 0}))
+    rec = Reconciler(cluster)
+    rec.reconcile("ns", "demo")
+    _run_all(cluster)
+    cluster.set_pod_phase("demo-worker-1", "Failed", ready=False)
+    rec.reconcile("ns", "demo")
+    assert _cond(cluster.job(), "Failed")["reason"] == "BackoffLimitExceeded"
+    cluster.finish_deletions()
+    # Editing a job that failed for another reason does not restart it (as a batch Job).
+    cluster.job()["spec"]["training"]["steps"] = 8
+    cluster.job()["metadata"]["generation"] = 2
+    creates = cluster.calls.count("create Pod")
+    rec.reconcile("ns", "demo")
+    assert cluster.job()["status"]["phase"] == "Failed"
+    assert _cond(cluster.job(), "Failed")["reason"] == "BackoffLimitExceeded"
+    assert cluster.calls.count("create Pod") == creates

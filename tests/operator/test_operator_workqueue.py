@@ -150,3 +150,62 @@ def test_an_event_about_the_job_itself_still_wakes_a_key_in_backoff() -> None:
     assert q.process_due() == 0
     q.add("job")  # e.g. the user edited the spec
     assert q.process_due() == 1
+
+
+def test_add_all_re_adds_every_known_key_and_only_those() -> None:
+    clock = FakeClock()
+    seen: list[str] = []
+    q: WorkQueue[str] = WorkQueue(seen.append, workers=1, resync_s=3600.0, clock=clock)
+    for key in ("a", "b", "c"):
+        q.add(key)
+    assert q.process_due() == 3
+    q.forget("c")
+    assert q.process_due() == 0  # nothing due: no resync for an hour
+    q.add_all()  # e.g. a node came: every job may now fit
+    assert q.process_due() == 2 and sorted(seen[3:]) == ["a", "b"], seen
+
+
+def test_a_key_re_added_during_a_failing_pass_keeps_its_backoff() -> None:
+    clock = FakeClock()
+    calls: list[float] = []
+    queues: list[WorkQueue[str]] = []
+
+    def process(key: str) -> None:
+        calls.append(clock.now)
+        queues[0].add(key)  # the pass's own pod deletions come back as pod events while it runs
+        raise RuntimeError("API server: 500")
+
+    q: WorkQueue[str] = WorkQueue(process, workers=1, resync_s=3.0, clock=clock)
+    queues.append(q)
+    q.add("job")
+    assert q.process_due() == 1
+    assert q.process_due() == 0, "a key re-added during a failed pass ran again at once"
+    for _ in range(1200):  # 120 s in 0.1 s steps, as in the resync test above
+        clock.now += 0.1
+        q.process_due()
+    gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
+    for gap, want in zip(gaps, [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0], strict=False):
+        assert want - 1e-6 <= gap <= want + 0.15, gaps
+    assert len(calls) <= 9, calls
+
+
+def test_a_forgotten_key_is_never_processed_again() -> None:
+    clock = FakeClock()
+    seen: list[str] = []
+
+    def process(key: str) -> float | None:
+        seen.append(key)
+        if key == "failing":
+            raise RuntimeError("API server: 503")
+        return 5.0  # e.g. a deadline to check in 5 s
+
+    q: WorkQueue[str] = WorkQueue(process, workers=1, resync_s=2.0, clock=clock)
+    q.add("timed")
+    q.add("failing")
+    assert q.process_due() == 2
+    q.forget("timed")  # its job was deleted: neither its timer nor its backoff may fire
+    q.forget("failing")
+    for _ in range(100):
+        clock.now += 0.1
+        q.process_due()
+    assert seen == ["timed", "failing"], seen
