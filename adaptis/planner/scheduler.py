@@ -1,8 +1,10 @@
 """The memory-aware list scheduler: F/B/W order for a given partition and placement.
 
 Sits under :mod:`adaptis.planner.search`, which chooses partitions and placements and asks
-this module for the best schedule of each. It simulates time itself (the same model as
-:mod:`adaptis.planner.simulator`), so the order it emits replays to the same iteration time.
+this module for the best schedule of each. It decides on its own clock and reports the time
+its order replays to under the model of :mod:`adaptis.planner.simulator` (computed as it
+goes, ``_Pipeline._replay``): ``simulate`` of the plan it emits gives the same iteration time
+(tests/planner/test_planner_scheduler.py checks it on random problems).
 
 The rule, after the AdaPtis paper: whenever a device is idle it picks among its ready work
 with priority B (input gradients, oldest microbatch first: they unblock the devices upstream
@@ -101,7 +103,7 @@ class _Pipeline:
 
     __slots__ = ("m", "n_st", "owner", "dur", "caps", "split", "fill_w", "stage0_dev", "dev_stages",
                  "held", "owed", "mem_devs", "tight", "f_end", "b_end", "next_f", "next_b", "w_queue",
-                 "free", "left", "out")
+                 "free", "replay_f", "replay_b", "replay_free", "left", "out")
 
     def __init__(self, costs: Costs, *, owner: list[int], dur: _Durations, caps: list[int],
                  policy: Policy) -> None:
@@ -128,6 +130,10 @@ class _Pipeline:
         self.next_b = [0] * n_st
         self.w_queue: list[deque[int]] = [deque() for _ in range(n_st)]
         self.free = [0.0] * n_dev
+        # The same ends when the order is replayed (see _replay): what the schedule reports.
+        self.replay_f = [-1.0] * (n_st * m)
+        self.replay_b = [-1.0] * (n_st * m)
+        self.replay_free = [0.0] * n_dev
         per_mb = 3 if self.split else 2
         self.left = [len(self.dev_stages[d]) * m * per_mb for d in range(n_dev)]
         self.out: list[list[tuple[str, int, int]]] = [[] for _ in range(n_dev)]
@@ -197,13 +203,39 @@ class _Pipeline:
                 return "W", w_s, w_mb, soonest
         return best_kind, best_s, best_mb, soonest
 
+    def _replay(self, d: int, *, kind: str, s: int, i: int, took: float) -> None:
+        """Time an action as the executor and the simulator will run the emitted order: as soon
+        as its device is free and its inputs are there (``i``: stage x m + microbatch).
+
+        The scheduler's own clock (``f_end``, ``free``, ...) can run later: stage 0's device
+        idles while admission waits for memory, and a W held back for an arrival can wait
+        longer than it needs to; the executor waits for neither, it only keeps the order.
+        So decisions follow the scheduler's clock, the reported time this one."""
+        m, hop, rf, rb = self.m, self.dur.hop, self.replay_f, self.replay_b
+        if kind == "F":
+            ready = 0.0 if s == 0 else rf[i - m] + hop[s]
+        elif kind == "W":
+            ready = rb[i]
+        elif s + 1 < self.n_st:
+            ready = max(rf[i], rb[i + m] + hop[s + 1])
+        else:
+            ready = rf[i]
+        end = max(self.replay_free[d], ready) + took
+        self.replay_free[d] = end
+        if kind == "F":
+            rf[i] = end
+        elif kind != "W":
+            rb[i] = end
+
     def run(self, d: int, t: float, *, kind: str, s: int, mb: int, looks: list[tuple[float, int]]) -> None:
         """Record ``kind`` (s, mb) on device ``d`` from ``t``; push the looks it causes
         (time, device) onto the ``looks`` heap."""
         m, dur = self.m, self.dur
         i = s * m + mb
+        took = dur.fwd[s] if kind == "F" else dur.wgt[s] if kind == "W" else dur.bwd[s] if self.split else dur.fused[s]
+        end = t + took
+        self._replay(d, kind=kind, s=s, i=i, took=took)
         if kind == "F":
-            end = t + dur.fwd[s]
             self.f_end[i] = end
             self.next_f[s] += 1
             if s == 0:
@@ -212,10 +244,8 @@ class _Pipeline:
             # The next stage's device gets the activation; the last stage's own B is ready now.
             heappush(looks, (end + dur.hop[s + 1], self.owner[s + 1]) if s + 1 < self.n_st else (end, d))
         elif kind == "W":
-            end = t + dur.wgt[s]
             self.w_queue[s].popleft()
         else:
-            end = t + (dur.bwd[s] if self.split else dur.fused[s])
             self.b_end[i] = end
             self.next_b[s] += 1
             if self.split:
@@ -278,4 +308,4 @@ def list_schedule(
             continue  # an arrival or a release will push a new look
         pipe.run(d, t, kind=kind, s=s, mb=mb, looks=events)
         remaining -= 1
-    return Schedule(tuple(tuple(a) for a in pipe.out), max(pipe.free), True, None)
+    return Schedule(tuple(tuple(a) for a in pipe.out), max(pipe.replay_free), True, None)

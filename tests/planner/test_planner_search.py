@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adaptis.api.errors import SpecError
+from adaptis.api.plan import Plan
 from adaptis.api.problem import parse_problem
 from adaptis.planner.costs import Costs
 from adaptis.planner.scheduler import Policy, list_schedule
@@ -96,7 +97,11 @@ def test_list_schedule_replays_to_its_own_time_and_meets_zb_h1_closed_form() -> 
     p, m = 4, 8
     layers = [{"repeat": p, "layers": [{"name": "l", "forward": 1.0, "backward": 1.0, "weight": 1.0}]}]
     costs = Costs.from_problem(parse_problem(_problem(layers=layers, devices={"count": p}, m=m)))
-    sched = list_schedule(costs, stages=[(i, i + 1) for i in range(p)], owner=list(range(p)), policy=Policy())
+    stages = [(i, i + 1) for i in range(p)]
+    sched = list_schedule(costs, stages=stages, owner=list(range(p)), policy=Policy())
+    plan = Plan.model_construct(stages=stages, placement=[[d] for d in range(p)],
+                                actions=[list(a) for a in sched.actions])
+    assert simulate(costs, plan).iteration_time == sched.iteration_time  # the replay of its own order
     ideal = m * 3.0
     assert math.isclose(sched.iteration_time, ideal + (p - 1) * (1 + 1 - 1))  # ZB-H1: (p-1)(F+B-W)
     # The last device cannot start before (p-1) forwards, then owes m (F+B+W): the same figure,
