@@ -220,7 +220,8 @@ class _Pipeline:
             ready = max(rf[i], rb[i + m] + hop[s + 1])
         else:
             ready = rf[i]
-        end = max(self.replay_free[d], ready) + took
+        free = self.replay_free[d]
+        end = (ready if ready > free else free) + took
         self.replay_free[d] = end
         if kind == "F":
             rf[i] = end
@@ -286,7 +287,7 @@ def list_schedule(
     # Discrete events (time, device): "look at this device then". A device looks when it
     # becomes free and when an input of one of its stages arrives; nothing else can make
     # new work ready, so no other instant needs a look.
-    free, left = pipe.free, pipe.left  # read on every step
+    free, left, choose, run = pipe.free, pipe.left, pipe.choose, pipe.run  # used on every step
     events: list[tuple[float, int]] = [(0.0, d) for d in range(costs.devices) if left[d]]
     heapify(events)
     remaining = sum(left)
@@ -301,11 +302,11 @@ def list_schedule(
         t, d = heappop(events)
         if free[d] > t or not left[d]:
             continue  # busy (it will look again when free) or done
-        kind, s, mb, soonest = pipe.choose(d, t)
+        kind, s, mb, soonest = choose(d, t)
         if not kind:
             if soonest < math.inf:
                 heappush(events, (soonest, d))
             continue  # an arrival or a release will push a new look
-        pipe.run(d, t, kind=kind, s=s, mb=mb, looks=events)
+        run(d, t, kind=kind, s=s, mb=mb, looks=events)
         remaining -= 1
     return Schedule(tuple(tuple(a) for a in pipe.out), max(pipe.replay_free), True, None)
