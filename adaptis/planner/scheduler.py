@@ -1,8 +1,10 @@
 """The memory-aware list scheduler: F/B/W order for a given partition and placement.
 
 Sits under :mod:`adaptis.planner.search`, which chooses partitions and placements and asks
-this module for the best schedule of each. It simulates time itself (the same model as
-:mod:`adaptis.planner.simulator`), so the order it emits replays to the same iteration time.
+this module for the best schedule of each. It decides on its own clock and reports the time
+its order replays to under the model of :mod:`adaptis.planner.simulator` (computed as it
+goes, ``_Pipeline._replay``): ``simulate`` of the plan it emits gives the same iteration time
+(tests/planner/test_planner_scheduler.py checks it on random problems).
 
 The rule, after the AdaPtis paper: whenever a device is idle it picks among its ready work
 with priority B (input gradients, oldest microbatch first: they unblock the devices upstream
@@ -15,13 +17,13 @@ deadlock on it.
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from collections import deque
 from dataclasses import dataclass
+from heapq import heapify, heappop, heappush
 
-from adaptis.planner.costs import Costs
+from adaptis.planner.costs import Costs, StageCosts
 from adaptis.planner.errors import OutOfTime, PlannerError
 
 __all__ = ["Policy", "Schedule", "list_schedule"]
@@ -44,6 +46,226 @@ class Schedule:
     reason: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class _Durations:
+    """Per stage: each action's time on the stage's device (overhead included), and ``hop[s]``,
+    the transfer between stage ``s-1`` and stage ``s`` (the same both ways; 0 for stage 0)."""
+
+    fwd: list[float]
+    bwd: list[float]
+    wgt: list[float]
+    fused: list[float]
+    hop: list[float]
+
+
+def _durations(costs: Costs, *, sc: StageCosts, owner: list[int]) -> _Durations:
+    speed = costs.speed
+    over = costs.overhead
+    n_st = len(owner)
+    return _Durations(
+        fwd=[sc.forward[s] / speed[owner[s]] + over for s in range(n_st)],
+        bwd=[sc.backward[s] / speed[owner[s]] + over for s in range(n_st)],
+        wgt=[sc.weight[s] / speed[owner[s]] + over for s in range(n_st)],
+        fused=[sc.fused[s] / speed[owner[s]] + over for s in range(n_st)],
+        hop=[0.0] + [
+            costs.transfer_time(owner[s - 1], owner[s], sc.output_bytes[s - 1]) for s in range(1, n_st)
+        ],
+    )
+
+
+def _inflight_caps(costs: Costs, *, sc: StageCosts, owner: list[int], policy: Policy) -> list[int] | str:
+    """How many admitted microbatches each device can hold at once: parameters plus that many
+    microbatches' activations of its stages fit its memory. A reason (str) if not even one fits."""
+    m = costs.microbatches
+    params = [0.0] * costs.devices
+    need = [0.0] * costs.devices  # activations of one microbatch through the device's stages
+    for s, d in enumerate(owner):
+        params[d] += sc.param_bytes[s]
+        need[d] += sc.activation_bytes[s]
+    caps = []
+    for d in range(costs.devices):
+        room = costs.memory[d] - params[d]
+        if room < need[d] or room < 0:
+            return (f"device {d}: parameters and one microbatch need {params[d] + need[d]:.4g} "
+                    f"bytes, it has {costs.memory[d]:.4g}")
+        caps.append(m if need[d] <= 0 or room == math.inf else int(min(m, room // need[d])))
+    if policy.max_inflight:
+        caps = [min(c, policy.max_inflight) for c in caps]
+    return caps
+
+
+class _Pipeline:
+    """The scheduler's state while it runs: what has run, what is queued, what memory holds.
+
+    Readiness follows the simulator's rules (:func:`adaptis.planner.simulator.simulate`):
+    ``f_end`` / ``b_end`` hold each (stage, microbatch)'s F / B end (-1: not run yet).
+    """
+
+    __slots__ = ("m", "n_st", "owner", "dur", "caps", "split", "fill_w", "stage0_dev", "dev_stages",
+                 "held", "owed", "mem_devs", "tight", "f_end", "b_end", "next_f", "next_b", "w_queue",
+                 "free", "replay_f", "replay_b", "replay_free", "left", "out")
+
+    def __init__(self, costs: Costs, *, owner: list[int], dur: _Durations, caps: list[int],
+                 policy: Policy) -> None:
+        n_st, n_dev, m = len(owner), costs.devices, costs.microbatches
+        self.m, self.n_st, self.owner, self.dur, self.caps = m, n_st, owner, dur, caps
+        self.split = policy.split_backward
+        self.fill_w = policy.fill_with_w
+        self.stage0_dev = owner[0]
+        self.dev_stages: list[list[int]] = [[] for _ in range(n_dev)]
+        for s in range(n_st):
+            self.dev_stages[owner[s]].append(s)
+        for lst in self.dev_stages:
+            lst.sort(reverse=True)  # deeper stages first on ties: their work is closer to the loss
+        # held[d]: admitted microbatches whose activations device d has not released yet;
+        # owed[d*m + mb]: stages of d that still owe a W (or BW) for mb. A microbatch is admitted
+        # only if every device can hold one more: the future of everything admitted always fits.
+        self.held = [0] * n_dev
+        self.owed = [len(self.dev_stages[d]) for d in range(n_dev) for _ in range(m)]
+        self.mem_devs = [d for d in range(n_dev) if self.dev_stages[d]]
+        self.tight = [False] * n_dev  # a device that blocked admission: it runs W before F
+        self.f_end = [-1.0] * (n_st * m)
+        self.b_end = [-1.0] * (n_st * m)
+        self.next_f = [0] * n_st
+        self.next_b = [0] * n_st
+        self.w_queue: list[deque[int]] = [deque() for _ in range(n_st)]
+        self.free = [0.0] * n_dev
+        # The same ends when the order is replayed (see _replay): what the schedule reports.
+        self.replay_f = [-1.0] * (n_st * m)
+        self.replay_b = [-1.0] * (n_st * m)
+        self.replay_free = [0.0] * n_dev
+        per_mb = 3 if self.split else 2
+        self.left = [len(self.dev_stages[d]) * m * per_mb for d in range(n_dev)]
+        self.out: list[list[tuple[str, int, int]]] = [[] for _ in range(n_dev)]
+
+    def admission_open(self) -> bool:
+        """Whether stage 0 may take a new microbatch; marks every full device ``tight``."""
+        open_ = True
+        for e in self.mem_devs:
+            if self.held[e] >= self.caps[e]:
+                self.tight[e] = True
+                open_ = False
+        return open_
+
+    def choose(self, d: int, t: float) -> tuple[str, int, int, float]:
+        """What device ``d`` runs at ``t``: (kind, stage, microbatch, soonest), kind "" for
+        nothing, then ``soonest`` is the next known arrival of an input (inf: none known).
+
+        B first (oldest microbatch), then F (oldest, deeper stage on ties), W to fill a gap;
+        a W before anything else on a device that blocks admission (it frees memory).
+        Inputs are ready as the simulator says: F(s, mb) after F(s-1, mb) and its transfer;
+        B(s, mb) after F(s, mb) and B(s+1, mb) with the gradient's transfer back. (The hot
+        loop of the planner: locals instead of attribute reads and helper calls.)"""
+        m, n_st, f_end, b_end, hop = self.m, self.n_st, self.f_end, self.b_end, self.dur.hop
+        next_f, next_b, w_queue = self.next_f, self.next_b, self.w_queue
+        admitted = True
+        if d == self.stage0_dev and next_f[0] < m:
+            admitted = self.admission_open()
+        best_kind, best_key, best_s, best_mb = "", (9, 0), -1, -1
+        soonest = math.inf
+        w_mb, w_s = m, -1
+        for s in self.dev_stages[d]:
+            mb = next_b[s]
+            if mb < m:
+                i = s * m + mb
+                r = f_end[i]
+                if r >= 0 and s + 1 < n_st:
+                    rb = b_end[i + m]
+                    r = -1.0 if rb < 0 else max(r, rb + hop[s + 1])
+                if r >= 0:
+                    if r > t:
+                        if r < soonest:
+                            soonest = r
+                    elif (0, mb) < best_key:
+                        best_key, best_kind, best_s, best_mb = (0, mb), "B" if self.split else "BW", s, mb
+            mb = next_f[s]
+            if mb < m:
+                if s == 0:
+                    r = 0.0 if admitted else -1.0
+                else:
+                    r = f_end[s * m + mb - m]
+                    if r >= 0:
+                        r += hop[s]
+                if r >= 0:
+                    if r > t:
+                        if r < soonest:
+                            soonest = r
+                    elif (1, mb) < best_key:
+                        best_key, best_kind, best_s, best_mb = (1, mb), "F", s, mb
+            q = w_queue[s]
+            if q and q[0] < w_mb:
+                w_mb, w_s = q[0], s
+        if w_s >= 0 and self.tight[d] and best_key[0] >= 1:
+            return "W", w_s, w_mb, soonest  # free memory before more forwards
+        if not best_kind and w_s >= 0:
+            # W fills the gap: always, or only where it ends before the next known arrival.
+            if self.fill_w or soonest == math.inf or t + self.dur.wgt[w_s] <= soonest:
+                return "W", w_s, w_mb, soonest
+        return best_kind, best_s, best_mb, soonest
+
+    def _replay(self, d: int, *, kind: str, s: int, i: int, took: float) -> None:
+        """Time an action as the executor and the simulator will run the emitted order: as soon
+        as its device is free and its inputs are there (``i``: stage x m + microbatch).
+
+        The scheduler's own clock (``f_end``, ``free``, ...) can run later: stage 0's device
+        idles while admission waits for memory, and a W held back for an arrival can wait
+        longer than it needs to; the executor waits for neither, it only keeps the order.
+        So decisions follow the scheduler's clock, the reported time this one."""
+        m, hop, rf, rb = self.m, self.dur.hop, self.replay_f, self.replay_b
+        if kind == "F":
+            ready = 0.0 if s == 0 else rf[i - m] + hop[s]
+        elif kind == "W":
+            ready = rb[i]
+        elif s + 1 < self.n_st:
+            ready = max(rf[i], rb[i + m] + hop[s + 1])
+        else:
+            ready = rf[i]
+        free = self.replay_free[d]
+        end = (ready if ready > free else free) + took
+        self.replay_free[d] = end
+        if kind == "F":
+            rf[i] = end
+        elif kind != "W":
+            rb[i] = end
+
+    def run(self, d: int, t: float, *, kind: str, s: int, mb: int, looks: list[tuple[float, int]]) -> None:
+        """Record ``kind`` (s, mb) on device ``d`` from ``t``; push the looks it causes
+        (time, device) onto the ``looks`` heap."""
+        m, dur = self.m, self.dur
+        i = s * m + mb
+        took = dur.fwd[s] if kind == "F" else dur.wgt[s] if kind == "W" else dur.bwd[s] if self.split else dur.fused[s]
+        end = t + took
+        self._replay(d, kind=kind, s=s, i=i, took=took)
+        if kind == "F":
+            self.f_end[i] = end
+            self.next_f[s] += 1
+            if s == 0:
+                for e in self.mem_devs:
+                    self.held[e] += 1
+            # The next stage's device gets the activation; the last stage's own B is ready now.
+            heappush(looks, (end + dur.hop[s + 1], self.owner[s + 1]) if s + 1 < self.n_st else (end, d))
+        elif kind == "W":
+            self.w_queue[s].popleft()
+        else:
+            self.b_end[i] = end
+            self.next_b[s] += 1
+            if self.split:
+                self.w_queue[s].append(mb)
+            if s > 0:
+                heappush(looks, (end + dur.hop[s], self.owner[s - 1]))
+        if kind == "W" or kind == "BW":
+            k = d * m + mb
+            self.owed[k] -= 1
+            if self.owed[k] == 0:
+                self.held[d] -= 1
+                self.tight[d] = False
+                heappush(looks, (end, self.stage0_dev))  # memory freed: stage 0 may admit a microbatch
+        self.free[d] = end
+        self.out[d].append((kind, s, mb))
+        self.left[d] -= 1
+        heappush(looks, (end, d))
+
+
 def list_schedule(
     costs: Costs,
     *,
@@ -58,67 +280,17 @@ def list_schedule(
     one schedule of a 64-device x 4096-microbatch problem alone can take minutes.
     """
     sc = costs.stage_costs(stages)
-    m = costs.microbatches
-    n_st = len(stages)
-    n_dev = costs.devices
-    speed = costs.speed
-    over = costs.overhead
-    fwd = [sc.forward[s] / speed[owner[s]] + over for s in range(n_st)]
-    bwd = [sc.backward[s] / speed[owner[s]] + over for s in range(n_st)]
-    wgt = [sc.weight[s] / speed[owner[s]] + over for s in range(n_st)]
-    fused = [sc.fused[s] / speed[owner[s]] + over for s in range(n_st)]
-    hop = [0.0] + [
-        costs.transfer_time(owner[s - 1], owner[s], sc.output_bytes[s - 1]) for s in range(1, n_st)
-    ]
-    dev_stages: list[list[int]] = [[] for _ in range(n_dev)]
-    for s in range(n_st):
-        dev_stages[owner[s]].append(s)
-    # Deeper stages first on ties: their work is closer to the loss.
-    for lst in dev_stages:
-        lst.sort(reverse=True)
-
-    # Memory admission: params + (in-flight microbatches) x (activations of one microbatch).
-    params = [0.0] * n_dev
-    need = [0.0] * n_dev
-    for s in range(n_st):
-        params[owner[s]] += sc.param_bytes[s]
-        need[owner[s]] += sc.activation_bytes[s]
-    cap_mb = []
-    for d in range(n_dev):
-        room = costs.memory[d] - params[d]
-        if room < need[d] or room < 0:
-            return Schedule((), math.inf, False, f"device {d}: parameters and one microbatch "
-                            f"need {params[d] + need[d]:.4g} bytes, it has {costs.memory[d]:.4g}")
-        cap_mb.append(m if need[d] <= 0 or room == math.inf else int(min(m, room // need[d])))
-    if policy.max_inflight:
-        cap_mb = [min(c, policy.max_inflight) for c in cap_mb]
-    # count[d]: admitted microbatches whose activations device d has not released yet;
-    # rel[d*m + mb]: stages of d that still owe a W (or BW) for mb. A microbatch is admitted
-    # only if every device can hold one more: the future of everything admitted always fits.
-    count = [0] * n_dev
-    rel = [len(dev_stages[d]) for d in range(n_dev) for _ in range(m)]
-    mem_dev = [d for d in range(n_dev) if dev_stages[d]]
-    tight = [False] * n_dev  # the device that blocks admission: it runs W before F
-    f_end = [-1.0] * (n_st * m)
-    b_end = [-1.0] * (n_st * m)
-    next_f = [0] * n_st
-    next_b = [0] * n_st
-    wq: list[deque[int]] = [deque() for _ in range(n_st)]
-    free = [0.0] * n_dev
-    left = [len(dev_stages[d]) * m * (3 if policy.split_backward else 2) for d in range(n_dev)]
-    out: list[list[tuple[str, int, int]]] = [[] for _ in range(n_dev)]
-    split = policy.split_backward
-    fill_w = policy.fill_with_w
-    head_dev = owner[0]
+    caps = _inflight_caps(costs, sc=sc, owner=owner, policy=policy)
+    if isinstance(caps, str):
+        return Schedule((), math.inf, False, caps)
+    pipe = _Pipeline(costs, owner=owner, dur=_durations(costs, sc=sc, owner=owner), caps=caps, policy=policy)
     # Discrete events (time, device): "look at this device then". A device looks when it
     # becomes free and when an input of one of its stages arrives; nothing else can make
     # new work ready, so no other instant needs a look.
-    events: list[tuple[float, int]] = [(0.0, d) for d in range(n_dev) if left[d]]
-    heapq.heapify(events)
+    free, left, choose, run = pipe.free, pipe.left, pipe.choose, pipe.run  # used on every step
+    events: list[tuple[float, int]] = [(0.0, d) for d in range(costs.devices) if left[d]]
+    heapify(events)
     remaining = sum(left)
-    push = heapq.heappush
-    pop = heapq.heappop
-
     steps = 0
     while remaining:
         steps += 1
@@ -127,95 +299,14 @@ def list_schedule(
             raise OutOfTime("the time limit ran out during a list schedule")
         if not events:
             raise PlannerError("list scheduler made no progress (internal error)")
-        t, d = pop(events)
+        t, d = heappop(events)
         if free[d] > t or not left[d]:
             continue  # busy (it will look again when free) or done
-        best_kind = ""
-        best_key = (9, 0)
-        best_s = best_mb = -1
-        soonest = math.inf
-        w_mb = m
-        w_s = -1
-        for s in dev_stages[d]:
-            mb = next_b[s]
-            if mb < m:
-                i = s * m + mb
-                r = f_end[i]
-                if r >= 0 and s + 1 < n_st:
-                    rb = b_end[i + m]
-                    r = -1.0 if rb < 0 else max(r, rb + hop[s + 1])
-                if r >= 0:
-                    if r <= t:
-                        if (0, mb) < best_key:
-                            best_key, best_kind, best_s, best_mb = (0, mb), "B" if split else "BW", s, mb
-                    elif r < soonest:
-                        soonest = r
-            mb = next_f[s]
-            if mb < m:
-                if s == 0:
-                    r = 0.0
-                    for e in mem_dev:
-                        if count[e] >= cap_mb[e]:
-                            tight[e] = True
-                            r = -1.0
-                else:
-                    r = f_end[s * m + mb - m]
-                    if r >= 0:
-                        r += hop[s]
-                if r >= 0:
-                    if r <= t:
-                        if (1, mb) < best_key:
-                            best_key, best_kind, best_s, best_mb = (1, mb), "F", s, mb
-                    elif r < soonest:
-                        soonest = r
-            q = wq[s]
-            if q and q[0] < w_mb:
-                w_mb, w_s = q[0], s
-        if w_s >= 0 and tight[d] and best_key[0] >= 1:
-            best_kind, best_s, best_mb = "W", w_s, w_mb  # free memory before more forwards
-        elif not best_kind and w_s >= 0:
-            # W fills the gap: always, or only where it ends before the next known arrival.
-            if fill_w or soonest == math.inf or t + wgt[w_s] <= soonest:
-                best_kind, best_s, best_mb = "W", w_s, w_mb
-        if not best_kind:
+        kind, s, mb, soonest = choose(d, t)
+        if not kind:
             if soonest < math.inf:
-                push(events, (soonest, d))
+                heappush(events, (soonest, d))
             continue  # an arrival or a release will push a new look
-        s, mb = best_s, best_mb
-        i = s * m + mb
-        if best_kind == "F":
-            end = t + fwd[s]
-            f_end[i] = end
-            next_f[s] += 1
-            if s == 0:
-                for e in mem_dev:
-                    count[e] += 1
-            if s + 1 < n_st:
-                push(events, (end + hop[s + 1], owner[s + 1]))
-            else:
-                push(events, (end, d))
-        elif best_kind == "W":
-            end = t + wgt[s]
-            wq[s].popleft()
-        else:
-            end = t + (bwd[s] if split else fused[s])
-            b_end[i] = end
-            next_b[s] += 1
-            if split:
-                wq[s].append(mb)
-            if s > 0:
-                push(events, (end + hop[s], owner[s - 1]))
-        if best_kind == "W" or best_kind == "BW":
-            k = d * m + mb
-            rel[k] -= 1
-            if rel[k] == 0:
-                count[d] -= 1
-                tight[d] = False
-                push(events, (end, head_dev))  # memory freed: stage 0 may admit a microbatch
-        free[d] = end
-        out[d].append((best_kind, s, mb))
-        left[d] -= 1
+        run(d, t, kind=kind, s=s, mb=mb, looks=events)
         remaining -= 1
-        push(events, (end, d))
-    iteration = max(free)
-    return Schedule(tuple(tuple(a) for a in out), iteration, True, None)
+    return Schedule(tuple(tuple(a) for a in pipe.out), max(pipe.replay_free), True, None)

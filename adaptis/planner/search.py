@@ -26,6 +26,7 @@ import time
 from itertools import accumulate
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import OutOfTime
@@ -137,12 +138,24 @@ def _loads(costs: Costs, owner: list[int], cuts: list[int], pre: list[float]) ->
     return load
 
 
-def _polish(costs: Costs, *, owner: list[int], cuts: list[int], pre: list[float]) -> list[tuple[int, int]]:
-    def score(c: list[int]) -> tuple[float, float]:
-        ld = _loads(costs, owner, c, pre)
-        return (max(ld), sum(x * x for x in ld))
+def _evenness(costs: Costs, *, owner: list[int], cuts: list[int], pre: list[float]) -> tuple[float, float]:
+    """How even the device loads of ``cuts`` are: (max load, sum of squared loads), lower first."""
+    ld = _loads(costs, owner, cuts, pre)
+    return (max(ld), sum(x * x for x in ld))
 
-    best = score(cuts)
+
+def _evenness_of(costs: Costs, cuts: list[int], *, owner: list[int], pre: list[float]) -> tuple[float, float]:
+    """:func:`_evenness` with ``cuts`` positional: a sort key once the rest is bound."""
+    return _evenness(costs, owner=owner, cuts=cuts, pre=pre)
+
+
+def _max_load(costs: Costs, cuts: list[int], *, owner: list[int], pre: list[float]) -> float:
+    """The busiest device's load under ``cuts``: a sort key once the rest is bound."""
+    return max(_loads(costs, owner, cuts, pre))
+
+
+def _polish(costs: Costs, *, owner: list[int], cuts: list[int], pre: list[float]) -> list[tuple[int, int]]:
+    best = _evenness(costs, owner=owner, cuts=cuts, pre=pre)
     for _ in range(4 * len(cuts)):
         improved = False
         for i in range(1, len(cuts) - 1):
@@ -150,7 +163,7 @@ def _polish(costs: Costs, *, owner: list[int], cuts: list[int], pre: list[float]
                 k = cuts[i] + step
                 if cuts[i - 1] < k < cuts[i + 1]:
                     trial = cuts[:i] + [k] + cuts[i + 1 :]
-                    sc = score(trial)
+                    sc = _evenness(costs, owner=owner, cuts=trial, pre=pre)
                     if sc < best:
                         best, cuts, improved = sc, trial, True
         if not improved:
@@ -165,14 +178,52 @@ def _pack(costs: Costs, *, stages: list[tuple[int, int]], pre: list[float]) -> l
     owner = [-1] * len(stages)
     work = [pre[hi] - pre[lo] for lo, hi in stages]
     for s in sorted(range(len(stages)), key=lambda i: -work[i]):
-        def cost(d: int) -> tuple[float, int]:
-            near = (s > 0 and owner[s - 1] == d) or (s + 1 < len(stages) and owner[s + 1] == d)
-            return ((load[d] + work[s]) / costs.speed[d], 0 if near else 1)
-
-        d = min(range(costs.devices), key=cost)
+        d = min(range(costs.devices), key=partial(_pack_cost, costs, s=s, work=work[s], load=load, owner=owner))
         owner[s] = d
         load[d] += work[s]
     return owner
+
+
+def _pack_cost(costs: Costs, d: int, *, s: int, work: float, load: list[float], owner: list[int]) -> tuple[float, int]:
+    """Device ``d``'s time with stage ``s`` added, then 0 if it holds a neighbour of ``s``."""
+    near = (s > 0 and owner[s - 1] == d) or (s + 1 < len(owner) and owner[s + 1] == d)
+    return ((load[d] + work) / costs.speed[d], 0 if near else 1)
+
+
+class _Evaluator:
+    """Schedules the search's candidates and keeps its accounts: evaluations against the
+    budget, the deadline, progress reports and the champion (the best candidate scheduled so
+    far, whichever phase made it: what a deadline returns). Every phase gets it explicitly."""
+
+    __slots__ = ("costs", "budget", "deadline", "clock", "on_progress", "evals", "champion")
+
+    def __init__(self, costs: Costs, *, budget: int, deadline: float | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_progress: Callable[[int, int, float], None] | None = None) -> None:
+        self.costs = costs
+        self.budget = budget  # phase 1 raises it for its extra candidates (progress shows it)
+        self.deadline = deadline
+        self.clock = clock
+        self.on_progress = on_progress
+        self.evals = 0
+        self.champion: _Candidate | None = None
+
+    @property
+    def spent(self) -> bool:
+        return self.evals >= self.budget
+
+    def run(self, pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy) -> _Candidate:
+        """List-schedule one candidate; :class:`OutOfTime` once the deadline has passed."""
+        if self.deadline is not None and self.clock() >= self.deadline:
+            raise OutOfTime("the time limit ran out between candidates")
+        self.evals += 1
+        sched = list_schedule(self.costs, stages=stages, owner=owner, policy=policy, deadline=self.deadline)
+        cand = _Candidate(pattern, owner, stages, sched, policy)
+        if self.champion is None or cand.time < self.champion.time:
+            self.champion = cand
+        if self.on_progress:
+            self.on_progress(self.evals, self.budget, self.champion.time)
+        return cand
 
 
 def joint_search(
@@ -192,50 +243,26 @@ def joint_search(
     candidates (inside a list schedule it is :func:`time.monotonic`).
     """
     patterns = _patterns(costs)
-    # One list so that phase 1's extra candidates raise the budget the progress shows too.
-    budget = [max_evaluations or (len(patterns) + 27)]
-    evals = 0
-
-    # The best candidate scheduled so far, whichever phase made it: what a deadline returns.
-    champion: _Candidate | None = None
-
-    def run(pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy) -> _Candidate:
-        nonlocal evals, champion
-        if deadline is not None and clock() >= deadline:
-            raise OutOfTime("the time limit ran out between candidates")
-        evals += 1
-        sched = list_schedule(costs, stages=stages, owner=owner, policy=policy, deadline=deadline)
-        cand = _Candidate(pattern, owner, stages, sched, policy)
-        if champion is None or cand.time < champion.time:
-            champion = cand
-        if on_progress:
-            on_progress(evals, budget[0], champion.time)
-        return cand
-
+    ev = _Evaluator(costs, budget=max_evaluations or (len(patterns) + 27), deadline=deadline,
+                    clock=clock, on_progress=on_progress)
     try:
-        best = _phases(costs, run=run, patterns=patterns, evals=lambda: evals, budget=budget)
+        best = _phases(costs, ev=ev, patterns=patterns)
     except OutOfTime:
+        champion = ev.champion
         if champion is None or champion.time == math.inf:
-            log.info("search: the time limit ran out before any candidate fit (%d evaluations)", evals)
+            log.info("search: the time limit ran out before any candidate fit (%d evaluations)", ev.evals)
             return None
-        log.info("search: cut short by the time limit after %d evaluations", evals)
+        log.info("search: cut short by the time limit after %d evaluations", ev.evals)
         return SearchResult(champion.stages, champion.owner, champion.schedule, champion.policy,
-                            evals, champion.pattern, cut_short=True)
+                            ev.evals, champion.pattern, cut_short=True)
     if best is None:
         return None
     log.debug("search: %s, %d stages, %.4g (baseline %.4g), %d evaluations",
-              best.pattern, len(best.stages), best.time, incumbent, evals)
-    return SearchResult(best.stages, best.owner, best.schedule, best.policy, evals, best.pattern)
+              best.pattern, len(best.stages), best.time, incumbent, ev.evals)
+    return SearchResult(best.stages, best.owner, best.schedule, best.policy, ev.evals, best.pattern)
 
 
-def _phases(
-    costs: Costs,
-    *,
-    run: Callable[[str, list[int], list[tuple[int, int]], Policy], _Candidate],
-    patterns: list[tuple[str, list[int]]],
-    evals: Callable[[], int],
-    budget: list[int],
-) -> _Candidate | None:
+def _phases(costs: Costs, *, ev: _Evaluator, patterns: list[tuple[str, list[int]]]) -> _Candidate | None:
     """Structures, policies, then partition moves: the best candidate, None if none fits."""
     best: _Candidate | None = None
     # Phase 1: structure (placement pattern x stage count) with balanced partitions.
@@ -259,7 +286,7 @@ def _phases(
         if best is not None and bound >= best.time:
             stalled.add(family)
             continue
-        cand = run(name, owner, stages, POLICIES[0])
+        cand = ev.run(name, owner, stages, POLICIES[0])
         if len(set(owner)) == len(owner):
             # The same bottleneck with the slack spread over every stage (no idle tail): a
             # different schedule, so both are simulated; it costs no other candidate its turn.
@@ -267,8 +294,8 @@ def _phases(
                 costs, stages_count=len(owner), speeds=[costs.speed[d] for d in owner], spread=True
             )
             if even != stages:
-                budget[0] += 1
-                other = run(name, owner, even, POLICIES[0])
+                ev.budget += 1
+                other = ev.run(name, owner, even, POLICIES[0])
                 if other.time < cand.time:
                     cand = other
         ranked.append(cand)
@@ -280,11 +307,11 @@ def _phases(
     # Packed structures: balanced stages first, then any placement (longest stage first onto
     # the least loaded device, by time): non-contiguous, uneven stage counts per device.
     for k in range(2, 5):
-        if k * costs.devices > costs.layers or evals() >= budget[0]:
+        if k * costs.devices > costs.layers or ev.spent:
             break
         stages = balanced_partition(costs, stages_count=k * costs.devices)
         owner = _pack(costs, stages=stages, pre=pre)
-        cand = run(f"packed-v{k}", owner, stages, POLICIES[0])
+        cand = ev.run(f"packed-v{k}", owner, stages, POLICIES[0])
         ranked.append(cand)
         if best is None or cand.time < best.time:
             best = cand
@@ -292,42 +319,38 @@ def _phases(
     # Phase 2: scheduling policies on the three best structures.
     for cand in ranked[:3]:
         for policy in POLICIES[1:]:
-            if evals() >= budget[0]:
+            if ev.spent:
                 break
-            trial = run(cand.pattern, cand.owner, cand.stages, policy)
+            trial = ev.run(cand.pattern, cand.owner, cand.stages, policy)
             if best is None or trial.time < best.time:
                 best = trial
     if best is None or best.time == math.inf:
         return None
     # Phase 3: partition moves (the bottleneck first, then any boundary), kept only when the simulation improves.
-    return _refine(costs, best=best, run=run, budget=budget[0], evals=evals)
+    return _refine(costs, best=best, ev=ev)
 
 
-def _refine(
-    costs: Costs,
-    *,
-    best: _Candidate,
-    run: Callable[[str, list[int], list[tuple[int, int]], Policy], _Candidate],
-    budget: int,
-    evals: Callable[[], int],
-) -> _Candidate:
+def _refine(costs: Costs, *, best: _Candidate, ev: _Evaluator) -> _Candidate:
+    """Partition moves from ``best`` (same placement and policy), each kept only if the
+    simulated time improves, until no move helps or ``ev``'s budget is spent."""
     pre = _prefix_work(costs)
     tried: set[tuple[int, ...]] = set()
-    while evals() < budget:
+    while not ev.spent:
+        owner = best.owner
         cuts = [lo for lo, _ in best.stages] + [best.stages[-1][1]]
-        load = _loads(costs, best.owner, cuts, pre)
+        load = _loads(costs, owner, cuts, pre)
         hot = max(range(len(load)), key=load.__getitem__)
         moves: list[list[int]] = []
         # Shrink each stage of the bottleneck device by one layer, towards the cooler side.
-        for s, d in enumerate(best.owner):
+        for s, d in enumerate(owner):
             if d != hot or cuts[s + 1] - cuts[s] < 2:
                 continue
             if s > 0:
                 moves.append(cuts[:s] + [cuts[s] + 1] + cuts[s + 1 :])
-            if s + 1 < len(best.owner):
+            if s + 1 < len(owner):
                 moves.append(cuts[: s + 1] + [cuts[s + 1] - 1] + cuts[s + 2 :])
         moves = [mv for mv in moves if tuple(mv) not in tried]
-        moves.sort(key=lambda mv: max(_loads(costs, best.owner, mv, pre)))
+        moves.sort(key=partial(_max_load, costs, owner=owner, pre=pre))
         # Then any other boundary one layer either way: the bottleneck of the *schedule* is
         # not always the busiest device (a stage that starts late, a W tail), so the loads'
         # max cannot rank these; the least squared load (most even) goes first.
@@ -339,22 +362,17 @@ def _refine(
                     mv = cuts[:i] + [k] + cuts[i + 1 :]
                     if tuple(mv) not in tried and mv not in moves:
                         others.append(mv)
-
-        def evenness(mv: list[int]) -> tuple[float, float]:
-            ld = _loads(costs, best.owner, mv, pre)
-            return (max(ld), sum(x * x for x in ld))
-
-        others.sort(key=evenness)
+        others.sort(key=partial(_evenness_of, costs, owner=owner, pre=pre))
         moves = moves[:2] + others[:_OTHER_MOVES]
         if not moves:
             break
         improved = False
         for mv in moves:
-            if evals() >= budget:
+            if ev.spent:
                 break
             tried.add(tuple(mv))
             stages = [(mv[s], mv[s + 1]) for s in range(len(mv) - 1)]
-            trial = run(best.pattern, best.owner, stages, best.policy)
+            trial = ev.run(best.pattern, owner, stages, best.policy)
             if trial.time < best.time * (1 - 1e-9):
                 best, improved = trial, True
                 break

@@ -65,11 +65,9 @@ class ActionTimer:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
-        self.counts: dict[str, int] = {}
 
     def reset(self) -> None:
         self.seconds.clear()
-        self.counts.clear()
 
     @contextmanager
     def measure(self, kind: str) -> Iterator[None]:
@@ -79,10 +77,6 @@ class ActionTimer:
     def collect(self) -> dict[str, float]:
         """Busy seconds per kind since the last reset (waits for the device where needed)."""
         return dict(self.seconds)
-
-    @property
-    def busy(self) -> float:
-        return sum(self.collect().values())
 
 
 class WallActionTimer(ActionTimer):
@@ -95,7 +89,6 @@ class WallActionTimer(ActionTimer):
             yield
         finally:
             self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - start
-            self.counts[kind] = self.counts.get(kind, 0) + 1
 
 
 class CudaActionTimer(ActionTimer):
@@ -118,7 +111,6 @@ class CudaActionTimer(ActionTimer):
         finally:
             end.record()
             self._events.append((kind, start, end))
-            self.counts[kind] = self.counts.get(kind, 0) + 1
 
     def collect(self) -> dict[str, float]:
         if self._events:

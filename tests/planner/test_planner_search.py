@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adaptis.api.errors import SpecError
+from adaptis.api.plan import Plan
 from adaptis.api.problem import parse_problem
 from adaptis.planner.costs import Costs
 from adaptis.planner.scheduler import Policy, list_schedule
@@ -96,7 +97,11 @@ def test_list_schedule_replays_to_its_own_time_and_meets_zb_h1_closed_form() -> 
     p, m = 4, 8
     layers = [{"repeat": p, "layers": [{"name": "l", "forward": 1.0, "backward": 1.0, "weight": 1.0}]}]
     costs = Costs.from_problem(parse_problem(_problem(layers=layers, devices={"count": p}, m=m)))
-    sched = list_schedule(costs, stages=[(i, i + 1) for i in range(p)], owner=list(range(p)), policy=Policy())
+    stages = [(i, i + 1) for i in range(p)]
+    sched = list_schedule(costs, stages=stages, owner=list(range(p)), policy=Policy())
+    plan = Plan.model_construct(stages=stages, placement=[[d] for d in range(p)],
+                                actions=[list(a) for a in sched.actions])
+    assert simulate(costs, plan).iteration_time == sched.iteration_time  # the replay of its own order
     ideal = m * 3.0
     assert math.isclose(sched.iteration_time, ideal + (p - 1) * (1 + 1 - 1))  # ZB-H1: (p-1)(F+B-W)
     # The last device cannot start before (p-1) forwards, then owes m (F+B+W): the same figure,
@@ -205,7 +210,7 @@ def test_fused_backward_time_is_used_for_bw_and_split_when_cheaper() -> None:
 def test_refinement_moves_boundaries_off_the_busiest_device_too() -> None:
     """When the bottleneck device's own moves do not help, other boundaries are tried (the
     schedule's bottleneck is not always the busiest device)."""
-    from adaptis.planner.search import _Candidate, _refine
+    from adaptis.planner.search import _Candidate, _Evaluator, _refine
 
     layers = [{"name": f"l{i}", "forward": 1.0 + (i == 0), "backward": 1.0, "weight": 1.0} for i in range(8)]
     costs = Costs.from_problem(parse_problem(_problem(layers=layers, devices={"count": 4}, m=4)))
@@ -213,14 +218,14 @@ def test_refinement_moves_boundaries_off_the_busiest_device_too() -> None:
     stages = [(0, 2), (2, 4), (4, 6), (6, 8)]  # device 0 is the busiest (its first layer is heavier)
     start = _Candidate("looped-v1", owner, stages, list_schedule(costs, stages=stages, owner=owner), Policy())
     tried: list[list[tuple[int, int]]] = []
-    count = 0
 
-    def run(pattern: str, own: list[int], st_: list[tuple[int, int]], policy: Policy) -> _Candidate:
-        nonlocal count
-        count += 1
-        tried.append(st_)
-        return _Candidate(pattern, own, st_, list_schedule(costs, stages=st_, owner=own, policy=policy), policy)
+    class Recording(_Evaluator):
+        __slots__ = ()
 
-    _refine(costs, best=start, run=run, budget=100, evals=lambda: count)
+        def run(self, pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy) -> _Candidate:
+            tried.append(stages)
+            return super().run(pattern, owner, stages, policy)
+
+    _refine(costs, best=start, ev=Recording(costs, budget=100))
     moved = [next(i for i, (a, b) in enumerate(zip(t, stages)) if a != b) for t in tried]
     assert any(i >= 2 for i in moved), tried  # a boundary between devices 1..3 was moved

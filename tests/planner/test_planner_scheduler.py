@@ -1,0 +1,117 @@
+"""The list scheduler's promise: the time it reports is the time ``simulate()`` gives the plan it
+emits (the search ranks candidates by that time, the executor runs the order).
+
+Random problems with slow links between nodes (transfers matter), per-action overhead,
+mixed device speeds and tight memory (admission holds stage 0 back), random partitions and
+placements (several stages a device, in any order) and every policy the search tries.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from adaptis.api.plan import Plan
+from adaptis.api.problem import parse_problem
+from adaptis.planner.costs import Costs
+from adaptis.planner.scheduler import Policy, Schedule, list_schedule
+from adaptis.planner.simulator import simulate
+
+POLICIES = (Policy(), Policy(fill_with_w=False), Policy(split_backward=False), Policy(max_inflight=2))
+
+
+def _plan(schedule: Schedule, *, stages: list[tuple[int, int]], owner: list[int], devices: int) -> Plan:
+    """The plan the search makes of a schedule (as strategies.py does)."""
+    return Plan.model_construct(
+        stages=stages,
+        placement=[[s for s, d in enumerate(owner) if d == dev] for dev in range(devices)],
+        actions=[list(a) for a in schedule.actions],
+    )
+
+
+def _replays(costs: Costs, *, stages: list[tuple[int, int]], owner: list[int], policy: Policy) -> Schedule:
+    """Schedule, replay in the simulator, and check the promise; the schedule."""
+    sched = list_schedule(costs, stages=stages, owner=owner, policy=policy)
+    if not sched.feasible:
+        assert sched.reason and sched.iteration_time == math.inf
+        return sched
+    sim = simulate(costs, _plan(sched, stages=stages, owner=owner, devices=costs.devices))
+    assert math.isclose(sim.iteration_time, sched.iteration_time, rel_tol=1e-9), (
+        policy, sched.iteration_time, sim.iteration_time)
+    assert sim.feasible, sim.reason  # admission kept every device within its memory
+    per_mb = 3 if policy.split_backward else 2
+    assert sum(len(a) for a in sched.actions) == len(stages) * costs.microbatches * per_mb
+    return sched
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[Costs, list[tuple[int, int]], list[int]]:
+    n = draw(st.integers(1, 10))
+    layers = [{
+        "name": f"l{i}",
+        "forward": draw(st.floats(0.1, 5)),
+        "backward": draw(st.floats(0, 5)),
+        "weight": draw(st.floats(0, 3)),
+        "activation_bytes": draw(st.floats(0, 5)),
+        "param_bytes": draw(st.floats(0, 5)),
+        "output_bytes": draw(st.floats(0.5, 5)),
+    } for i in range(n)]
+    count = draw(st.integers(1, 5))
+    memory = draw(st.one_of(st.none(), st.floats(5, 40)))
+    devices = [{"name": f"d{d}", "node": f"n{d // 2}", "speed": draw(st.sampled_from([1.0, 1.5, 2.0])),
+                **({"memory_bytes": memory} if memory else {})} for d in range(count)]
+    doc: dict[str, Any] = {
+        "name": "t", "microbatches": draw(st.integers(1, 10)), "layers": layers,
+        "devices": {"list": devices},
+        # Seconds per byte of the order of the compute times: a transfer can be on the critical path.
+        "network": {"intra_node": {"bandwidth_bytes_per_s": 4.0, "latency_s": 0.1},
+                    "inter_node": {"bandwidth_bytes_per_s": 1.0, "latency_s": 0.5}},
+        "time_unit": "s",
+        "action_overhead_s": draw(st.sampled_from([0.0, 0.05])),
+    }
+    costs = Costs.from_problem(parse_problem(doc))
+    cuts = sorted(draw(st.sets(st.integers(1, n - 1), max_size=5))) if n > 1 else []
+    bounds = [0, *cuts, n]
+    stages = [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+    owner = draw(st.lists(st.integers(0, count - 1), min_size=len(stages), max_size=len(stages)))
+    return costs, stages, owner
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases())
+def test_every_schedule_replays_to_the_time_it_reports(case: tuple[Costs, list[tuple[int, int]], list[int]]) -> None:
+    costs, stages, owner = case
+    for policy in POLICIES:
+        _replays(costs, stages=stages, owner=owner, policy=policy)
+
+
+def test_a_schedule_held_back_by_memory_reports_the_replayed_time() -> None:
+    """Both devices hold one microbatch (3 bytes, 2 a microbatch). Stage 0's device is done
+    with microbatch 0 at 9 (its B and W cost nothing), stage 1's at 10, so the scheduler admits
+    microbatch 1 at 10. The executor (and the simulator) runs the same order without waiting:
+    F(0,1) 9-12, F(1,1) 12-15, B 15-18, W 18-19. The scheduler used to report 20."""
+    layers = [{"name": "l0", "forward": 3.0, "backward": 0.0, "weight": 0.0, "activation_bytes": 2.0},
+              {"name": "l1", "forward": 3.0, "backward": 3.0, "weight": 1.0, "activation_bytes": 2.0}]
+    devices = [{"name": f"d{d}", "node": "n", "memory_bytes": 3.0} for d in range(2)]
+    costs = Costs.from_problem(parse_problem(
+        {"name": "t", "microbatches": 2, "layers": layers, "devices": {"list": devices}}))
+    sched = _replays(costs, stages=[(0, 1), (1, 2)], owner=[0, 1], policy=Policy())
+    assert sched.actions[0][3] == ("F", 0, 1)  # microbatch 1 enters only after 0 has left both
+    assert sched.iteration_time == 19.0
+
+
+def test_transfers_are_on_the_critical_path_of_the_reported_time() -> None:
+    """Two devices on two nodes, one layer each, one microbatch: F, transfer, F, B, transfer
+    back, B (stage 0's backward is all W); each transfer is 0.5 + 2 bytes / 1 B/s."""
+    layers = [{"name": f"l{i}", "forward": 1.0, "backward": 1.0, "weight": 1.0, "output_bytes": 2.0}
+              for i in range(2)]
+    devices = [{"name": f"d{d}", "node": f"n{d}"} for d in range(2)]
+    doc = {"name": "t", "microbatches": 1, "layers": layers, "devices": {"list": devices}, "time_unit": "s",
+           "network": {"inter_node": {"bandwidth_bytes_per_s": 1.0, "latency_s": 0.5}}}
+    costs = Costs.from_problem(parse_problem(doc))
+    sched = _replays(costs, stages=[(0, 1), (1, 2)], owner=[0, 1], policy=Policy())
+    # F0 1, hop 2.5, F1 1, B1 1, hop 2.5, B0 0, W0 2 (stage 0's whole backward): 10.
+    assert sched.iteration_time == 10.0
