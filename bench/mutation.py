@@ -47,7 +47,8 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/worker/test_worker_termination.py",
     ),
     "adaptis/operator/capacity.py": (
-        "tests/operator/test_operator_capacity.py", "tests/operator/test_operator_placement.py",
+        "tests/operator/test_operator_capacity_ledger.py", "tests/operator/test_operator_capacity.py",
+        "tests/operator/test_operator_placement.py",
     ),
     "adaptis/operator/reconcile.py": ("tests/operator",),
     "adaptis/operator/workqueue.py": ("tests/operator/test_operator_workqueue.py",),
