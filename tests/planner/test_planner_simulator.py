@@ -1,0 +1,42 @@
+"""The performance model on hand-made plans with answers worked out by hand.
+
+test_planner_properties.py checks every baseline's timeline against the model's rules on random
+problems; these pin exact figures (issue 18: mutation testing of simulator.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from adaptis.api.plan import Plan
+from adaptis.api.problem import parse_problem
+from adaptis.planner.costs import Costs
+from adaptis.planner.simulator import simulate
+
+
+def _costs(**devices: object) -> Costs:
+    return Costs.from_problem(parse_problem({
+        "microbatches": 1,
+        "layers": [{"name": "a", "forward": 1.0, "backward": 2.0, "weight": 0.5},
+                   {"name": "b", "forward": 1.0, "backward": 2.0, "weight": 0.5}],
+        "devices": devices or {"count": 2},
+    }))
+
+
+def test_a_two_stage_plan_has_the_times_and_bubbles_worked_out_by_hand() -> None:
+    plan = Plan(stages=[(0, 1), (1, 2)], placement=[[0], [1]],
+                actions=[[("F", 0, 0), ("B", 0, 0), ("W", 0, 0)],
+                         [("F", 1, 0), ("B", 1, 0), ("W", 1, 0)]])
+    sim = simulate(_costs(), plan)
+    # Device 1: F 1-2, B 2-4, W 4-4.5. Device 0: F 0-1, waits for stage 1's gradient until 4;
+    # the first stage has no input gradient, so its B costs nothing and W holds it all: 4-6.5.
+    assert [t for a in sim.timeline[0] for t in (a.start, a.end)] == pytest.approx(
+        [0.0, 1.0, 4.0, 4.0, 4.0, 6.5])
+    assert [t for a in sim.timeline[1] for t in (a.start, a.end)] == pytest.approx(
+        [1.0, 2.0, 2.0, 4.0, 4.0, 4.5])
+    assert sim.iteration_time == pytest.approx(6.5)
+    assert sim.busy == pytest.approx((3.5, 3.5))
+    assert sim.bubble_ratio == pytest.approx(1 - 7.0 / 13.0)
+    assert sim.warmup_bubble == pytest.approx((0.0, 1.0))
+    assert sim.cooldown_bubble == pytest.approx((0.0, 2.0))
+    assert sim.feasible and sim.reason is None
