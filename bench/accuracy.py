@@ -50,7 +50,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from planner_bench import ACCURACY_HEADING  # bench/ is this script's directory
+from planner_bench import ACCURACY_HEADING, MUTATION_HEADING  # bench/ is this script's directory
 
 from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, OptimizerSpec, ParallelismSpec, TrainingSpec, WorkerConfig
 from adaptis.api.plan import Plan
@@ -411,8 +411,12 @@ def write_summary(results: Path, *, report: str) -> None:
     section = (f"{ACCURACY_HEADING} (issue 4)\n\nThe last `python bench/accuracy.py` run; the analysis (what "
                f"is off, why, and the runs before) is in `bench/RESULTS-accuracy.md`.\n\n{body}\n")
     text = results.read_text() if results.exists() else ""
-    head = text.partition(ACCURACY_HEADING)[0].rstrip()
-    results.write_text((head + "\n\n" if head else "") + section)
+    head, _, rest = text.partition(ACCURACY_HEADING)
+    # The mutation score's section follows this one: keep it.
+    _, found, later = rest.partition(MUTATION_HEADING)
+    tail = f"\n{MUTATION_HEADING}{later}" if found else ""
+    head = head.rstrip()
+    results.write_text((head + "\n\n" if head else "") + section + tail)
     print(f"summary written to {results}")
 
 

@@ -39,6 +39,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 #: The section bench/accuracy.py writes into RESULTS.md (kept when this script rewrites the file).
 ACCURACY_HEADING = "## Accuracy of the performance model"
+#: The mutation-score section (bench/mutation.py's figures, with the analysis of its survivors),
+#: after the accuracy section; kept by this script and by bench/accuracy.py.
+MUTATION_HEADING = "## Mutation score"
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: `bench` and `adaptis` import
 
 from adaptis.api.plan import STRATEGY_NAMES, Comparison  # noqa: E402
