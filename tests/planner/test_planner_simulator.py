@@ -38,8 +38,11 @@ def test_a_two_stage_plan_has_the_times_and_bubbles_worked_out_by_hand() -> None
     assert sim.iteration_time == pytest.approx(6.5)
     assert sim.busy == pytest.approx((3.5, 3.5))
     assert sim.bubble_ratio == pytest.approx(1 - 7.0 / 13.0)
+    assert sim.bubble == pytest.approx((3.0, 3.0))
     assert sim.warmup_bubble == pytest.approx((0.0, 1.0))
     assert sim.cooldown_bubble == pytest.approx((0.0, 2.0))
+    # What is idle between the first action and the last: device 0 waits 1-4, device 1 never.
+    assert sim.steady_bubble == pytest.approx((3.0, 0.0))
     assert sim.feasible and sim.reason is None
 
 
@@ -83,3 +86,32 @@ def test_a_deadlock_names_each_stuck_device_and_what_it_waits_on() -> None:
     assert str(caught.value) == (
         "plan deadlocks: device 0 waits on ('B', 0, 0), device 1 waits on ('W', 1, 0)")
     assert caught.value.waiting == (("B", 0, 0), ("W", 1, 0), None)
+
+
+def _memory_case(caps: tuple[float, float]) -> tuple[Costs, Plan]:
+    doc = {"microbatches": 2,
+           "devices": {"list": [{"node": "n0", "memory_bytes": caps[0]},
+                                {"node": "n0", "memory_bytes": caps[1]}]},
+           "layers": [{"name": "a", "forward": 1.0, "backward": 2.0, "weight": 0.5,
+                       "activation_bytes": 100.0, "param_bytes": 1000.0},
+                      {"name": "b", "forward": 1.0, "backward": 2.0, "weight": 0.5,
+                       "activation_bytes": 200.0, "param_bytes": 2000.0}]}
+    plan = Plan(stages=[(0, 1), (1, 2)], placement=[[0], [1]], actions=[
+        [("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("W", 0, 0), ("B", 0, 1), ("W", 0, 1)],
+        [("F", 1, 0), ("B", 1, 0), ("W", 1, 0), ("F", 1, 1), ("B", 1, 1), ("W", 1, 1)]])
+    return Costs.from_problem(parse_problem(doc)), plan
+
+
+def test_peak_memory_is_parameters_plus_the_activations_held_at_once() -> None:
+    # Device 0 holds both microbatches' activations before its first W; device 1 frees each
+    # before the next F. A device with exactly its peak fits.
+    sim = simulate(*_memory_case((1200.0, 2200.0)))
+    assert sim.peak_memory == (1200.0, 2200.0)
+    assert sim.feasible and sim.reason is None
+
+
+def test_a_plan_over_any_devices_memory_is_infeasible_with_every_device_named() -> None:
+    sim = simulate(*_memory_case((1199.0, 2199.0)))
+    assert not sim.feasible
+    assert sim.reason == ("device 0 needs 1200 bytes, has 1199; "
+                          "device 1 needs 2200 bytes, has 2199")
