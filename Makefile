@@ -2,7 +2,7 @@
 VENV ?= $(or $(ADAPTIS_VENV),$(HOME)/.cache/adaptis/venv)
 export ADAPTIS_VENV := $(VENV)
 
-.PHONY: run test bench
+.PHONY: run test bench mutation
 run:  ## set up, then train the embedded default job locally, from scratch each time (--fresh)
 	bash scripts/setup.sh
 	$(VENV)/bin/adaptis run examples/tiny-heterogeneous.yaml --fresh
@@ -14,3 +14,8 @@ test:  ## set up (Python env, control-plane binaries, Prometheus), then run ever
 bench:  ## the planner benchmark on the paper's workloads (writes bench/RESULTS.md)
 	bash scripts/setup.sh
 	$(VENV)/bin/python bench/planner_bench.py
+
+mutation:  ## mutation score of the core modules (a benchmark, not CI; MODULES="adaptis/..." for some)
+	bash scripts/setup.sh
+	$(VENV)/bin/pip install -q -c constraints.txt mutmut  # on demand: not in what `make test` installs
+	nice -n 10 $(VENV)/bin/python bench/mutation.py $(MODULES)

@@ -411,8 +411,13 @@ def write_summary(results: Path, *, report: str) -> None:
     section = (f"{ACCURACY_HEADING} (issue 4)\n\nThe last `python bench/accuracy.py` run; the analysis (what "
                f"is off, why, and the runs before) is in `bench/RESULTS-accuracy.md`.\n\n{body}\n")
     text = results.read_text() if results.exists() else ""
-    head = text.partition(ACCURACY_HEADING)[0].rstrip()
-    results.write_text((head + "\n\n" if head else "") + section)
+    head, _, rest = text.partition(ACCURACY_HEADING)
+    # Sections other scripts own follow this one (the mutation score, the shared-cluster
+    # figures): keep every one of them.
+    _, found, later = rest.partition("\n## ")
+    tail = f"\n## {later}" if found else ""
+    head = head.rstrip()
+    results.write_text((head + "\n\n" if head else "") + section + tail)
     print(f"summary written to {results}")
 
 

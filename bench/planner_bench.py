@@ -37,7 +37,8 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The section bench/accuracy.py writes into RESULTS.md (kept when this script rewrites the file).
+#: The section bench/accuracy.py writes into RESULTS.md; it and the sections after it (the
+#: mutation score, the shared-cluster figures) are kept when this script rewrites the file.
 ACCURACY_HEADING = "## Accuracy of the performance model"
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: `bench` and `adaptis` import
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "DataError", "PlanMismatchError", "RankFailedError", "WorkerError"]
+__all__ = ["CheckpointError", "DataError", "PlanMismatchError", "RankFailedError", "TorchApiError",
+           "WorkerError"]
 
 
 class WorkerError(Exception):
@@ -11,6 +12,10 @@ class WorkerError(Exception):
 
 class PlanMismatchError(WorkerError):
     """The plan does not fit the model or the world (layer count, devices, microbatches)."""
+
+
+class TorchApiError(WorkerError):
+    """The installed torch lacks a private name or argument that the pipelining adapter uses."""
 
 
 class DataError(WorkerError):

@@ -38,7 +38,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import _backward as _torch_backward
 from torch.distributed.pipelining import schedules as _schedules
 
-from adaptis.worker.errors import PlanMismatchError
+from adaptis.worker.errors import PlanMismatchError, TorchApiError
 
 __all__ = [
     "ActionTimer",
@@ -49,12 +49,16 @@ __all__ = [
     "TORCH_KIND",
     "WallActionTimer",
     "backward_full",
+    "backward_kind_of",
     "backward_input",
     "backward_weight",
     "weight_pass_graph",
 ]
 
 log = logging.getLogger(__name__)
+
+#: The argument of torch's ``backward_one_chunk`` that says fused (True) or input-only (False).
+_FULL_BACKWARD = "full_backward"
 
 #: Plan action kind -> torch computation type.
 TORCH_KIND: dict[str, str] = {"F": "F", "B": "I", "W": "W", "BW": "B"}
@@ -225,6 +229,37 @@ def _skip_self_warmup(stage: PipelineStage) -> None:
     stage._get_init_p2p_neighbors_ops = filtered  # type: ignore[method-assign]
 
 
+def backward_kind_of(backward_one_chunk: Callable[..., Any]) -> Callable[..., str]:
+    """The plan kind (``BW`` fused, ``B`` input only) of each call of torch's private
+    ``PipelineStage.backward_one_chunk``, read from its ``full_backward`` argument by name.
+
+    Why by name: torch passes it positionally in some versions and by keyword in others, and a
+    reordering of the private signature would otherwise swap B and BW timings silently. Raises
+    :class:`TorchApiError`, naming the torch version, when the parameter is gone."""
+    try:
+        signature = inspect.signature(backward_one_chunk)
+    except (TypeError, ValueError) as err:
+        raise TorchApiError(
+            f"torch {torch.__version__}: cannot read the signature of "
+            f"PipelineStage.backward_one_chunk ({err}); AdaPtis supports torch 2.11 and 2.13"
+        ) from err
+    param = signature.parameters.get(_FULL_BACKWARD)
+    if param is None or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+        raise TorchApiError(
+            f"torch {torch.__version__}: PipelineStage.backward_one_chunk{signature} has no "
+            f"parameter {_FULL_BACKWARD!r}, by which AdaPtis tells a fused backward (BW) from an "
+            "input-gradient one (B); use torch 2.11 or 2.13 (constraints.txt)"
+        )
+    # A required parameter is always bound; the default only stands in when torch omits it.
+    default = True if param.default is param.empty else param.default
+
+    def kind_of(*args: Any, **kwargs: Any) -> str:
+        bound = signature.bind(*args, **kwargs)
+        return "BW" if bound.arguments.get(_FULL_BACKWARD, default) else "B"
+
+    return kind_of
+
+
 def _timed(fn: Callable[..., Any], timer: ActionTimer, kind_of: Callable[..., str]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         with timer.measure(kind_of(*args, **kwargs)):
@@ -299,8 +334,7 @@ class PipelineRuntime:
         t = self.timer
         stage.forward_one_chunk = _timed(stage.forward_one_chunk, t, lambda *a, **k: "F")  # type: ignore[method-assign]
         stage.backward_one_chunk = _timed(  # type: ignore[method-assign]
-            stage.backward_one_chunk, t,
-            lambda *a, **k: "BW" if k.get("full_backward", a[2] if len(a) > 2 else True) else "B",
+            stage.backward_one_chunk, t, backward_kind_of(stage.backward_one_chunk),
         )
         stage.backward_weight_one_chunk = _timed(  # type: ignore[method-assign]
             stage.backward_weight_one_chunk, t, lambda *a, **k: "W"

@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 import json
+import time
+from datetime import UTC, datetime
 from typing import Any
 
-from adaptis.operator.status import census, parse_status, set_condition, status_payload
+import pytest
+from plan_kit import split_backward_plan
+
+from adaptis.operator.planning import PlanRecord
+from adaptis.operator.status import (
+    census,
+    condition_true,
+    now_rfc3339,
+    parse_status,
+    plan_summary,
+    set_condition,
+    status_payload,
+)
 
 
 def _pod(name: str, phase: str, *, ready: bool = False, **status: Any) -> dict[str, Any]:
@@ -56,3 +70,110 @@ def test_status_round_trips_and_unreadable_status_restarts() -> None:
     assert (st.phase, st.restarts, st.workers_ready) == ("Running", 2, "1/2")
     assert status_payload(st)["workersReady"] == "1/2"
     assert parse_status({"phase": "Bogus"}).phase == "Pending"
+
+
+# --- What each status field promises, pinned one by one (issue 18: mutation testing found the
+# spellings, bounds, defaults and counts below unchecked).
+
+
+def _terminated(*messages: str) -> dict[str, Any]:
+    return {"containerStatuses": [{"state": {"terminated": {"message": m}}} for m in messages]}
+
+
+@pytest.mark.parametrize("key", ["observedBubbleRatio", "bubble_ratio", "bubbleRatio"])
+def test_every_spelling_of_the_workers_bubble_ratio_is_read(key: str) -> None:
+    pods = [_pod("r0", "Succeeded", **_terminated(json.dumps({key: 0.25})))]
+    assert census(pods, total=1).bubble_ratios == (0.25,)
+
+
+@pytest.mark.parametrize(("value", "read"), [(0, 0.0), (1, 1.0), (1.5, None), (2, None), (-0.1, None)])
+def test_a_bubble_ratio_is_read_only_within_zero_and_one_inclusive(value: float,
+                                                                   read: float | None) -> None:
+    pods = [_pod("r0", "Succeeded", **_terminated(json.dumps({"bubbleRatio": value})))]
+    assert census(pods, total=1).bubble_ratios == (() if read is None else (read,))
+
+
+def test_an_unreadable_termination_message_does_not_hide_a_later_one() -> None:
+    # A container's own crash text can precede the worker's JSON line.
+    pods = [_pod("r0", "Succeeded", **_terminated("Traceback ...", '{"bubble_ratio": 0.3}'))]
+    assert census(pods, total=1).observed_bubble_ratio == 0.3
+
+
+def test_census_counts_every_pod_and_passes_the_total_through() -> None:
+    gone = {"metadata": {"name": "t", "deletionTimestamp": "2026-01-01T00:00:00Z"}, "status": {}}
+    pods = [gone, gone, _pod("f0", "Failed"), _pod("f1", "Failed", reason="Evicted"),
+            {"metadata": {}, "status": {"phase": "Failed", "message": "boom"}},
+            {"metadata": {"name": "new"}}]  # no status yet: Pending
+    c = census(pods, total=7)
+    assert (c.total, c.terminating, c.failed, c.pending) == (7, 2, 3, 1)
+    # The pod's message, else its reason, else just "failed"; a pod without a name is "?".
+    assert c.failures == ("f0: failed", "f1: Evicted", "?: boom")
+
+
+def test_why_pending_pods_wait_unschedulable_or_gated() -> None:
+    def pending(name: str, sched: dict[str, Any] | None, gates: list[dict[str, str]] | None = None
+                ) -> dict[str, Any]:
+        pod = _pod(name, "Pending", conditions=[{"type": "PodScheduled", **sched}] if sched else [])
+        if gates is not None:
+            pod["spec"] = {"schedulingGates": gates}
+        return pod
+
+    # What the API server writes for a gated pod: PodScheduled False, reason SchedulingGated.
+    by_reason = {"status": "False", "reason": "SchedulingGated"}
+    c = census([
+        pending("u0", {"status": "False", "reason": "Unschedulable"}),  # no message
+        pending("g0", by_reason),  # the reason alone, gates not in the listing
+        pending("g1", by_reason, [{"name": "kueue.x-k8s.io/admission"}, {"name": "other"}]),
+        pending("g2", None, [{}]),  # a gate with no name
+        pending("p0", {"status": "False", "reason": "Other"}),  # neither
+    ], total=5)
+    assert c.pending == 5
+    assert c.unschedulable == ("u0: unschedulable",)
+    assert c.gated == ("g0: gated by a scheduling gate",
+                       "g1: gated by kueue.x-k8s.io/admission, other", "g2: gated by ?")
+
+
+def test_condition_true_needs_that_type_with_status_true() -> None:
+    conds = set_condition([], type_="Ready", status="True", reason="Up", now="t")
+    conds = set_condition(conds, type_="Planned", status="False", reason="No", now="t")
+    assert condition_true(conds, "Ready")
+    assert not condition_true(conds, "Planned") and not condition_true(conds, "Missing")
+
+
+def test_a_condition_set_without_a_message_has_an_empty_one() -> None:
+    assert set_condition([], type_="Ready", status="True", reason="Up", now="t")[0].message == ""
+
+
+def test_now_is_utc_whatever_the_local_time_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "IST-05:30")  # POSIX rule: UTC+05:30, needs no zone database
+    time.tzset()
+    try:
+        before = datetime.now(UTC).replace(microsecond=0)
+        stamp = now_rfc3339()
+        after = datetime.now(UTC)
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert before <= datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC) <= after
+
+
+def test_plan_summary_reports_the_plan_rounded_with_every_ranks_node_gpu_and_stages() -> None:
+    record = PlanRecord(
+        spec_hash="0" * 16, plan=split_backward_plan(devices=2, microbatches=2),
+        # A third node past the plan's placement holds no stage.
+        nodes=["n0", "n1", "n2"], hostnames=["n0", "n1", "n2"], gpus=["H100", "A100", None],
+        node_fingerprints={}, strategy="adaptis", predicted_iteration_seconds=1.23456789,
+        predicted_bubble_ratio=0.123456, predicted_speedup_over_i1f1b=1.5,
+    )
+    summary = plan_summary(record)
+    placement = summary.pop("placement")
+    assert summary == {"stages": 2, "strategy": "adaptis", "predicted_iteration_seconds": 1.234568,
+                       "predicted_bubble_ratio": 0.1235, "predicted_speedup_over_i1f1b": 1.5}
+    assert [(a.rank, a.node, a.gpu, a.stages) for a in placement] == [
+        (0, "n0", "H100", [0]), (1, "n1", "A100", [1]), (2, "n2", None, [])]
+
+
+def test_the_stored_status_has_no_nulls() -> None:
+    payload = status_payload(parse_status({"phase": "Running"}))
+    assert payload["phase"] == "Running"
+    assert None not in payload.values() and "message" not in payload

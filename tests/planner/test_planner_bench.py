@@ -56,3 +56,20 @@ def test_memory_sweep_finds_a_plan_down_to_the_witness() -> None:
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert len(cells) == 7 and float(cells[1]) > 0
     assert all(not c.startswith("oom") for c in cells[2:]), cells
+
+
+def test_rewriting_the_accuracy_section_keeps_the_sections_after_it(tmp_path: Path) -> None:
+    _bench()  # bench/accuracy.py imports planner_bench by name
+    spec = importlib.util.spec_from_file_location("accuracy", ROOT / "bench" / "accuracy.py")
+    assert spec is not None and spec.loader is not None
+    accuracy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(accuracy)
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Planner benchmark\n\nold tables\n\n## Accuracy of the performance model"
+                       " (issue 4)\n\nold accuracy\n\n## Shared cluster\n\n40 jobs\n\n"
+                       "## Mutation score (issue 18)\n\nkilled 9 of 10\n")
+    accuracy.write_summary(results, report="# title\n\nnew accuracy\n")
+    text = results.read_text()
+    assert "old tables" in text and "new accuracy" in text and "old accuracy" not in text
+    assert text.endswith("## Shared cluster\n\n40 jobs\n\n"
+                         "## Mutation score (issue 18)\n\nkilled 9 of 10\n")

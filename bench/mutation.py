@@ -1,0 +1,163 @@
+"""Mutation score of AdaPtis's core modules (issue 18): a benchmark, not part of CI.
+
+Run by ``make mutation`` (which installs mutmut, pinned in constraints.txt, into the venv on
+demand). Each module is mutated on its own, in a scratch copy of the working tree, against the
+fast unit tests that cover it (never ``tests/integration``, never ``slow``): mutmut reads its
+configuration from the ``pyproject.toml`` of the directory it runs in and writes ``mutants/``
+there, so a scratch copy per module keeps the checkout clean and lets each module have its own
+test selection. mutmut then runs, for each mutant, only the tests that reached the mutated
+function.
+
+    python bench/mutation.py                                  # every core module (not yet timed)
+    python bench/mutation.py adaptis/operator/status.py       # some modules
+    python bench/mutation.py --jobs 1 --out /tmp/mutation     # fewer parallel test processes
+
+Prints one line per module (killed, survived, other, score) and writes each module's
+surviving mutants, as diffs, to ``<out>/<module>.survivors.txt``. Measured: status.py, capacity.py
+and simulator.py in about 10 minutes on 2 shared cores with ``--jobs 1`` (bench/RESULTS.md, which
+also says why each survivor is left).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Core module -> the fast unit tests that cover it. Worker modules need mutmut's fork server:
+#: torch is not safe to fork after it has started threads.
+MODULES: dict[str, tuple[str, ...]] = {
+    # Every planner test reaches simulate(); these three check its timeline independently
+    # (dependencies, transfers, memory, overlaps) and keep a run near 15 minutes on 2 cores.
+    "adaptis/planner/simulator.py": (
+        "tests/planner/test_planner_properties.py", "tests/planner/test_planner_simulator.py",
+        "tests/planner/test_planner_zero_bubble.py", "tests/planner/test_planner_timeline.py",
+    ),
+    "adaptis/planner/scheduler.py": ("tests/planner",),
+    "adaptis/planner/search.py": ("tests/planner",),
+    "adaptis/planner/partition.py": ("tests/planner",),
+    "adaptis/planner/strategies.py": ("tests/planner",),
+    "adaptis/operator/status.py": (
+        "tests/operator/test_operator_status.py", "tests/operator/test_operator_reconcile.py",
+        "tests/worker/test_worker_termination.py",
+    ),
+    "adaptis/operator/capacity.py": (
+        "tests/operator/test_operator_capacity_ledger.py", "tests/operator/test_operator_capacity.py",
+        "tests/operator/test_operator_placement.py",
+    ),
+    "adaptis/operator/reconcile.py": ("tests/operator",),
+    "adaptis/operator/workqueue.py": ("tests/operator/test_operator_workqueue.py",),
+    "adaptis/operator/validation.py": ("tests/operator/test_operator_validation.py",),
+    "adaptis/worker/executor.py": ("tests/worker/test_worker_executor.py",),
+    "adaptis/worker/checkpoint.py": ("tests/worker/test_worker_checkpoint.py",),
+    "adaptis/worker/metrics.py": ("tests/worker/test_worker_metrics.py",),
+}
+
+#: mutmut's exit-code names that count as caught: the tests failed, or the mutant hung or
+#: crashed its test process (mutmut's "timeout" and "segfault").
+CAUGHT = {"killed", "timeout", "segfault"}
+
+
+def mutmut_config(module: str, tests: tuple[str, ...], *, also_copy: list[str]) -> str:
+    """The ``[tool.mutmut]`` table for one module (appended to the scratch pyproject)."""
+    isolation = "forkserver" if module.startswith("adaptis/worker/") else "fork"
+    return (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["adaptis"]\n'
+        # mutmut runs the tests inside mutants/, which holds only the sources and tests/ unless
+        # told: some tests read bench/, examples/, docs/ ...
+        f"also_copy = {json.dumps(also_copy)}\n"
+        f"only_mutate = [{json.dumps(module)}]\n"
+        f"pytest_add_cli_args_test_selection = {json.dumps(list(tests))}\n"
+        'pytest_add_cli_args = ["-m", "not integration and not slow", "-p", "no:cacheprovider"]\n'
+        f'process_isolation = "{isolation}"\n'
+        "use_git_change_detection = false\n"
+    )
+
+
+def scratch_copy(dest: Path) -> None:
+    """The working tree's tracked and untracked, not ignored, files (uncommitted edits too)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=ROOT, check=True, capture_output=True,
+    ).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int) -> Counter[str]:
+    """Mutate one module; returns the count of each mutmut status."""
+    work = out / module.replace("/", ".")
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    scratch_copy(work)
+    also_copy = sorted(p.name for p in work.iterdir() if p.name not in {"adaptis", "tests"})
+    with (work / "pyproject.toml").open("a") as f:
+        f.write(mutmut_config(module, tests, also_copy=also_copy))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # mutants/ must come first
+    mutmut = str(Path(sys.executable).with_name("mutmut"))
+    log = (out / f"{module.replace('/', '.')}.log").open("w")
+    ran = subprocess.run([mutmut, "run", "--max-children", str(jobs)], cwd=work, env=env,
+                         stdout=log, stderr=subprocess.STDOUT, check=False)
+    if ran.returncode != 0:
+        # Typically a test that fails or cannot be collected inside mutants/ before any mutant.
+        raise SystemExit(f"{module}: mutmut run exited {ran.returncode}; see {log.name}")
+    listing = subprocess.run([mutmut, "results", "--all", "true"], cwd=work, env=env,
+                             capture_output=True, text=True, check=True).stdout
+    statuses = dict(
+        (name.strip(), status.strip())
+        for name, _, status in (line.rpartition(":") for line in listing.splitlines())
+        if name.strip()
+    )
+    survivors = sorted(n for n, s in statuses.items() if s not in CAUGHT)
+    with (out / f"{module.replace('/', '.')}.survivors.txt").open("w") as f:
+        for name in survivors:
+            f.write(subprocess.run([mutmut, "show", name], cwd=work, env=env,
+                                   capture_output=True, text=True, check=False).stdout + "\n")
+    return Counter(statuses.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("modules", nargs="*", help="core modules to mutate (default: all)")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel test processes")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/adaptis-mutation"))
+    args = parser.parse_args(argv)
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        parser.error(f"modules: {', '.join(unknown)} not among the core modules: {', '.join(MODULES)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(f"{'module':34} {'killed':>6} {'survived':>8} {'other':>5} {'score':>6} {'time':>6}")
+    total: Counter[str] = Counter()
+    for module in args.modules or list(MODULES):
+        start = time.monotonic()
+        counts = run_module(module=module, tests=MODULES[module], out=args.out, jobs=args.jobs)
+        total += counts
+        print(_row(module, counts, seconds=time.monotonic() - start), flush=True)
+    print(_row("all", total, seconds=None))
+    return 0
+
+
+def _row(name: str, counts: Counter[str], *, seconds: float | None) -> str:
+    caught = sum(counts[s] for s in CAUGHT)
+    survived = counts["survived"]
+    other = sum(counts.values()) - caught - survived  # no tests, skipped, not checked
+    score = f"{100 * caught / (caught + survived + other):.0f} %" if counts else "-"
+    took = f"{seconds:.0f} s" if seconds is not None else ""
+    return f"{name:34} {caught:6} {survived:8} {other:5} {score:>6} {took:>6}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
