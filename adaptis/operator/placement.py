@@ -116,7 +116,7 @@ class Placer:
                      for n in self._cluster.list_nodes()}
         stored = read_stored_profiles(self._cluster.list_config_maps(
             self._settings.profile_namespace, selector=profile_selector()))
-        nodes = [self._profile(n, stored=stored.get(name)) for name, n in raw_nodes.items()]
+        nodes = [self._profile(n, stored=stored.get(node)) for node, n in raw_nodes.items()]
         with self._profiles_lock:  # forget deleted nodes
             for gone in [n for n in self._profiles if n not in raw_nodes]:
                 del self._profiles[gone]
@@ -223,10 +223,16 @@ class Placer:
             lost = sorted(n for n, fp in cached.node_fingerprints.items()
                           if n not in by_name or by_name[n].fingerprint() != fp)
             p.update(replans=p.status.replans + 1)
-            p.condition("Restarting", "True", reason="NodesChanged" if lost else "CapacityLost",
-                        message=f"re-planned without or around node(s) {', '.join(lost)}" if lost
-                        else "re-planned: GPUs of the cached placement are held by others now",
-                        event="Warning")
+            if lost and set(lost) <= avoided:
+                reason, why = "Unschedulable", (f"re-planned without node(s) {', '.join(lost)}, "
+                                                "where its ranks stayed unschedulable")
+            elif lost:
+                reason = "NodesChanged"
+                why = f"re-planned without or around node(s) {', '.join(lost)}"
+            else:
+                reason, why = "CapacityLost", ("re-planned: GPUs of the cached placement are held "
+                                               "by others now")
+            p.condition("Restarting", "True", reason=reason, message=why, event="Warning")
         summary = plan_summary(record)
         p.update(**summary)
         speedup = record.predicted_speedup_over_i1f1b

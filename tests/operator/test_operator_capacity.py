@@ -183,6 +183,9 @@ def test_a_placement_that_stays_unschedulable_is_replanned_without_that_node(
     rec.reconcile("ns", "a")
     job = cluster.job("a")
     assert job["status"]["replans"] == 1
+    restarting = _cond(job, "Restarting")
+    assert restarting["reason"] == "Unschedulable" and "stayed unschedulable" in restarting[
+        "message"]
     assert not _nodes_of(cluster, "a") & first
     assert len(cluster.pods()) == 2
 
