@@ -27,6 +27,28 @@ def install_crd(cp: Any) -> None:
     cp.kubectl("wait", "--for=condition=Established", "crd/adaptisjobs.adaptis.io", "--timeout=60s")
 
 
+def wait_for(what: str, predicate: Callable[[], T | None], *, timeout: float,
+             alive: Sequence[tuple[str, subprocess.Popen[bytes] | None]],
+             logs: Callable[[], str]) -> T:
+    """Poll ``predicate`` until truthy; fail at once if a process of ``alive`` exits, and on
+    timeout, either way with ``logs()``."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        for name, proc in alive:
+            if proc is not None and proc.poll() is not None:
+                pytest.fail(f"{name} exited ({proc.returncode}):\n{logs()}")
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as err:  # noqa: BLE001 - "not yet"
+            last = err
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last!r})"
+                f"\n{logs()}")
+
+
 class OperatorProcess:
     """The operator subprocess watching ``namespace``, plus reads of jobs in it."""
 
@@ -56,20 +78,8 @@ class OperatorProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def wait(self, what: str, predicate: Callable[[], T | None], timeout: float = 60) -> T:
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                pytest.fail(f"the operator exited ({self.proc.returncode}):\n{self.log_tail()}")
-            try:
-                value = predicate()
-                if value:
-                    return value
-            except Exception as err:  # noqa: BLE001 - "not yet"
-                last = err
-            time.sleep(0.5)
-        pytest.fail(f"timed out waiting for {what} (last error: {last!r});"
-                    f"\noperator log:\n{self.log_tail()}")
+        return wait_for(what, predicate, timeout=timeout, alive=[("the operator", self.proc)],
+                        logs=lambda: f"operator log:\n{self.log_tail()}")
 
     def job(self, name: str) -> dict[str, Any]:
         return dict(self.cp.get_json("adaptisjob", name, "-n", self.namespace))

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import pytest
 from kueue import ADMISSION_GATE, KueueManager
-from operator_process import OperatorProcess, install_crd
+from operator_process import OperatorProcess, install_crd, wait_for
 from processes import ControlPlaneError
 
 NS = "kueue-e2e"
@@ -78,22 +78,8 @@ class Env:
 
     def wait(self, what: str, predicate: Callable[[], T | None], timeout: float = 90) -> T:
         """Poll ``predicate`` until truthy; on timeout fail with both processes' logs."""
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            for name, proc in (("operator", self.op.proc), ("kueue", self.kueue.process
-                                                            and self.kueue.process.popen)):
-                if proc is not None and proc.poll() is not None:
-                    pytest.fail(f"{name} exited ({proc.returncode}):\n{self._logs()}")
-            try:
-                value = predicate()
-                if value:
-                    return value
-            except Exception as err:  # noqa: BLE001 - "not yet"
-                last = err
-            time.sleep(0.5)
-        pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last!r})"
-                    f"\n{self._logs()}")
+        return wait_for(what, predicate, timeout=timeout, logs=self._logs, alive=[
+            ("operator", self.op.proc), ("kueue", self.kueue.process and self.kueue.process.popen)])
 
     def _logs(self) -> str:
         return (f"operator log ({self.op.log_path}):\n{self.op.log_tail()}\n"
