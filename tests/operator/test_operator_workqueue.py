@@ -209,3 +209,97 @@ def test_a_forgotten_key_is_never_processed_again() -> None:
         clock.now += 0.1
         q.process_due()
     assert seen == ["timed", "failing"], seen
+
+
+def test_add_after_runs_the_key_once_its_delay_has_passed_and_at_once_without_one() -> None:
+    clock = FakeClock()
+    seen: list[str] = []
+    q: WorkQueue[str] = WorkQueue(seen.append, workers=1, resync_s=3600.0, clock=clock)
+    q.add_after("later", 5.0)  # e.g. a TTL that fires in 5 s
+    q.add_after("sooner", 2.0)
+    q.add_after("now", 0.0)  # no delay is an add
+    assert q.process_due() == 1 and seen == ["now"]
+    clock.now += 1.9
+    assert q.process_due() == 0
+    clock.now += 0.1
+    assert q.process_due() == 1 and seen[-1] == "sooner"
+    clock.now += 3.0
+    assert q.process_due() == 1 and seen[-1] == "later"
+    clock.now += 10.0
+    assert q.process_due() == 0, seen  # a delayed add fires once
+    # A delayed key is known: the hourly resync revisits it.
+    clock.now += 3600.0
+    assert q.process_due() == 3 and sorted(seen[-3:]) == ["later", "now", "sooner"], seen
+
+
+def test_forget_drops_only_that_keys_timers() -> None:
+    clock = FakeClock()
+    seen: list[str] = []
+    q: WorkQueue[str] = WorkQueue(seen.append, workers=1, resync_s=3600.0, clock=clock)
+    q.add_after("gone", 1.0)
+    q.add_after("kept", 2.0)
+    q.forget("gone")
+    clock.now += 5.0
+    assert q.process_due() == 1 and seen == ["kept"], seen
+
+
+def test_a_forgotten_key_that_comes_back_starts_without_its_old_backoff() -> None:
+    clock = FakeClock()
+    calls: list[float] = []
+
+    def process(key: str) -> None:
+        calls.append(clock.now)
+        raise RuntimeError("API server: 500")
+
+    q: WorkQueue[str] = WorkQueue(process, workers=1, resync_s=3600.0, clock=clock)
+    q.add("job")
+    for _ in range(100):  # 10 s: failures at 0, 0.5, 1.5, 3.5, 7.5 s; the next backoff is 16 s
+        clock.now += 0.1
+        q.process_due()
+    assert len(calls) == 5, calls
+    q.forget("job")  # deleted, then created again under the same name
+    q.add_after("job", 100.0)  # known again, with a timer far off
+    q.add_all()  # a node event: a key with no backoff is re-added at once
+    assert q.process_due() == 1, "the forgotten key's old backoff still held it"
+    start = calls[-1]
+    for _ in range(10):  # a fresh failure count: the first retry is 0.5 s later, not 32 s
+        clock.now += 0.1
+        q.process_due()
+    assert len(calls) == 7 and abs(calls[-1] - start - 0.5) < 0.15, calls
+
+
+def test_idle_is_false_while_a_pass_runs() -> None:
+    idle_during: list[bool] = []
+    queues: list[WorkQueue[str]] = []
+    q: WorkQueue[str] = WorkQueue(lambda k: idle_during.append(queues[0].idle()), workers=1,
+                                  resync_s=3600.0, clock=FakeClock())
+    queues.append(q)
+    q.add("job")
+    assert not q.idle()  # queued
+    assert q.process_due() == 1 and idle_during == [False]  # running, nothing queued
+    assert q.idle()
+
+
+def test_workers_are_named_daemon_threads_and_stop_does_not_wait_on_a_stuck_pass() -> None:
+    release = threading.Event()
+    running = threading.Event()
+
+    def process(key: str) -> None:
+        running.set()
+        release.wait(60)  # a pass stuck on a dead API connection
+
+    q: WorkQueue[str] = WorkQueue(process, workers=2, resync_s=3600.0)
+    q.start()
+    try:
+        workers = [t for t in threading.enumerate() if t.name.startswith("adaptis-reconcile-")]
+        # Named for thread dumps and log lines; daemons, so a stuck pass never keeps the
+        # operator's process alive at exit.
+        assert sorted(t.name for t in workers) == ["adaptis-reconcile-0", "adaptis-reconcile-1"]
+        assert all(t.daemon for t in workers)
+        q.add("job")
+        assert _wait(running.is_set)
+        begun = time.monotonic()
+        q.stop(timeout_s=0.2)
+        assert time.monotonic() - begun < 10.0, "stop() waited for the stuck pass"
+    finally:
+        release.set()
