@@ -303,3 +303,42 @@ def test_workers_are_named_daemon_threads_and_stop_does_not_wait_on_a_stuck_pass
         assert time.monotonic() - begun < 10.0, "stop() waited for the stuck pass"
     finally:
         release.set()
+
+
+class CountingClock:
+    """A clock frozen at one time that counts how often the workers read it (once a wake-up)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return 1000.0
+
+
+def test_an_idle_worker_sleeps_until_its_next_delayed_key() -> None:
+    clock = CountingClock()
+    q: WorkQueue[str] = WorkQueue(lambda k: None, workers=1, resync_s=3600.0, clock=clock)
+    q.add_after("job", 5.0)  # due in 5 s of the (frozen) clock: nothing to do before then
+    q.start()
+    try:
+        assert _wait(lambda: clock.reads >= 2)  # the worker is waiting
+        time.sleep(0.5)  # absence of wake-ups can only be watched for a while
+        # One wake-up per 5 s wait (the real clock), not one per 10 ms: an idle operator does
+        # not spin.
+        assert clock.reads <= 5, clock.reads
+    finally:
+        q.stop()
+
+
+def test_a_worker_wakes_promptly_for_a_delayed_key_due_soon() -> None:
+    clock = CountingClock()
+    q: WorkQueue[str] = WorkQueue(lambda k: None, workers=1, resync_s=3600.0, clock=clock)
+    q.add_after("job", 0.001)  # due 1 ms after the frozen clock's time, i.e. never
+    q.start()
+    try:
+        # It re-checks at the shortest wait, 10 ms (about 100 reads a second), not once a
+        # second: a key due in 0.2 s must not run a second late.
+        assert _wait(lambda: clock.reads >= 30, timeout=10.0), clock.reads
+    finally:
+        q.stop()
