@@ -221,7 +221,7 @@ def test_add_after_runs_the_key_once_its_delay_has_passed_and_at_once_without_on
     assert q.process_due() == 1 and seen == ["now"]
     clock.now += 1.9
     assert q.process_due() == 0
-    clock.now += 0.1
+    clock.now += 0.1  # exactly its time: due (1001.9 + 0.1 == 1002.0 in binary floating point)
     assert q.process_due() == 1 and seen[-1] == "sooner"
     clock.now += 3.0
     assert q.process_due() == 1 and seen[-1] == "later"
