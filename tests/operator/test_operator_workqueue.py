@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
+
+import pytest
 
 from adaptis.operator.workqueue import WorkQueue
 
@@ -230,6 +233,8 @@ def test_add_after_runs_the_key_once_its_delay_has_passed_and_at_once_without_on
     # A delayed key is known: the hourly resync revisits it.
     clock.now += 3600.0
     assert q.process_due() == 3 and sorted(seen[-3:]) == ["later", "now", "sooner"], seen
+    clock.now += 1.0
+    assert q.process_due() == 0, "a resync ran again before its period had passed"
 
 
 def test_forget_drops_only_that_keys_timers() -> None:
@@ -342,3 +347,84 @@ def test_a_worker_wakes_promptly_for_a_delayed_key_due_soon() -> None:
         assert _wait(lambda: clock.reads >= 30, timeout=10.0), clock.reads
     finally:
         q.stop()
+
+
+def test_a_success_resets_the_backoff_of_a_key() -> None:
+    clock = FakeClock()
+    calls: list[float] = []
+    outcomes = [False, False, False, True, False]  # fails 3 times, succeeds, fails again
+
+    def process(key: str) -> None:
+        calls.append(clock.now)
+        if not outcomes[len(calls) - 1]:
+            raise RuntimeError("API server: 500")
+
+    q: WorkQueue[str] = WorkQueue(process, workers=1, resync_s=3600.0, clock=clock)
+    q.add("job")
+    q.process_due()
+    for _ in range(40):  # retries at +0.5, +1.5 s, then at +3.5 s (its 2 s backoff); 4 s
+        clock.now += 0.1
+        q.process_due()
+    assert len(calls) == 4, calls
+    q.add("job")  # succeeded; an event runs it again and it fails: the count starts afresh
+    q.process_due()
+    failed_at = calls[-1]
+    for _ in range(7):
+        clock.now += 0.1
+        q.process_due()
+    assert len(calls) == 6 and abs(calls[-1] - failed_at - 0.5) < 0.15, calls
+
+
+def test_a_key_that_succeeds_early_in_its_backoff_is_resynced_again() -> None:
+    clock = FakeClock()
+    calls: list[float] = []
+
+    def process(key: str) -> None:
+        calls.append(clock.now)
+        if len(calls) < 3:
+            raise RuntimeError("API server: 503")
+
+    q: WorkQueue[str] = WorkQueue(process, workers=1, resync_s=3600.0, clock=clock)
+    q.add("job")
+    q.process_due()
+    clock.now += 0.5
+    q.process_due()  # second failure: backoff until +1 s
+    q.add("job")  # an event about the job wakes it at once, and it succeeds
+    assert q.process_due() == 1 and len(calls) == 3
+    q.add_all()  # a node event: nothing holds the key back any more
+    assert q.process_due() == 1, "the backoff of a key that succeeded still held it"
+
+
+class Opaque:
+    """A hashable key with no order, as WorkQueue's type allows (bound=Hashable)."""
+
+
+def test_keys_due_at_the_same_time_need_no_order() -> None:
+    clock = FakeClock()
+    a, b = Opaque(), Opaque()
+    seen: list[Opaque] = []
+
+    def process(key: Opaque) -> float:
+        seen.append(key)
+        return 5.0  # both ask to be looked at again at the same time
+
+    q: WorkQueue[Opaque] = WorkQueue(process, workers=1, resync_s=3600.0, clock=clock)
+    q.add_after(a, 1.0)
+    q.add_after(b, 1.0)  # the same due time: the heap must not compare the keys
+    clock.now += 1.0
+    assert q.process_due() == 2
+    clock.now += 5.0
+    assert q.process_due() == 2 and len(seen) == 4
+
+
+def test_a_failed_pass_is_logged_with_its_key_and_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    def process(key: str) -> None:
+        raise RuntimeError("API server: 500")
+
+    q: WorkQueue[str] = WorkQueue(process, workers=1, resync_s=3600.0, clock=FakeClock())
+    q.add("ns/job")
+    with caplog.at_level(logging.ERROR, logger="adaptis.operator.workqueue"):
+        q.process_due()
+    [record] = caplog.records
+    assert record.getMessage() == "reconcile of ns/job failed; retrying with backoff"
+    assert record.exc_info is not None and "API server: 500" in str(record.exc_info[1])
