@@ -417,7 +417,8 @@ def test_keys_due_at_the_same_time_need_no_order() -> None:
     assert q.process_due() == 2 and len(seen) == 4
 
 
-def test_a_failed_pass_is_logged_with_its_key_and_traceback(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failed_pass_is_logged_with_its_key_and_traceback(
+        caplog: pytest.LogCaptureFixture) -> None:
     def process(key: str) -> None:
         raise RuntimeError("API server: 500")
 
