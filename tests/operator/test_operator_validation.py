@@ -136,3 +136,33 @@ def test_well_formed_passthrough_fields_reach_the_pod_unchanged(make_job: Any) -
     spec = validate_job(name="demo", spec_raw={**make_job()["spec"], "worker": worker})
     dumped = spec.worker.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True)
     assert dumped == worker
+
+
+def _message(make_job: Any, **over: Any) -> str:
+    with pytest.raises(InvalidJob) as err:
+        validate_job(name="demo", spec_raw={**make_job()["spec"], **over})
+    return str(err.value)
+
+
+@pytest.mark.parametrize(("over", "line"), [
+    ({"worker": {"env": [{"name": "RANK", "value": "7"}]}},
+     "spec.worker.env[0].name: RANK is set by the operator for each rank"),
+    ({"worker": {"resources": {"requests": {"nvidia.com/gpu": 1}}}},
+     "spec.worker.resources.requests: nvidia.com/gpu comes from "
+     "spec.parallelism.gpusPerWorker; remove it here"),
+    ({"worker": {"volumeMounts": [{"name": "nope", "mountPath": "/x"}]}},
+     "spec.worker.volumeMounts[0].name: 'nope' is not in spec.worker.volumes"),
+])
+def test_the_operators_own_rules_say_what_and_how_to_fix(
+        make_job: Any, over: dict[str, Any], line: str) -> None:
+    # The message becomes the Failed condition and the Event the user reads: it names the
+    # offending value and the field to use instead, not only the field.
+    assert line in _message(make_job, **over).splitlines()
+
+
+def test_schema_errors_are_one_line_each_and_keep_the_users_value(make_job: Any) -> None:
+    text = _message(make_job, worker={"env": [{"name": "A=B"}], "labels": {"team": "spec: a"}})
+    lines = text.splitlines()
+    assert len(lines) == 2 and all(line.startswith("spec.worker.") for line in lines), text
+    # Only the leading "spec: " becomes "spec.": a value that contains it is quoted as given.
+    assert lines[1].startswith("spec.worker.labels.team: ") and "(got 'spec: a')" in lines[1]
