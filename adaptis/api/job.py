@@ -21,7 +21,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
+from pydantic.alias_generators import to_camel, to_snake
 from pydantic_core import PydanticCustomError
 
 from adaptis.api.errors import SpecError, from_validation_error
@@ -205,7 +205,26 @@ class ParallelismSpec(_Spec):
         "microbatch, and the plan (ranks x microbatches x F/B/W) grows past what the planner "
         "can search and store; 64 ranks x 4096 microbatches plan in 0.84 GiB "
         "(docs/planning-budget.md).")
-    gpus_per_worker: int = Field(default=1, ge=0, le=16, description="0: CPU workers.")
+    gpus_per_worker: int = Field(
+        default=1, ge=0, le=16,
+        description="GPUs of each worker pod; the pod runs one rank per GPU (LOCAL_RANK 0..N-1), "
+        "so the job has workers x gpusPerWorker ranks. 0: CPU workers, one rank each.")
+    data_parallel: int = Field(
+        default=1, ge=1, le=64,
+        description="Data-parallel replicas of the pipeline. The ranks (workers x "
+        "max(1, gpusPerWorker)) form a replicas x pipeline mesh, pipeline innermost: rank = "
+        "replica x pipeline ranks + pipeline rank, so a pipeline's stages share pods and nodes "
+        "and a stage's replicas sit apart; must divide the ranks (docs/parallelism.md).")
+
+    @property
+    def ranks(self) -> int:
+        """Processes of the job: one per GPU, or one per CPU worker."""
+        return self.workers * max(1, self.gpus_per_worker)
+
+    @property
+    def pipeline_ranks(self) -> int:
+        """Ranks of one pipeline replica (the devices the plan has); 0 when R does not divide."""
+        return self.ranks // self.data_parallel if self.ranks % self.data_parallel == 0 else 0
 
 
 class PlannerSpec(_Spec):
@@ -304,10 +323,16 @@ def _job_cel_rules() -> list[dict[str, str]]:
     """CEL for the rules of adaptis.api.rules that need only the spec, so the API server
     refuses those manifests as the operator and ``adaptis run`` do. Nested objects get no
     default from the API server when absent, so the models' defaults stand in for them."""
-    workers_default = ParallelismSpec.model_fields["workers"].default
     steps_default = TrainingSpec.model_fields["steps"].default
-    workers = ("(has(self.parallelism) && has(self.parallelism.workers) "
-               f"? self.parallelism.workers : {workers_default})")
+    def par(field: str) -> str:
+        default = ParallelismSpec.model_fields[to_snake(field)].default
+        return (f"(has(self.parallelism) && has(self.parallelism.{field}) "
+                f"? self.parallelism.{field} : {default})")
+
+    gpus = par("gpusPerWorker")
+    ranks = f"({par('workers')} * ({gpus} > 0 ? {gpus} : 1))"
+    # The devices of one pipeline replica: what the plan partitions the layers over.
+    workers = f"({ranks} / {par('dataParallel')})"
     # blocks has maxItems 1024, which bounds the map's cost well within the per-rule limit.
     layers = "(2 + self.model.blocks.map(b, has(b.count) ? b.count : 1).sum())"
     steps = ("(has(self.training) && has(self.training.steps) "
@@ -317,8 +342,11 @@ def _job_cel_rules() -> list[dict[str, str]]:
     return [
         {"rule": f"{layers} <= {MAX_BLOCKS + 2}", "fieldPath": ".model.blocks",
          "message": f"the blocks' counts must add up to at most {MAX_BLOCKS}"},
+        {"rule": f"{ranks} % {par('dataParallel')} == 0", "fieldPath": ".parallelism.dataParallel",
+         "message": "dataParallel must divide the ranks (workers x max(1, gpusPerWorker))"},
         {"rule": f"{workers} <= {layers}", "fieldPath": ".parallelism.workers",
-         "message": "workers must not exceed the model's layers (2 + the sum of block counts)"},
+         "message": "pipeline ranks (workers x max(1, gpusPerWorker) / dataParallel) must not "
+                    "exceed the model's layers (2 + the sum of block counts)"},
         {"rule": "!has(self.planner) || !has(self.planner.strategy) || "
                  f"!(self.planner.strategy in [{chunked}]) || {chunks} * {workers} <= {layers}",
          "fieldPath": ".planner.strategy",
@@ -480,3 +508,6 @@ class WorkerConfig(_Spec):
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="None: off; 0: any.")
     checkpoint_dir: str | None = None
     checkpoint_every: int = Field(default=0, ge=0)
+    data_parallel: int = Field(
+        default=1, ge=1, description="Replicas of the plan's pipeline; world size = "
+        "data_parallel x the plan's devices, rank = replica x devices + pipeline rank.")

@@ -93,18 +93,25 @@ def _name_violations(name: str, *, workers: int) -> list[Violation]:
 def job_violations(*, name: str, spec: JobSpec) -> list[Violation]:
     """Every job-level rule ``spec`` (named ``name``) breaks; empty when it follows them all."""
     out = _name_violations(name, workers=spec.parallelism.workers)
-    workers = spec.parallelism.workers
+    par = spec.parallelism
     layers = layer_count(spec.model)
     if layers - 2 > MAX_BLOCKS:
         out.append(("spec.model.blocks", f"the blocks' counts add up to {layers - 2}; at most "
                     f"{MAX_BLOCKS} can be planned (docs/planning-budget.md): use fewer blocks"))
+    if par.ranks % par.data_parallel:
+        out.append(("spec.parallelism.dataParallel", f"{par.data_parallel} replicas do not "
+                    f"divide the job's {par.ranks} ranks (workers x max(1, gpusPerWorker)); "
+                    "use a divisor of the ranks"))
+        return out
+    workers = par.pipeline_ranks  # the devices of one pipeline: what the plan partitions over
+    what = "pipeline ranks (ranks / dataParallel)" if par.ranks != workers else "workers"
     if workers > layers:
-        out.append(("spec.parallelism.workers", f"{workers} exceeds the model's {layers} layers "
-                    f"(embedding, blocks, head): each rank needs one; use at most {layers}"))
+        out.append(("spec.parallelism.workers", f"{workers} {what} exceed the model's {layers} "
+                    f"layers (embedding, blocks, head): each rank needs one; use at most {layers}"))
     chunks = CHUNKS_PER_RANK
     if spec.planner.strategy in CHUNKED_STRATEGIES and layers < chunks * workers:
         out.append(("spec.planner.strategy", f"{spec.planner.strategy} needs {chunks} layers per "
-                    f"rank ({chunks * workers} for {workers} workers); the model has {layers}: "
+                    f"rank ({chunks * workers} for {workers} {what}); the model has {layers}: "
                     "use fewer workers or another strategy"))
     if spec.checkpoint.every_steps > spec.training.steps:
         out.append(("spec.checkpoint.everySteps", f"{spec.checkpoint.every_steps} exceeds "

@@ -69,6 +69,12 @@ CASES = [
          "spec.model.blocks[3].topK", (".spec.model.blocks[]", ".topK")),
     Case("more-workers-than-layers", {"spec.parallelism.workers": 40},
          "spec.parallelism.workers", (".spec", ".parallelism.workers")),
+    Case("replicas-do-not-divide-the-ranks",
+         {"spec.parallelism.workers": 4, "spec.parallelism.dataParallel": 3},
+         "spec.parallelism.dataParallel", (".spec", ".parallelism.dataParallel")),
+    Case("more-pipeline-ranks-than-layers",  # 3 pods x 4 GPUs = 12 ranks, one replica
+         {"spec.parallelism.workers": 3, "spec.parallelism.gpusPerWorker": 4},
+         "spec.parallelism.workers", (".spec", ".parallelism.workers")),
     Case("more-blocks-than-can-be-planned", {"spec.model.blocks.0.count": 4096},
          "spec.model.blocks", (".spec", ".model.blocks")),
     Case("zb-v-needs-two-layers-per-rank",

@@ -67,12 +67,14 @@ def _dry_run_create(cp: ControlPlane, doc: dict[str, Any], *, namespace: str) ->
 
 @pytest.mark.parametrize(("doc", "field"), [
     (_with(parallelism={"workers": 40}), "spec.parallelism.workers"),
+    (_with(parallelism={"workers": 4, "dataParallel": 3}), "spec.parallelism.dataParallel"),
+    (_with(parallelism={"workers": 3, "gpusPerWorker": 4}), "spec.parallelism.workers"),
     (_with(parallelism={"workers": 6}, planner={"strategy": "zb-v"}), "spec.planner.strategy"),
     (_with(parallelism={"workers": 6}, planner={"strategy": "i1f1b"}), "spec.planner.strategy"),
     (_with(checkpoint={"everySteps": 50}), "spec.checkpoint.everySteps"),
     (_moe_top_k(8), "spec.model.blocks[1].topK"),
     (_with("j" * 55), "metadata.name"),
-], ids=["workers>layers", "zb-v", "i1f1b", "everySteps>steps", "topK>experts", "name-too-long"])
+], ids=["workers>layers", "dp-divides", "gpu-ranks>layers", "zb-v", "i1f1b", "everySteps>steps", "topK>experts", "name-too-long"])
 def test_api_server_refuses_with_422_naming_the_field(
         control_plane: ControlPlane, namespace: str, doc: dict[str, Any], field: str) -> None:
     result = _dry_run_create(control_plane, doc, namespace=namespace)
@@ -85,11 +87,13 @@ def test_api_server_refuses_with_422_naming_the_field(
 @pytest.mark.parametrize("doc", [
     _job(),
     _with(parallelism={"workers": 10}),  # one rank per layer
+    _with(parallelism={"workers": 20, "dataParallel": 2}),  # 2 replicas x 10 ranks
+    _with(parallelism={"workers": 5, "gpusPerWorker": 2}),  # 10 ranks, one per layer
     _with(parallelism={"workers": 5}, planner={"strategy": "zb-v"}),  # two layers per rank
     _with(checkpoint={"everySteps": 20}),
     _with("j" * 54),  # <name>-worker-1 is exactly 63 characters
     copy.deepcopy({**_job(), "spec": {"model": _job()["spec"]["model"]}}),  # defaults only
-], ids=["base", "workers=layers", "zb-v-exact", "everySteps=steps", "name-63", "defaults"])
+], ids=["base", "workers=layers", "dp-exact", "gpu-ranks=layers", "zb-v-exact", "everySteps=steps", "name-63", "defaults"])
 def test_api_server_admits_the_boundary_cases(
         control_plane: ControlPlane, namespace: str, doc: dict[str, Any]) -> None:
     result = _dry_run_create(control_plane, doc, namespace=namespace)
