@@ -63,6 +63,17 @@ class Predicted(BaseModel):
     peak_memory_bytes: list[float] = Field(
         default_factory=list, description="peak_memory_bytes[d]: simulated peak of device d."
     )
+    post_pipeline_time: float | None = Field(
+        default=None, ge=0,
+        description="Predicted time after the pipeline's last action until the step ends: "
+        "gradient reductions across data-parallel replicas not hidden by the cooldown, the tied "
+        "embedding exchange, clipping and the optimizer step, in time_unit. None: not modelled.",
+    )
+    step_time: float | None = Field(
+        default=None, ge=0,
+        description="Predicted time of a whole training step (iteration_time + "
+        "post_pipeline_time), in time_unit; what a step measures. None: not modelled.",
+    )
 
 
 class Plan(BaseModel):
