@@ -1,0 +1,191 @@
+"""Measured speedup of adaptis over the baselines, next to the predicted one (issue 16).
+
+A figure, not a test. For each workload it profiles the layers ONCE (``adaptis profile``), plans
+every strategy from that one profile and trains each with ``adaptis run --problem`` on local
+ranks, the strategies taking turns (A B C ... A B C ...) for ``--reps`` rounds, so that a slow
+minute of this shared machine hurts every strategy alike. Per run: the mean iteration time of
+the steps after the first (``adaptis run``'s measured figure), the 1-minute load average
+before and after, and the cores the rest of the machine used meanwhile. Runs during which other
+processes used more than ``--max-load`` cores are listed but left out of the figures; a
+strategy with fewer than two clean runs is reported as "too busy", not as a number.
+
+    python bench/measured_speedup.py                      # 3 workloads x 6 strategies x 3 rounds
+    python bench/measured_speedup.py --workloads example --reps 1 --steps 6   # a quick look
+
+Workloads: ``example`` (examples/tiny-heterogeneous.yaml as shipped), ``head`` (the same with a
+4x larger vocabulary: a dominant head) and ``moe`` (MoE blocks after attention blocks, no Mamba).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "tiny-heterogeneous.yaml"
+STRATEGIES = ("adaptis", "1f1b", "i1f1b", "zb-h1", "zb-v", "balanced")
+
+
+def workload(name: str) -> dict[str, Any]:
+    """The manifest of a workload, derived from the shipped example."""
+    doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    doc = copy.deepcopy(doc)
+    model = doc["spec"]["model"]
+    if name == "head":
+        model["vocabSize"] = 4 * model["vocabSize"]
+    elif name == "moe":
+        model["blocks"] = [{"kind": "attention", "count": 3},
+                           {"kind": "moe", "count": 5, "experts": 8, "topK": 2}]
+    elif name != "example":
+        raise SystemExit(f"unknown workload {name!r}: use example, head or moe")
+    doc["metadata"]["name"] = f"speedup-{name}"
+    return doc
+
+
+def _adaptis(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "adaptis", *args], capture_output=True,
+                          text=True, timeout=timeout_s, cwd=REPO)
+
+
+def profile(manifest: Path, *, out: Path) -> None:
+    done = _adaptis("profile", str(manifest), "-o", str(out), timeout_s=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"adaptis profile {manifest} failed: {done.stderr.strip()[-2000:]}")
+
+
+def _busy_cpu_seconds() -> float:
+    """CPU seconds the whole machine has spent busy since boot (all cores, /proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_once(manifest: Path, *, problem: Path, strategy: str, steps: int, workdir: Path) -> dict[str, Any]:
+    """One timed run. ``others`` is what the rest of the machine used meanwhile, in cores: the
+    machine's busy CPU time minus our run's own (its ranks are waited for, so they count as our
+    children). The load average cannot tell: our own ranks load the machine by themselves."""
+    load_before, busy0, ours0 = os.getloadavg()[0], _busy_cpu_seconds(), _children_cpu_seconds()
+    started = time.perf_counter()
+    done = _adaptis("run", str(manifest), "--problem", str(problem), "--strategy", strategy,
+                    "--steps", str(steps), "--json", "--fresh", "--workdir", str(workdir),
+                    "--metrics-port", "0", "--checkpoint-every", "0", timeout_s=1800)
+    wall = time.perf_counter() - started
+    others = (_busy_cpu_seconds() - busy0 - (_children_cpu_seconds() - ours0)) / wall
+    row: dict[str, Any] = {"strategy": strategy, "load_before": load_before,
+                           "load_after": os.getloadavg()[0], "others_cores": max(0.0, others),
+                           "wall_s": wall}
+    if done.returncode != 0:
+        row["error"] = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return row
+    summary = json.loads(done.stdout)
+    row.update(measured=summary["measured_iteration_seconds"],
+               predicted=summary["predicted_iteration_seconds"],
+               measured_bubble=summary["measured_bubble_ratio"],
+               predicted_bubble=summary["predicted_bubble_ratio"], stages=summary["stages"])
+    return row
+
+
+def clean(rows: list[dict[str, Any]], *, max_load: float) -> list[dict[str, Any]]:
+    return [r for r in rows if "measured" in r and r["others_cores"] <= max_load]
+
+
+def figures(rows: list[dict[str, Any]], *, max_load: float) -> dict[str, dict[str, Any]]:
+    """Per strategy: median and spread of the clean runs, the prediction and its error."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(r["strategy"] for r in rows):
+        mine = [r for r in rows if r["strategy"] == name]
+        ok = clean(mine, max_load=max_load)
+        fig: dict[str, Any] = {"runs": len(mine), "clean": len(ok),
+                               "errors": [r["error"] for r in mine if "error" in r]}
+        if len(ok) >= 2:
+            times = [r["measured"] for r in ok]
+            med = statistics.median(times)
+            pred = statistics.median(r["predicted"] for r in ok)
+            fig.update(median=med, spread=(max(times) - min(times)) / med, predicted=pred,
+                       error=(pred - med) / med, stages=ok[0]["stages"])
+        out[name] = fig
+    return out
+
+
+def report(name: str, figs: dict[str, dict[str, Any]]) -> list[str]:
+    lines = [f"### {name}", "",
+             "| strategy | stages | measured ms (median, spread) | predicted ms | error | "
+             "adaptis speedup measured | predicted |",
+             "|---|---|---|---|---|---|---|"]
+    ours = figs.get("adaptis", {})
+    for strategy, f in figs.items():
+        if "median" not in f:
+            why = "; ".join(f["errors"]) or f"too busy ({f['clean']} clean of {f['runs']} runs)"
+            lines.append(f"| {strategy} | | {why} | | | | |")
+            continue
+        speed = pred_speed = ""
+        if strategy != "adaptis" and "median" in ours:
+            speed = f"{f['median'] / ours['median']:.2f}x"
+            pred_speed = f"{f['predicted'] / ours['predicted']:.2f}x"
+        lines.append(f"| {strategy} | {f['stages']} | {1e3 * f['median']:.0f} ({100 * f['spread']:.0f} %) "
+                     f"| {1e3 * f['predicted']:.0f} | {100 * f['error']:+.1f} % | {speed} | {pred_speed} |")
+    errs = [abs(f["error"]) for f in figs.values() if "error" in f]
+    if errs:
+        lines += ["", f"Prediction error: mean {100 * statistics.mean(errs):.1f} %, "
+                  f"max {100 * max(errs):.1f} % over {len(errs)} strategies."]
+    return lines + [""]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workloads", default="example,head,moe")
+    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--reps", type=int, default=3, help="rounds of every strategy (default 3)")
+    p.add_argument("--steps", type=int, default=12, help="steps a run; the first is dropped")
+    p.add_argument("--max-load", type=float, default=0.25,
+                   help="cores the rest of the machine may use during a run before the run is "
+                        "left out (default 0.25: the ranks need the cores to themselves)")
+    p.add_argument("--json", type=Path, help="also write every run here")
+    args = p.parse_args()
+    strategies = args.strategies.split(",")
+    print(f"# measured speedup: {' '.join(sys.argv[1:]) or 'defaults'}; {os.cpu_count()} cores, "
+          f"runs left out when other processes used over {args.max_load:.2f} cores", flush=True)
+    everything: dict[str, list[dict[str, Any]]] = {}
+    lines: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="adaptis-speedup-") as tmp:
+        for name in args.workloads.split(","):
+            manifest = Path(tmp) / f"{name}.yaml"
+            manifest.write_text(yaml.safe_dump(workload(name)))
+            problem = Path(tmp) / f"{name}-problem.yaml"  # YAML: what `adaptis profile` writes
+            profile(manifest, out=problem)
+            rows = everything[name] = []
+            for rep in range(args.reps):
+                for strategy in strategies:  # interleaved: every strategy once a round
+                    row = run_once(manifest, problem=problem, strategy=strategy, steps=args.steps,
+                                   workdir=Path(tmp) / f"{name}-{strategy}")
+                    row["round"] = rep
+                    rows.append(row)
+                    shown = f"{1e3 * row['measured']:.0f} ms" if "measured" in row else row["error"]
+                    print(f"{name} round {rep} {strategy:<9} {shown}  others "
+                          f"{row['others_cores']:.2f} cores, load {row['load_before']:.2f}->"
+                          f"{row['load_after']:.2f}", flush=True)
+            lines += report(name, figures(rows, max_load=args.max_load))
+    print("\n".join(lines))
+    if args.json:
+        args.json.write_text(json.dumps(everything, indent=2))
+
+
+if __name__ == "__main__":
+    main()
