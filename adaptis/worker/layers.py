@@ -135,27 +135,33 @@ class _MLP(nn.Module):
 
 @dataclass(frozen=True, slots=True)
 class BlockOptions:
-    """What every block of a model shares (from ``ModelSpec``): attention and MLP forms."""
+    """What the attention and MLP of every block of a model share (from ``ModelSpec``); the
+    defaults are the plain blocks (multi-head, no positions, gelu)."""
 
-    heads: int
     kv_heads: int | None = None
     rope_theta: float | None = None
     mlp: str = "gelu"
 
 
-def _attention(hidden: int, opts: BlockOptions) -> _Attention:
-    return _Attention(hidden=hidden, heads=opts.heads, kv_heads=opts.kv_heads, rope_theta=opts.rope_theta)
+_PLAIN = BlockOptions()
+
+
+def _attention(hidden: int, heads: int, opts: BlockOptions) -> _Attention:
+    return _Attention(hidden=hidden, heads=heads, kv_heads=opts.kv_heads,
+                      rope_theta=opts.rope_theta)
 
 
 class AttentionBlock(nn.Module):
-    """Pre-norm decoder block: causal self-attention then an MLP of width ``inner``."""
+    """Pre-norm decoder block: causal self-attention then an MLP of width ``inner`` (4 x hidden
+    unless set)."""
 
-    def __init__(self, *, hidden: int, opts: BlockOptions, inner: int) -> None:
+    def __init__(self, *, hidden: int, heads: int, inner: int | None = None,
+                 opts: BlockOptions = _PLAIN) -> None:
         super().__init__()
         self.norm1 = nn.RMSNorm(hidden)
-        self.attn = _attention(hidden, opts)
+        self.attn = _attention(hidden, heads, opts)
         self.norm2 = nn.RMSNorm(hidden)
-        self.mlp = _MLP(hidden=hidden, inner=inner, kind=opts.mlp)
+        self.mlp = _MLP(hidden=hidden, inner=inner or 4 * hidden, kind=opts.mlp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
@@ -163,16 +169,19 @@ class AttentionBlock(nn.Module):
 
 
 class MoEBlock(nn.Module):
-    """DeepSeek-style MoE layer: causal self-attention then a top-k mixture of experts."""
+    """DeepSeek-style MoE layer: causal self-attention then a top-k mixture of experts, each an
+    MLP of width ``inner`` (2 x hidden unless set)."""
 
-    def __init__(self, *, hidden: int, opts: BlockOptions, experts: int, top_k: int, inner: int,
-                 aux_loss_coef: float = 0.0) -> None:
+    def __init__(self, *, hidden: int, heads: int, experts: int, top_k: int,
+                 inner: int | None = None, aux_loss_coef: float = 0.0,
+                 opts: BlockOptions = _PLAIN) -> None:
         super().__init__()
         self.norm1 = nn.RMSNorm(hidden)
-        self.attn = _attention(hidden, opts)
+        self.attn = _attention(hidden, heads, opts)
         self.norm2 = nn.RMSNorm(hidden)
-        self.moe = MixtureOfExperts(hidden=hidden, experts=experts, top_k=top_k, inner=inner,
-                                    mlp=opts.mlp, aux_loss_coef=aux_loss_coef)
+        self.moe = MixtureOfExperts(hidden=hidden, experts=experts, top_k=top_k,
+                                    inner=inner or 2 * hidden, mlp=opts.mlp,
+                                    aux_loss_coef=aux_loss_coef)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
@@ -194,10 +203,10 @@ class MambaBlock(nn.Module):
 class DenseBlock(nn.Module):
     """Pre-norm MLP-only block."""
 
-    def __init__(self, *, hidden: int, inner: int, mlp: str = "gelu") -> None:
+    def __init__(self, *, hidden: int, inner: int | None = None, mlp: str = "gelu") -> None:
         super().__init__()
         self.norm = nn.RMSNorm(hidden)
-        self.mlp = _MLP(hidden=hidden, inner=inner, kind=mlp)
+        self.mlp = _MLP(hidden=hidden, inner=inner or 4 * hidden, kind=mlp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.mlp(self.norm(x))

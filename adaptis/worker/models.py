@@ -78,7 +78,7 @@ def build_layer(model: ModelSpec, *, index: int, seed: int) -> nn.Module:
         raise WorkerError(f"layer index {index} outside the model's {len(layers)} layers")
     info = layers[index]
     h = model.hidden
-    opts = BlockOptions(heads=model.heads, kv_heads=model.kv_heads, mlp=model.mlp,
+    opts = BlockOptions(kv_heads=model.kv_heads, mlp=model.mlp,
                         rope_theta=model.rope_theta if model.positions == "rope" else None)
     module: nn.Module
     if info.kind == "embedding":
@@ -88,15 +88,16 @@ def build_layer(model: ModelSpec, *, index: int, seed: int) -> nn.Module:
     elif info.block is None:
         raise WorkerError(f"layer {info.name}: a {info.kind!r} layer without its block spec")
     elif info.kind == "attention":
-        module = AttentionBlock(hidden=h, opts=opts, inner=model.mlp_width(info.block))
+        module = AttentionBlock(hidden=h, heads=model.heads, inner=model.mlp_width(info.block),
+                                opts=opts)
     elif info.kind == "mamba":
         module = MambaBlock(hidden=h, heads=model.heads)
     elif info.kind == "dense":
         module = DenseBlock(hidden=h, inner=model.mlp_width(info.block), mlp=model.mlp)
     elif info.kind == "moe":
         b = info.block
-        module = MoEBlock(hidden=h, opts=opts, experts=b.experts, top_k=b.top_k,
-                          inner=model.mlp_width(b), aux_loss_coef=b.aux_loss_coef)
+        module = MoEBlock(hidden=h, heads=model.heads, experts=b.experts, top_k=b.top_k,
+                          inner=model.mlp_width(b), aux_loss_coef=b.aux_loss_coef, opts=opts)
     else:
         raise WorkerError(f"layer {info.name}: unknown kind {info.kind!r}")
     gen = torch.Generator().manual_seed(seed * _SEED_STRIDE + index)

@@ -89,7 +89,8 @@ class MixtureOfExperts(nn.Module):
         out = torch.zeros_like(flat)
         for e in range(self.w_up.shape[0]):
             token, slot = torch.nonzero(chosen == e, as_tuple=True)
-            out = out.index_add(0, token, self._expert(e, flat[token]) * weights[token, slot].unsqueeze(-1))
+            routed = self._expert(e, flat[token]) * weights[token, slot].unsqueeze(-1)
+            out = out.index_add(0, token, routed)
         out = out.view(shape)
         if self.aux_loss_coef > 0 and torch.is_grad_enabled():
             aux = load_balancing_loss(probs=probs, chosen=chosen)

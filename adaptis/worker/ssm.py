@@ -17,10 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from adaptis.planner.estimate import MAMBA_CHUNK, MAMBA_STATE
+
 __all__ = ["DEFAULT_CHUNK", "SelectiveSSM", "chunked_scan"]
 
 #: Tokens per chunk: the within-chunk part is quadratic in it, the rest linear in the sequence.
-DEFAULT_CHUNK = 64
+#: The planner's estimate counts the same chunk (one number, defined there).
+DEFAULT_CHUNK = MAMBA_CHUNK
 
 
 def chunked_scan(*, xs: torch.Tensor, dt: torch.Tensor, decay: torch.Tensor, bm: torch.Tensor,
@@ -59,7 +62,7 @@ class SelectiveSSM(nn.Module):
     """Mamba-2 style selective mixer: input projection, short causal convolution, chunked scan,
     gated norm, output projection. ``chunk`` may be changed after construction (tests do)."""
 
-    def __init__(self, *, hidden: int, heads: int, state: int = 16, conv: int = 4,
+    def __init__(self, *, hidden: int, heads: int, state: int = MAMBA_STATE, conv: int = 4,
                  chunk: int = DEFAULT_CHUNK) -> None:
         super().__init__()
         self.inner = 2 * hidden
@@ -77,7 +80,8 @@ class SelectiveSSM(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        z, xbc, dt = self.in_proj(x).split([self.inner, self.inner + 2 * self.state, self.heads], -1)
+        widths = [self.inner, self.inner + 2 * self.state, self.heads]
+        z, xbc, dt = self.in_proj(x).split(widths, -1)
         xbc = F.silu(self.conv(xbc.transpose(1, 2))[..., :s].transpose(1, 2))
         xs, bm, cm = xbc.split([self.inner, self.state, self.state], dim=-1)
         xs = xs.reshape(b, s, self.heads, self.inner // self.heads)

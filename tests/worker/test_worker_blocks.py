@@ -1,6 +1,6 @@
 """The block zoo's model features: grouped-query attention, rotary positions, MLP width and
 form, the MoE load-balancing loss (attached in the backward) and the chunked Mamba scan (equal
-to the quadratic form, memory linear in the sequence). Pipelined versions: test_worker_blocks_parity."""
+to the quadratic form, memory linear in the sequence). Pipelined: test_worker_blocks_parity."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ H, HEADS = 32, 4
 
 
 def _model(**kw: object) -> ModelSpec:
-    base: dict[str, object] = {"vocab_size": 97, "hidden": H, "heads": HEADS,
-                               "blocks": [BlockSpec(kind="attention"), BlockSpec(kind="moe", experts=4, top_k=2),
-                                          BlockSpec(kind="dense")]}
+    blocks = [BlockSpec(kind="attention"), BlockSpec(kind="moe", experts=4, top_k=2),
+              BlockSpec(kind="dense")]
+    base: dict[str, object] = {"vocab_size": 97, "hidden": H, "heads": HEADS, "blocks": blocks}
     base.update(kw)
     return ModelSpec(**base)  # type: ignore[arg-type]
 
@@ -56,10 +56,13 @@ def test_grouped_query_attention_is_mha_with_shared_key_value_heads() -> None:
         torch.testing.assert_close(gqa(x), mha(x), rtol=0, atol=1e-6)
 
 
+def _layer_params(kv: int) -> int:
+    return sum(p.numel() for p in build_layer(_model(kv_heads=kv), index=1, seed=0).parameters())
+
+
 def test_grouped_query_attention_has_fewer_parameters_by_the_formula() -> None:
     d = H // HEADS
-    count = {kv: sum(p.numel() for p in build_layer(_model(kv_heads=kv), index=1, seed=0).parameters())
-             for kv in (1, 2, HEADS)}
+    count = {kv: _layer_params(kv) for kv in (1, 2, HEADS)}
     for kv in (1, 2):  # q and out keep H x H each; k and v shrink to kv heads of size d
         assert count[HEADS] - count[kv] == 2 * H * d * (HEADS - kv)
 
@@ -70,7 +73,8 @@ def test_rotary_scores_depend_only_on_relative_position() -> None:
     q, k = torch.randn(1, 2, 10, 8, generator=g), torch.randn(1, 2, 10, 8, generator=g)
 
     def scores(offset: int) -> torch.Tensor:
-        return apply_rotary(q, theta=1e4, offset=offset) @ apply_rotary(k, theta=1e4, offset=offset).transpose(-1, -2)
+        rq, rk = (apply_rotary(t, theta=1e4, offset=offset) for t in (q, k))
+        return rq @ rk.transpose(-1, -2)
 
     torch.testing.assert_close(scores(0), scores(37), rtol=0, atol=1e-5)
     # Not trivially so: the rotation changes the scores, and by how far apart the tokens are.
@@ -86,7 +90,8 @@ def test_rope_attention_layer_is_shift_invariant_and_causal() -> None:
     with torch.no_grad():
         q0, k0, _ = attn.project(x, offset=0)
         q1, k1, _ = attn.project(x, offset=1000)
-        torch.testing.assert_close(q0 @ k0.transpose(-1, -2), q1 @ k1.transpose(-1, -2), rtol=0, atol=2e-5)
+        torch.testing.assert_close(q0 @ k0.transpose(-1, -2), q1 @ k1.transpose(-1, -2),
+                                   rtol=0, atol=2e-5)
         plain = build_layer(_model(), index=1, seed=0)
         rope = build_layer(_model(positions="rope"), index=1, seed=0)
         for layer in (plain, rope):  # sharper attention than the 0.02 init gives
@@ -106,11 +111,14 @@ def test_rope_needs_an_even_head_size() -> None:
 # --- MLP width and form ------------------------------------------------------------------------
 def test_ffn_hidden_sets_widths_and_defaults_keep_todays() -> None:
     widths = {name: p.shape for name, p in build_model(_model(), seed=0).named_parameters()}
-    assert widths["layers.1.mlp.up.weight"] == (4 * H, H) and widths["layers.2.moe.w_up"] == (4, H, 2 * H)
-    m = _model(ffn_hidden=40, blocks=[BlockSpec(kind="attention"), BlockSpec(kind="moe", ffn_hidden=24),
+    assert widths["layers.1.mlp.up.weight"] == (4 * H, H)
+    assert widths["layers.2.moe.w_up"] == (4, H, 2 * H)
+    m = _model(ffn_hidden=40, blocks=[BlockSpec(kind="attention"),
+                                      BlockSpec(kind="moe", ffn_hidden=24),
                                       BlockSpec(kind="dense", ffn_hidden=56)])
     widths = {name: p.shape for name, p in build_model(m, seed=0).named_parameters()}
-    assert widths["layers.1.mlp.up.weight"] == (40, H) and widths["layers.1.mlp.down.weight"] == (H, 40)
+    assert widths["layers.1.mlp.up.weight"] == (40, H)
+    assert widths["layers.1.mlp.down.weight"] == (H, 40)
     assert widths["layers.2.moe.w_up"] == (4, H, 24) and widths["layers.3.mlp.up.weight"] == (56, H)
 
 
@@ -150,7 +158,8 @@ def test_aux_gradient_attached_in_backward_equals_adding_it_to_the_loss() -> Non
     for name in a:
         torch.testing.assert_close(a[name].grad, b[name].grad, rtol=1e-5, atol=1e-8, msg=name)
     # The aux term is really there: without it the router's gradient differs.
-    plain = build_model(m.model_copy(update={"blocks": [m.blocks[0].model_copy(update={"aux_loss_coef": 0.0})]}), seed=2)
+    off = [m.blocks[0].model_copy(update={"aux_loss_coef": 0.0})]
+    plain = build_model(m.model_copy(update={"blocks": off}), seed=2)
     token_loss(plain(tokens), tokens, scale=0.5).backward()
     router = "1.moe.router.weight"
     assert not torch.allclose(layer_parameters(plain)[router].grad, a[router].grad, atol=1e-7)
@@ -245,6 +254,36 @@ def test_mamba_saved_activations_grow_linearly_with_the_sequence() -> None:
 
 
 def test_attention_block_keeps_parameter_names() -> None:
-    block = AttentionBlock(hidden=H, opts=BlockOptions(heads=HEADS), inner=4 * H)
+    block = AttentionBlock(hidden=H, heads=HEADS, opts=BlockOptions(kv_heads=2, rope_theta=1e4))
     assert sorted(n for n, _ in block.named_parameters()) == [
-        "attn.out.weight", "attn.qkv.weight", "mlp.down.weight", "mlp.up.weight", "norm1.weight", "norm2.weight"]
+        "attn.out.weight", "attn.qkv.weight", "mlp.down.weight", "mlp.up.weight",
+        "norm1.weight", "norm2.weight"]
+
+
+# --- the planner's estimate counts the weights the layers hold --------------------------------
+@pytest.mark.parametrize("features", [
+    {}, {"kv_heads": 2, "mlp": "swiglu", "ffn_hidden": 40}, {"kv_heads": 1}])
+def test_estimated_weights_are_the_layers_matmul_weights(features: dict) -> None:
+    from adaptis.api.job import TrainingSpec
+    from adaptis.planner.estimate import estimate_layers
+
+    blocks = [BlockSpec(kind="attention"), BlockSpec(kind="moe", experts=4, top_k=2, ffn_hidden=24),
+              BlockSpec(kind="dense"), BlockSpec(kind="mamba")]
+    model = _model(blocks=blocks, **features)
+    estimated = estimate_layers(model, TrainingSpec())
+    for index in range(1, 5):
+        layer = build_layer(model, index=index, seed=0)
+        # Norm gains, SSM scalars and the depthwise convolution are not matmul weights.
+        weights = sum(p.numel() for n, p in layer.named_parameters()
+                      if p.dim() >= 2 and "conv" not in n)
+        assert estimated[index].param_bytes == 16 * weights, estimated[index].name
+
+
+def test_the_profiler_measures_runs_that_differ_apart() -> None:
+    from adaptis.worker.models import model_layers
+    from adaptis.worker.profiler import _kind_key
+
+    m = _model(blocks=[BlockSpec(kind="dense", count=2), BlockSpec(kind="dense", ffn_hidden=8),
+                       BlockSpec(kind="dense", count=3)])
+    keys = [_kind_key(info) for info in model_layers(m)[1:-1]]
+    assert keys[0] == keys[1] == keys[3] and keys[2] != keys[0]

@@ -24,12 +24,14 @@ MODEL = ModelSpec(
             BlockSpec(kind="dense", ffn_hidden=40)],
 )
 # 80 tokens: two chunks of the Mamba scan (64 + 16), so its carried state crosses the split too.
-TRAINING = TrainingSpec(microbatches=4, microbatch_size=1, sequence_length=80, grad_clip=None, seed=5)
+TRAINING = TrainingSpec(microbatches=4, microbatch_size=1, sequence_length=80, grad_clip=None,
+                        seed=5)
 N_LAYERS = 8  # embedding + 6 blocks + head; the MoE blocks are layers 4 and 5
 
 
 def _batch():  # noqa: ANN202
-    data = SyntheticTokens(vocab_size=MODEL.vocab_size, sequence_length=TRAINING.sequence_length, seed=TRAINING.seed)
+    data = SyntheticTokens(vocab_size=MODEL.vocab_size, sequence_length=TRAINING.sequence_length,
+                           seed=TRAINING.seed)
     return data.batch(position=0, sequences=TRAINING.microbatches * TRAINING.microbatch_size)
 
 
@@ -60,7 +62,8 @@ def test_pipelined_features_equal_the_reference(name: str, ranks: dict[str, list
         merged.update(r["grads"])
     assert set(merged) == set(ref.grads)
     for k, g in ref.grads.items():
-        torch.testing.assert_close(merged[k], g, rtol=1e-4, atol=1e-6, msg=lambda m, k=k: f"{name} {k}: {m}")
+        torch.testing.assert_close(merged[k], g, rtol=1e-4, atol=1e-6,
+                                   msg=lambda m, k=k: f"{name} {k}: {m}")
 
 
 def test_the_aux_loss_changes_the_reference_gradients() -> None:
