@@ -98,6 +98,14 @@ class BlockSpec(_Spec):
         "(the planner's time and memory grow with them, docs/planning-budget.md).")
     experts: int = Field(default=4, ge=1, le=256, description="MoE only: number of experts.")
     top_k: int = Field(default=2, ge=1, le=16, description="MoE only: experts per token.")
+    ffn_hidden: int | None = Field(
+        default=None, ge=1, le=1_048_576,
+        description="This run's MLP width (moe: each expert's). null: the model's ffnHidden for "
+        "attention and dense blocks, 2 x hidden for a moe expert.")
+    aux_loss_coef: float = Field(
+        default=0.0, ge=0, le=1,
+        description="MoE only: weight of the load-balancing loss (Switch/Megatron form, 1.0 at a "
+        "perfect balance) added to the training loss; 0 turns it off. Typical: 0.01.")
 
     @field_validator("top_k")
     @classmethod
@@ -120,7 +128,13 @@ class ModelSpec(_Spec):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {"rule": "!has(self.heads) || self.hidden % self.heads == 0",
-                 "message": "heads must divide hidden", "fieldPath": ".heads"}
+                 "message": "heads must divide hidden", "fieldPath": ".heads"},
+                {"rule": "!has(self.kvHeads) || !has(self.heads) || self.heads % self.kvHeads == 0",
+                 "message": "kvHeads must divide heads", "fieldPath": ".kvHeads"},
+                {"rule": "!has(self.positions) || self.positions != 'rope' || !has(self.heads) || "
+                         "(self.hidden / self.heads) % 2 == 0",
+                 "message": "rope needs an even head size (hidden / heads)",
+                 "fieldPath": ".positions"},
             ]
         }
     )
@@ -128,16 +142,62 @@ class ModelSpec(_Spec):
     vocab_size: int = Field(ge=2, le=4_194_304, description="Vocabulary of embedding and head.")
     hidden: int = Field(ge=8, le=65_536, description="Hidden size.")
     heads: int = Field(default=4, ge=1, le=512, description="Attention heads; divides hidden.")
+    kv_heads: int | None = Field(
+        default=None, ge=1, le=512,
+        description="Key/value heads of grouped-query attention; divides heads. null: heads "
+        "(multi-head attention); 1: multi-query attention.")
+    ffn_hidden: int | None = Field(
+        default=None, ge=1, le=1_048_576,
+        description="MLP width of attention and dense blocks (a block may override it). "
+        "null: 4 x hidden.")
+    mlp: Literal["gelu", "swiglu"] = Field(
+        default="gelu", description="MLP form of every block: gelu (up, GELU, down) or swiglu "
+        "(Llama: down(silu(gate) * up), one more matrix of the same width).")
+    positions: Literal["none", "rope"] = Field(
+        default="none", description="Position information of attention: none (causal mask "
+        "only) or rope (rotary embedding of queries and keys).")
+    rope_theta: float = Field(default=10_000.0, gt=1, le=1e9,
+                              description="rope only: base of the rotary frequencies.")
     blocks: list[BlockSpec] = Field(
         min_length=1, max_length=1024, description="The layers between embedding and head."
     )
     tie_embeddings: bool = Field(default=False, description="Share embedding and head weights.")
 
+    @field_validator("kv_heads")
+    @classmethod
+    def _kv_heads_divide_heads(cls, kv_heads: int | None, info: ValidationInfo) -> int | None:
+        # A field validator so the error's path ends in .kvHeads (heads is declared first).
+        heads = info.data.get("heads")
+        if kv_heads is not None and heads is not None and heads % kv_heads:
+            raise PydanticCustomError(
+                "kv_heads_divide_heads",
+                "{kv_heads} must divide heads ({heads}); e.g. kvHeads: 1, or leave it unset for "
+                "multi-head attention", {"kv_heads": kv_heads, "heads": heads})
+        return kv_heads
+
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> ModelSpec:
         if self.hidden % self.heads:
             raise ValueError(f"model.heads ({self.heads}) must divide model.hidden ({self.hidden})")
+        if self.positions == "rope" and (self.hidden // self.heads) % 2:
+            raise ValueError(f"model.positions rope rotates pairs of features: the head size "
+                             f"hidden / heads ({self.hidden // self.heads}) must be even")
         return self
+
+    @property
+    def key_value_heads(self) -> int:
+        """The key/value heads: ``kv_heads``, or ``heads`` when unset (multi-head attention)."""
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    def mlp_width(self, block: BlockSpec) -> int:
+        """The MLP width of ``block``: its own ``ffn_hidden``, else the model's (4 x hidden) for
+        attention and dense blocks and 2 x hidden for a moe expert, the widths before
+        ffnHidden existed (so existing models are unchanged)."""
+        if block.ffn_hidden is not None:
+            return block.ffn_hidden
+        if block.kind == "moe":
+            return 2 * self.hidden
+        return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
 
     @property
     def block_kinds(self) -> list[str]:

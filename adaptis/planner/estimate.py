@@ -11,8 +11,11 @@ sustains ``flops_per_s``; by default the device of speed 1, which by convention 
 Per microbatch of ``T = microbatch_size * sequence_length`` tokens and a layer with ``P``
 matmul parameters: forward ``2TP``, input gradient ``2TP``, weight gradient ``2TP``; attention's
 score and value products add ``4Ts h`` forward and ``8Ts h`` to the input gradient and have no
-weights. Activation bytes follow method.md (``34 b s h + 5 b s^2 a`` for an attention block in
-16-bit; ``element_bytes`` scales the per-element terms, e.g. 4 for an fp32 CPU run); parameters
+weights. ``P`` follows the model's shape: MLP width (``ffnHidden``, per block), gelu or swiglu
+(three matrices), key/value heads (``kvHeads``), experts' width; the Mamba scan is chunked, so
+its FLOPs and bytes are linear in the sequence. Activation bytes follow method.md (``34 b s h +
+5 b s^2 a`` for an attention block in 16-bit; ``element_bytes`` scales the per-element terms,
+e.g. 4 for an fp32 CPU run); parameters
 hold 16 bytes each with AdamW (weights, gradients, two moments, master copy in mixed
 precision), 8 with SGD.
 """
@@ -24,12 +27,18 @@ from dataclasses import dataclass
 from adaptis.api.job import BlockSpec, ModelSpec, TrainingSpec
 from adaptis.api.problem import Layer
 
-__all__ = ["MFU", "REFERENCE_TFLOPS", "device_speed", "estimate_layers"]
+__all__ = [
+    "MAMBA_CHUNK", "MAMBA_STATE", "MFU", "REFERENCE_TFLOPS", "device_speed", "estimate_layers",
+]
 
 #: Sustained TFLOP/s of a device of speed 1.
 REFERENCE_TFLOPS = 100.0
 #: Fraction of peak that dense training sustains (model FLOPs utilisation).
 MFU = 0.4
+#: Tokens per chunk of the Mamba block's scan and its state size: the worker's layer
+#: (:mod:`adaptis.worker.ssm`) uses these very numbers, so the estimate counts what runs.
+MAMBA_CHUNK = 64
+MAMBA_STATE = 16
 
 _MS = 1e3
 # No layer is free: the smallest time keeps Layer.forward > 0 for tiny models.
@@ -50,46 +59,65 @@ def device_speed(peak_tflops: float) -> float:
     return peak_tflops * MFU / REFERENCE_TFLOPS
 
 
-def _attention(*, tokens: float, seq: int, hidden: int, heads: int, batch: int, elem: float) -> _Flops:
-    params = 4.0 * hidden * hidden
-    core = 4.0 * tokens * seq * hidden  # QK^T and AV
-    act = (5.0 * batch * seq * hidden + 2.5 * batch * seq * seq * heads) * elem
+def _attention(*, tokens: float, seq: int, model: ModelSpec, batch: int, elem: float) -> _Flops:
+    h, heads, kv = model.hidden, model.heads, model.key_value_heads
+    kv_width = kv * (h // heads)
+    # q and out are h x h; grouped-query attention shrinks k and v to kv_heads heads.
+    params = 2.0 * h * h + 2.0 * h * kv_width
+    core = 4.0 * tokens * seq * h  # QK^T and AV (every query head attends)
+    # Saved per token: input, q, k, v, output (k and v at kv width); rotary keeps its rotated q, k.
+    per_token = 3.0 * h + 2.0 * kv_width + ((h + kv_width) if model.positions == "rope" else 0.0)
+    act = (batch * seq * per_token + 2.5 * batch * seq * seq * heads) * elem
     return _Flops(2 * tokens * params + core, 2 * tokens * params + 2 * core,
                   2 * tokens * params, params, act)
 
 
-def _mlp(*, tokens: float, hidden: int, batch: int, seq: int, elem: float, width: int = 4) -> _Flops:
-    params = 2.0 * width * hidden * hidden
-    act = 12.0 * batch * seq * hidden * elem
+def _mlp(*, tokens: float, hidden: int, inner: int, form: str, batch: int, seq: int,
+         elem: float) -> _Flops:
+    """gelu: up and down (``2 h inner`` weights); swiglu adds the gate matrix. Saved per token:
+    ``4h + 2 inner`` (gelu: 12h at the default width 4h), ``4h + 4 inner`` for swiglu."""
+    matrices = 3.0 if form == "swiglu" else 2.0
+    params = matrices * hidden * inner
+    act = (4.0 * hidden + 2.0 * (matrices - 1.0) * inner) * batch * seq * elem
     return _Flops(2 * tokens * params, 2 * tokens * params, 2 * tokens * params, params, act)
+
+
+def _mamba(*, tokens: float, seq: int, model: ModelSpec, batch: int, elem: float) -> _Flops:
+    """The chunked selective scan (:mod:`adaptis.worker.ssm`): projections of an expand-2 SSM
+    plus, per token, the within-chunk quadratic part (``chunk`` wide) and the carried state's
+    read and update (``state x inner``): linear in the sequence, as are its saved activations."""
+    h, heads = model.hidden, model.heads
+    inner, n = 2 * h, MAMBA_STATE
+    q = min(MAMBA_CHUNK, seq)
+    params = h * (2.0 * inner + 2 * n + heads) + inner * h
+    scan = tokens * (2.0 * q * n + 2.0 * q * inner + 3.0 * heads * q + 4.0 * n * inner)
+    # Elementwise tensors of the projections, convolution, gate and norm (~17h a token), and per
+    # chunk the [chunk, chunk] decay, its exp and the mixing matrix of each head plus C.B.
+    act = (17.0 * h + (3.0 * heads + 1.0) * q) * batch * seq * elem
+    return _Flops(2 * tokens * params + scan, 2 * tokens * params + 2 * scan,
+                  2 * tokens * params, params, act)
 
 
 def _block(block: BlockSpec, *, model: ModelSpec, training: TrainingSpec, elem: float) -> _Flops:
     batch, seq, h = training.microbatch_size, training.sequence_length, model.hidden
     tokens = float(batch * seq)
-    if block.kind == "dense":
-        return _mlp(tokens=tokens, hidden=h, batch=batch, seq=seq, elem=elem)
     if block.kind == "mamba":
-        # in/out projections of an expand-2 SSM (about 6h^2) plus the selective scan, which is
-        # elementwise over a 16-wide state and has no weight gradient to speak of.
-        params = 6.0 * h * h
-        scan = 2.0 * tokens * 2 * h * 16 * 6
-        act = 17.0 * batch * seq * h * elem
-        return _Flops(2 * tokens * params + scan, 2 * tokens * params + 2 * scan,
-                      2 * tokens * params, params, act)
-    attn = _attention(tokens=tokens, seq=seq, hidden=h, heads=model.heads, batch=batch, elem=elem)
+        return _mamba(tokens=tokens, seq=seq, model=model, batch=batch, elem=elem)
+    mlp = _mlp(tokens=tokens, hidden=h, inner=model.mlp_width(block), form=model.mlp, batch=batch,
+               seq=seq, elem=elem)
+    if block.kind == "dense":
+        return mlp
+    attn = _attention(tokens=tokens, seq=seq, model=model, batch=batch, elem=elem)
     if block.kind == "attention":
-        mlp = _mlp(tokens=tokens, hidden=h, batch=batch, seq=seq, elem=elem)
         return _sum(attn, mlp)
     # MoE: attention plus top_k experts' MLPs run per token; all experts' weights are held.
-    expert = _mlp(tokens=tokens, hidden=h, batch=batch, seq=seq, elem=elem)
     router = 2.0 * tokens * h * block.experts
     return _Flops(
-        attn.forward + block.top_k * expert.forward + router,
-        attn.backward + block.top_k * expert.backward + router,
-        attn.weight + block.top_k * expert.weight + router,
-        attn.params + block.experts * expert.params + h * block.experts,
-        attn.activation_bytes + block.top_k * expert.activation_bytes,
+        attn.forward + block.top_k * mlp.forward + router,
+        attn.backward + block.top_k * mlp.backward + router,
+        attn.weight + block.top_k * mlp.weight + router,
+        attn.params + block.experts * mlp.params + h * block.experts,
+        attn.activation_bytes + block.top_k * mlp.activation_bytes,
     )
 
 

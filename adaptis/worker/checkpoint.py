@@ -120,7 +120,7 @@ def load_checkpoint(directory: str | Path, *, executor: Executor, step: int) -> 
     root = Path(directory)
     own = torch.load(_rank_file(root, step=step, rank=executor.rank), weights_only=False)
     recorded = own.get("model_spec")
-    if recorded is not None and recorded != _model_doc(executor.config.model):
+    if recorded is not None and _recorded_doc(recorded) != _model_doc(executor.config.model):
         raise CheckpointError(f"checkpoint of step {step} in {root} is of another model "
                               f"({_model_difference(recorded, executor.config.model)})")
     params = executor.named_parameters()
@@ -159,7 +159,18 @@ def _model_doc(model: ModelSpec) -> dict[str, Any]:
     return model.model_dump(mode="json", by_alias=True)
 
 
+def _recorded_doc(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A recorded model spec read through today's ModelSpec: fields added since it was written
+    take their defaults (which keep the model as it was, e.g. kvHeads, ffnHidden), so an older
+    checkpoint of the same model still matches. An unreadable one is compared as written."""
+    try:
+        return _model_doc(ModelSpec.model_validate(recorded))
+    except ValueError:  # pydantic's ValidationError
+        return recorded
+
+
 def _model_difference(recorded: dict[str, Any], model: ModelSpec) -> str:
+    recorded = _recorded_doc(recorded)
     now = _model_doc(model)
     diffs = [f"model.{k}: {recorded.get(k)!r} there, {now.get(k)!r} in this job"
              for k in sorted(set(recorded) | set(now)) if recorded.get(k) != now.get(k)]
@@ -204,7 +215,7 @@ def scan_checkpoints(directory: str | Path, *, model: ModelSpec, workers: int) -
     recorded = state.get("model_spec") if isinstance(state, dict) else None
     if recorded is None:
         why = f"step {step}'s checkpoint does not record its model (written by an older adaptis)"
-    elif recorded != _model_doc(model):
+    elif _recorded_doc(recorded) != _model_doc(model):
         why = f"step {step}'s checkpoint is of another model ({_model_difference(recorded, model)})"
     else:
         why = None

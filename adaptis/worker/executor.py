@@ -33,6 +33,7 @@ from adaptis.worker.models import (
     find_layer,
     layer_parameters,
     model_layers,
+    set_aux_loss_scale,
     token_loss,
 )
 from adaptis.worker.pipelining import (
@@ -124,6 +125,8 @@ class Executor:
         self.modules: list[nn.Module] = [
             m.to(device) for m in build_stages(spec, stages=ranges, seed=train.seed)  # type: ignore[arg-type]
         ]
+        # MoE load-balancing gradients scaled as each microbatch's token loss is (1/m).
+        set_aux_loss_scale(self.modules, scale=1.0 / train.microbatches)
         self.params = _unique_params(self.modules)
         self._tied_peer, self._count_in_norm = self._tie_embeddings()
         self.optimizer = _optimizer(self.params, config)

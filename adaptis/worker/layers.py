@@ -3,26 +3,34 @@
 Sits under :mod:`adaptis.worker.models`, which turns an AdaPtisJob ``ModelSpec`` into a list of
 these layers. Each layer maps ``[batch, seq, hidden]`` to the same shape (the embedding takes
 token ids, the head returns vocabulary logits), so any contiguous run of them is a pipeline
-stage. The blocks carry the heterogeneity of method.md: attention (+MLP) decoder blocks, MoE
-blocks with a top-k router, Mamba-2 style selective state-space blocks (a chunk-free quadratic
-"SSD" form, exact and simple), dense MLP blocks, and a large-vocabulary head.
+stage. The blocks carry the heterogeneity of method.md: attention (+MLP) decoder blocks
+(multi-head or grouped-query, no positions or rotary ones, gelu or swiglu MLPs of any width),
+MoE blocks with a top-k router and its load-balancing loss (:mod:`adaptis.worker.moe`), Mamba-2
+style selective state-space blocks (a chunked scan, :mod:`adaptis.worker.ssm`), dense MLP
+blocks, and a large-vocabulary head. docs/models.md says why each is built as it is.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from adaptis.worker.moe import MixtureOfExperts
+from adaptis.worker.ssm import SelectiveSSM
+
 __all__ = [
     "AttentionBlock",
+    "BlockOptions",
     "DenseBlock",
     "Embedding",
     "Head",
     "MambaBlock",
     "MoEBlock",
+    "apply_rotary",
     "init_parameters",
 ]
 
@@ -52,103 +60,108 @@ class Head(nn.Module):
         return F.linear(self.norm(x), self.weight)
 
 
+def apply_rotary(x: torch.Tensor, *, theta: float, offset: int = 0) -> torch.Tensor:
+    """Rotary position embedding of ``x`` ``[b, heads, s, d]`` at positions ``offset ..
+    offset + s - 1``: feature pairs ``(i, i + d/2)`` turn by ``position * theta^(-2i/d)`` (the
+    "rotate half" layout of GPT-NeoX and Llama in Hugging Face). A query at ``m`` dotted with a
+    key at ``n`` then depends on ``m - n`` only. Computed in float32, returned in x's dtype."""
+    d = x.shape[-1]
+    inv_freq = theta ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    pos = torch.arange(offset, offset + x.shape[-2], device=x.device, dtype=torch.float32)
+    angles = torch.outer(pos, inv_freq)  # [s, d/2]
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+
+
 class _Attention(nn.Module):
-    def __init__(self, *, hidden: int, heads: int) -> None:
+    """Causal self-attention; grouped-query when ``kv_heads < heads`` (each key/value head
+    serves ``heads / kv_heads`` query heads); rotary positions when ``rope_theta`` is set."""
+
+    def __init__(self, *, hidden: int, heads: int, kv_heads: int | None = None,
+                 rope_theta: float | None = None) -> None:
         super().__init__()
         self.heads = heads
-        self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
+        self.kv_heads = heads if kv_heads is None else kv_heads
+        self.rope_theta = rope_theta
+        kv_width = self.kv_heads * (hidden // heads)
+        # One fused projection, rows [q | k | v]: with kv_heads == heads exactly today's layout.
+        self.qkv = nn.Linear(hidden, hidden + 2 * kv_width, bias=False)
         self.out = nn.Linear(hidden, hidden, bias=False)
+
+    def project(self, x: torch.Tensor, *, offset: int = 0) -> tuple[torch.Tensor, ...]:
+        """Queries ``[b, heads, s, d]``, keys and values ``[b, kv_heads, s, d]``, positions
+        applied (tokens at ``offset ..``)."""
+        b, s, h = x.shape
+        d = h // self.heads
+        if self.kv_heads == self.heads:
+            q, k, v = self.qkv(x).view(b, s, 3, self.heads, d).permute(2, 0, 3, 1, 4)
+        else:
+            q, k, v = self.qkv(x).split([h, self.kv_heads * d, self.kv_heads * d], dim=-1)
+            q = q.view(b, s, self.heads, d).transpose(1, 2)
+            k = k.view(b, s, self.kv_heads, d).transpose(1, 2)
+            v = v.view(b, s, self.kv_heads, d).transpose(1, 2)
+        if self.rope_theta is not None:
+            q = apply_rotary(q, theta=self.rope_theta, offset=offset)
+            k = apply_rotary(k, theta=self.rope_theta, offset=offset)
+        return q, k, v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        q, k, v = self.project(x)
+        if self.kv_heads == self.heads:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return self.out(y.transpose(1, 2).reshape(b, s, h))
 
 
 class _MLP(nn.Module):
-    def __init__(self, *, hidden: int, inner: int) -> None:
+    """``down(gelu(up x))``, or with ``kind="swiglu"`` ``down(silu(gate x) * up x)``."""
+
+    def __init__(self, *, hidden: int, inner: int, kind: str = "gelu") -> None:
         super().__init__()
+        self.kind = kind
         self.up = nn.Linear(hidden, inner, bias=False)
+        if kind == "swiglu":
+            self.gate = nn.Linear(hidden, inner, bias=False)
         self.down = nn.Linear(inner, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "swiglu":
+            return self.down(F.silu(self.gate(x)) * self.up(x))
         return self.down(F.gelu(self.up(x)))
 
 
-class _MoE(nn.Module):
-    """Top-k routed experts. Every expert runs (possibly on zero tokens) so that every parameter
-    is in the autograd graph of every microbatch: gradients are zeros, never missing."""
+@dataclass(frozen=True, slots=True)
+class BlockOptions:
+    """What the attention and MLP of every block of a model share (from ``ModelSpec``); the
+    defaults are the plain blocks (multi-head, no positions, gelu)."""
 
-    def __init__(self, *, hidden: int, experts: int, top_k: int) -> None:
-        super().__init__()
-        self.top_k = min(top_k, experts)
-        inner = 2 * hidden
-        self.router = nn.Linear(hidden, experts, bias=False)
-        self.w_up = nn.Parameter(torch.empty(experts, hidden, inner))
-        self.w_down = nn.Parameter(torch.empty(experts, inner, hidden))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1])
-        probs = torch.softmax(self.router(flat), dim=-1)
-        weights, chosen = probs.topk(self.top_k, dim=-1)
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-        out = torch.zeros_like(flat)
-        for e in range(self.w_up.shape[0]):
-            token, slot = torch.nonzero(chosen == e, as_tuple=True)
-            hidden = F.gelu(flat[token] @ self.w_up[e]) @ self.w_down[e]
-            out = out.index_add(0, token, hidden * weights[token, slot].unsqueeze(-1))
-        return out.view(shape)
+    kv_heads: int | None = None
+    rope_theta: float | None = None
+    mlp: str = "gelu"
 
 
-class _SelectiveSSM(nn.Module):
-    """Mamba-2 style selective scan: input-dependent step ``dt``, B and C; scalar decay per head.
+_PLAIN = BlockOptions()
 
-    Computed in the exact quadratic form ``y_t = sum_{u<=t} C_t.B_u * exp(sum_{u<j<=t} dt_j A)
-    * dt_u * x_u`` (the SSD "attention" form), which is a plain batched matmul on CPU.
-    """
 
-    def __init__(self, *, hidden: int, heads: int, state: int = 16, conv: int = 4) -> None:
-        super().__init__()
-        self.inner = 2 * hidden
-        self.heads = heads
-        self.state = state
-        self.in_proj = nn.Linear(hidden, 2 * self.inner + 2 * state + heads, bias=False)
-        conv_dim = self.inner + 2 * state
-        self.conv = nn.Conv1d(conv_dim, conv_dim, conv, groups=conv_dim, padding=conv - 1)
-        self.A_log = nn.Parameter(torch.empty(heads))
-        self.dt_bias = nn.Parameter(torch.empty(heads))
-        self.D = nn.Parameter(torch.empty(heads))
-        self.norm = nn.RMSNorm(self.inner)
-        self.out_proj = nn.Linear(self.inner, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        z, xbc, dt = self.in_proj(x).split([self.inner, self.inner + 2 * self.state, self.heads], -1)
-        xbc = F.silu(self.conv(xbc.transpose(1, 2))[..., :s].transpose(1, 2))
-        xs, bm, cm = xbc.split([self.inner, self.state, self.state], dim=-1)
-        xs = xs.reshape(b, s, self.heads, self.inner // self.heads)
-        dt = F.softplus(dt + self.dt_bias)  # [b, s, heads]
-        log_decay = torch.cumsum(dt * -torch.exp(self.A_log), dim=1).transpose(1, 2)  # [b, H, s]
-        causal = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
-        seg = (log_decay.unsqueeze(-1) - log_decay.unsqueeze(-2)).masked_fill(~causal, -math.inf)
-        mix = torch.exp(seg) * (cm @ bm.transpose(1, 2)).unsqueeze(1)  # [b, H, s, s]
-        y = mix @ (xs * dt.unsqueeze(-1)).transpose(1, 2)  # [b, H, s, p]
-        y = y.transpose(1, 2) + xs * self.D.view(1, 1, -1, 1)
-        y = self.norm(y.reshape(b, s, self.inner) * F.silu(z))
-        return self.out_proj(y)
+def _attention(hidden: int, heads: int, opts: BlockOptions) -> _Attention:
+    return _Attention(hidden=hidden, heads=heads, kv_heads=opts.kv_heads,
+                      rope_theta=opts.rope_theta)
 
 
 class AttentionBlock(nn.Module):
-    """Pre-norm decoder block: causal self-attention then an MLP."""
+    """Pre-norm decoder block: causal self-attention then an MLP of width ``inner`` (4 x hidden
+    unless set)."""
 
-    def __init__(self, *, hidden: int, heads: int) -> None:
+    def __init__(self, *, hidden: int, heads: int, inner: int | None = None,
+                 opts: BlockOptions = _PLAIN) -> None:
         super().__init__()
         self.norm1 = nn.RMSNorm(hidden)
-        self.attn = _Attention(hidden=hidden, heads=heads)
+        self.attn = _attention(hidden, heads, opts)
         self.norm2 = nn.RMSNorm(hidden)
-        self.mlp = _MLP(hidden=hidden, inner=4 * hidden)
+        self.mlp = _MLP(hidden=hidden, inner=inner or 4 * hidden, kind=opts.mlp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
@@ -156,14 +169,19 @@ class AttentionBlock(nn.Module):
 
 
 class MoEBlock(nn.Module):
-    """DeepSeek-style MoE layer: causal self-attention then a top-k mixture of experts."""
+    """DeepSeek-style MoE layer: causal self-attention then a top-k mixture of experts, each an
+    MLP of width ``inner`` (2 x hidden unless set)."""
 
-    def __init__(self, *, hidden: int, heads: int, experts: int, top_k: int) -> None:
+    def __init__(self, *, hidden: int, heads: int, experts: int, top_k: int,
+                 inner: int | None = None, aux_loss_coef: float = 0.0,
+                 opts: BlockOptions = _PLAIN) -> None:
         super().__init__()
         self.norm1 = nn.RMSNorm(hidden)
-        self.attn = _Attention(hidden=hidden, heads=heads)
+        self.attn = _attention(hidden, heads, opts)
         self.norm2 = nn.RMSNorm(hidden)
-        self.moe = _MoE(hidden=hidden, experts=experts, top_k=top_k)
+        self.moe = MixtureOfExperts(hidden=hidden, experts=experts, top_k=top_k,
+                                    inner=inner or 2 * hidden, mlp=opts.mlp,
+                                    aux_loss_coef=aux_loss_coef)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
@@ -176,7 +194,7 @@ class MambaBlock(nn.Module):
     def __init__(self, *, hidden: int, heads: int) -> None:
         super().__init__()
         self.norm = nn.RMSNorm(hidden)
-        self.ssm = _SelectiveSSM(hidden=hidden, heads=heads)
+        self.ssm = SelectiveSSM(hidden=hidden, heads=heads)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.ssm(self.norm(x))
@@ -185,10 +203,10 @@ class MambaBlock(nn.Module):
 class DenseBlock(nn.Module):
     """Pre-norm MLP-only block."""
 
-    def __init__(self, *, hidden: int) -> None:
+    def __init__(self, *, hidden: int, inner: int | None = None, mlp: str = "gelu") -> None:
         super().__init__()
         self.norm = nn.RMSNorm(hidden)
-        self.mlp = _MLP(hidden=hidden, inner=4 * hidden)
+        self.mlp = _MLP(hidden=hidden, inner=inner or 4 * hidden, kind=mlp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.mlp(self.norm(x))

@@ -22,6 +22,7 @@ from adaptis.api.job import BlockSpec, ModelSpec
 from adaptis.worker.errors import WorkerError
 from adaptis.worker.layers import (
     AttentionBlock,
+    BlockOptions,
     DenseBlock,
     Embedding,
     Head,
@@ -29,6 +30,7 @@ from adaptis.worker.layers import (
     MoEBlock,
     init_parameters,
 )
+from adaptis.worker.moe import MixtureOfExperts
 
 __all__ = [
     "LayerInfo",
@@ -39,6 +41,8 @@ __all__ = [
     "find_layer",
     "layer_parameters",
     "model_layers",
+    "moe_layers",
+    "set_aux_loss_scale",
     "token_loss",
 ]
 
@@ -74,19 +78,26 @@ def build_layer(model: ModelSpec, *, index: int, seed: int) -> nn.Module:
         raise WorkerError(f"layer index {index} outside the model's {len(layers)} layers")
     info = layers[index]
     h = model.hidden
+    opts = BlockOptions(kv_heads=model.kv_heads, mlp=model.mlp,
+                        rope_theta=model.rope_theta if model.positions == "rope" else None)
     module: nn.Module
     if info.kind == "embedding":
         module = Embedding(vocab_size=model.vocab_size, hidden=h)
     elif info.kind == "head":
         module = Head(vocab_size=model.vocab_size, hidden=h)
+    elif info.block is None:
+        raise WorkerError(f"layer {info.name}: a {info.kind!r} layer without its block spec")
     elif info.kind == "attention":
-        module = AttentionBlock(hidden=h, heads=model.heads)
+        module = AttentionBlock(hidden=h, heads=model.heads, inner=model.mlp_width(info.block),
+                                opts=opts)
     elif info.kind == "mamba":
         module = MambaBlock(hidden=h, heads=model.heads)
     elif info.kind == "dense":
-        module = DenseBlock(hidden=h)
-    elif info.kind == "moe" and info.block is not None:
-        module = MoEBlock(hidden=h, heads=model.heads, experts=info.block.experts, top_k=info.block.top_k)
+        module = DenseBlock(hidden=h, inner=model.mlp_width(info.block), mlp=model.mlp)
+    elif info.kind == "moe":
+        b = info.block
+        module = MoEBlock(hidden=h, heads=model.heads, experts=b.experts, top_k=b.top_k,
+                          inner=model.mlp_width(b), aux_loss_coef=b.aux_loss_coef, opts=opts)
     else:
         raise WorkerError(f"layer {info.name}: unknown kind {info.kind!r}")
     gen = torch.Generator().manual_seed(seed * _SEED_STRIDE + index)
@@ -153,6 +164,18 @@ def layer_parameters(stage: StageModule) -> dict[str, nn.Parameter]:
         for k, layer in enumerate(stage.layers)
         for name, p in layer.named_parameters()
     }
+
+
+def moe_layers(modules: Sequence[nn.Module]) -> list[MixtureOfExperts]:
+    """Every mixture of experts inside ``modules``, in order."""
+    return [m for module in modules for m in module.modules() if isinstance(m, MixtureOfExperts)]
+
+
+def set_aux_loss_scale(modules: Sequence[nn.Module], *, scale: float) -> None:
+    """Scale the MoE load-balancing gradients as the token loss is scaled (``1/microbatches``),
+    so a step's aux term is the mean over its microbatches, like its token loss."""
+    for moe in moe_layers(modules):
+        moe.aux_grad_scale = scale
 
 
 def token_loss(logits: torch.Tensor, targets: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:

@@ -131,9 +131,11 @@ def bytes_per_param(optimizer: str) -> int:
 
 
 # --- a job's model -----------------------------------------------------------------------------
-def _kind_key(info: LayerInfo) -> tuple[str, int, int]:
-    b = info.block
-    return (info.kind, b.experts if b and info.kind == "moe" else 0, b.top_k if b and info.kind == "moe" else 0)
+def _kind_key(info: LayerInfo) -> tuple[str, str]:
+    # Blocks of one kind differ when their spec does (experts, topK, ffnHidden, auxLossCoef):
+    # the whole block spec but its count is the key, so runs that differ are measured apart.
+    spec = info.block.model_dump_json(exclude={"count"}) if info.block is not None else ""
+    return (info.kind, spec)
 
 
 def profile_layers(spec: JobSpec, *, settings: ProfileSettings) -> list[LayerProfile]:
@@ -164,7 +166,7 @@ def _profile_pass(spec: JobSpec, *, settings: ProfileSettings) -> list[LayerProf
     tokens = torch.randint(model.vocab_size, (b, s), generator=gen, device=dev)
     hidden = torch.randn(b, s, h, generator=gen, device=dev, dtype=dtype)
     per_param = bytes_per_param(train.optimizer.name)
-    cache: dict[tuple[str, int, int], tuple[ModuleProfile, int]] = {}
+    cache: dict[tuple[str, str], tuple[ModuleProfile, int]] = {}
     out: list[LayerProfile] = []
     last = len(infos) - 1
     for index, info in enumerate(infos):

@@ -13,7 +13,7 @@ import torch
 
 from adaptis.api.job import ModelSpec, TrainingSpec
 from adaptis.worker.data import Batch
-from adaptis.worker.models import build_model, layer_parameters, token_loss
+from adaptis.worker.models import build_model, layer_parameters, moe_layers, token_loss
 
 __all__ = ["ReferenceResult", "reference_step"]
 
@@ -27,14 +27,24 @@ class ReferenceResult:
 
 
 def reference_step(model: ModelSpec, training: TrainingSpec, *, batch: Batch) -> ReferenceResult:
-    """Forward and backward of one batch on one process, microbatch by microbatch."""
+    """Forward and backward of one batch on one process, microbatch by microbatch.
+
+    MoE load-balancing losses are added to each microbatch's loss explicitly (``auxLossCoef x
+    aux / microbatches``): the independent route the pipeline's in-backward attachment
+    (:mod:`adaptis.worker.moe`) must equal. The reported loss is the token loss alone, as a
+    pipeline step reports it."""
     net = build_model(model, seed=training.seed)
+    moes = moe_layers([net])
+    for moe in moes:
+        moe.collected = []  # collect instead of attaching: this loss adds them itself
     m, b = training.microbatches, training.microbatch_size
     total = 0.0
     for mb in range(m):
         rows = slice(mb * b, (mb + 1) * b)
         loss = token_loss(net(batch.inputs[rows]), batch.targets[rows], scale=1.0 / m)
-        loss.backward()
+        aux = sum((moe.aux_loss_coef * moe.collected.pop() for moe in moes if moe.collected),
+                  start=torch.zeros(()))
+        (loss + aux / m).backward()
         total += float(loss.detach())
     grads = {
         name: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))

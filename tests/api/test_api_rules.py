@@ -89,6 +89,10 @@ CASES = [
     Case("name-starts-with-digit", {"metadata.name": "1job"}, "metadata.name", ("", "metadata.name")),
     Case("child-name-too-long", {"metadata.name": "j" * 55}, "metadata.name", ("", "metadata.name")),
     Case("heads-do-not-divide-hidden", {"spec.model.heads": 5}, "spec.model", (".spec.model", ".heads")),
+    Case("kvHeads-do-not-divide-heads", {"spec.model.kvHeads": 3}, "spec.model.kvHeads",
+         (".spec.model", ".kvHeads")),
+    Case("rope-with-an-odd-head-size", {"spec.model.heads": 64, "spec.model.positions": "rope"},
+         "spec.model", (".spec.model", ".positions")),
 ]
 IDS = [c.id for c in CASES]
 

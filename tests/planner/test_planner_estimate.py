@@ -69,3 +69,58 @@ def test_precision_and_device_rate_scale_bytes_and_times() -> None:
         assert b.activation_bytes == 2 * a.activation_bytes and b.output_bytes == 2 * a.output_bytes
         assert b.forward == pytest.approx(2 * a.forward) and b.param_bytes == a.param_bytes
     assert [lay.name for lay in half] == ["embedding", "mamba_0", "attention_1", "moe_2", "head"]
+
+
+# --- the model's shape: MLP width and form, key/value heads, the chunked Mamba scan ---------------
+def _block_cost(training: TrainingSpec | None = None, **kw: object):  # noqa: ANN202
+    return estimate_layers(_model(**kw), training or TrainingSpec())[1]
+
+
+def test_ffn_hidden_and_swiglu_scale_the_mlp() -> None:
+    h = 1536
+    default = _block_cost(blocks=[{"kind": "dense"}])
+    half = _block_cost(ffnHidden=2 * h, blocks=[{"kind": "dense"}])
+    override = _block_cost(ffnHidden=2 * h, blocks=[{"kind": "dense", "ffnHidden": 4 * h}])
+    assert default.param_bytes == 16 * 2 * h * 4 * h  # AdamW: 16 bytes a weight
+    assert half.param_bytes == default.param_bytes / 2
+    assert half.forward == pytest.approx(default.forward / 2)
+    assert override.param_bytes == default.param_bytes  # the block's own width wins
+    swiglu = _block_cost(mlp="swiglu", blocks=[{"kind": "dense"}])
+    assert swiglu.param_bytes == 1.5 * default.param_bytes
+    assert swiglu.forward == pytest.approx(1.5 * default.forward)
+    # Saved activations: 4h + 2 x width a token (gelu), 4h + 4 x width (swiglu).
+    t = TrainingSpec()
+    tokens = t.microbatch_size * t.sequence_length
+    assert default.activation_bytes == (4 * h + 8 * h) * tokens * 2
+    assert swiglu.activation_bytes == (4 * h + 16 * h) * tokens * 2
+
+
+def test_moe_experts_take_their_own_width() -> None:
+    h = 1536
+    narrow = _block_cost(blocks=[{"kind": "moe", "experts": 8, "topK": 2}])
+    wide = _block_cost(blocks=[{"kind": "moe", "experts": 8, "topK": 2, "ffnHidden": 4 * h}])
+    assert (wide.param_bytes - narrow.param_bytes) / 16 == 8 * 2 * h * (4 * h - 2 * h)
+
+
+def test_grouped_query_attention_shrinks_k_and_v() -> None:
+    h, heads = 1536, 12
+    d = h // heads
+    mha = _block_cost(blocks=[{"kind": "attention"}])
+    for kv in (1, 4):
+        gqa = _block_cost(kvHeads=kv, blocks=[{"kind": "attention"}])
+        assert (mha.param_bytes - gqa.param_bytes) / 16 == 2 * h * d * (heads - kv)
+        assert gqa.activation_bytes < mha.activation_bytes and gqa.forward < mha.forward
+
+
+def test_chunked_mamba_is_linear_in_the_sequence() -> None:
+    mamba = [{"kind": "mamba"}]
+    short = _block_cost(TrainingSpec(sequence_length=4096), blocks=mamba)
+    long = _block_cost(TrainingSpec(sequence_length=8192), blocks=mamba)
+    assert long.activation_bytes == 2 * short.activation_bytes
+    assert long.forward == pytest.approx(2 * short.forward)
+    assert long.backward == pytest.approx(2 * short.backward)
+    # Attention, for contrast, stays quadratic in its scores.
+    attn = [{"kind": "attention"}]
+    a_short = _block_cost(TrainingSpec(sequence_length=4096), blocks=attn)
+    a_long = _block_cost(TrainingSpec(sequence_length=8192), blocks=attn)
+    assert a_long.activation_bytes > 3 * a_short.activation_bytes

@@ -131,3 +131,26 @@ def test_resume_step_is_the_newest_every_rank_has(tmp_path: Path) -> None:
     run_ranks(_common_step, world=3, args=(str(tmp_path), steps_of, str(out)), timeout_s=120)
     found = {r: json.loads((out / f"rank-{r}.json").read_text()) for r in range(3)}
     assert found == {0: 2, 1: 2, 2: 2}
+
+
+def test_a_checkpoint_from_before_the_block_options_still_matches(tmp_path: Path) -> None:
+    """Checkpoints record the model spec as written then; fields added since (kvHeads,
+    ffnHidden, mlp, positions, ropeTheta, a block's ffnHidden and auxLossCoef) default to the
+    model as it was, so the same model still resumes, and a changed option is still refused."""
+    from worker_harness import SMALL_MODEL
+
+    from adaptis.worker.checkpoint import scan_checkpoints
+
+    doc = SMALL_MODEL.model_dump(mode="json", by_alias=True)
+    for key in ("kvHeads", "ffnHidden", "mlp", "positions", "ropeTheta"):
+        del doc[key]
+    for block in doc["blocks"]:
+        del block["ffnHidden"], block["auxLossCoef"]
+    step = tmp_path / "step-00000003"
+    step.mkdir()
+    torch.save({"model_spec": doc}, step / "rank-0.pt")
+    assert scan_checkpoints(tmp_path, model=SMALL_MODEL, workers=1).resume_step == 3
+    gqa = SMALL_MODEL.model_copy(update={"kv_heads": 1})
+    refused = scan_checkpoints(tmp_path, model=gqa, workers=1)
+    assert refused.resume_step is None
+    assert "model.kvHeads: None there, 1 in this job" in str(refused.incompatible)

@@ -6,6 +6,9 @@
    plan on 2 gloo ranks (CPU) against single-process training.
 2. CUDA: a 1-rank NCCL executor step on the GPU (CUDA-event action timing) against the
    single-process reference on the same GPU.
+3. CUDA: the block options (grouped-query attention through SDPA's enable_gqa, rope, swiglu,
+   widths, MoE aux loss, a two-chunk Mamba scan) on the GPU against the same model on the CPU,
+   and the chunked Mamba block's peak memory at 4096 and 8192 tokens (linear: ratio ~2).
 Prints one JSON line per check; exits non-zero on any failure.
 """
 
@@ -111,11 +114,53 @@ def check_cuda_step() -> dict:
             "peak_memory_bytes": stats.peak_memory_bytes}
 
 
+def check_cuda_blocks(device: str = "cuda") -> dict:
+    from test_worker_blocks_parity import MODEL, TRAINING
+
+    from adaptis.api.job import BlockSpec, ModelSpec
+    from adaptis.worker.data import SyntheticTokens
+    from adaptis.worker.models import build_layer, build_model, layer_parameters, set_aux_loss_scale
+    from adaptis.worker.models import token_loss
+
+    if device == "cuda" and not torch.cuda.is_available():
+        return {"check": "cuda-blocks", "ok": False, "reason": "no CUDA"}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = torch.device(device)
+    batch = SyntheticTokens(vocab_size=MODEL.vocab_size, sequence_length=TRAINING.sequence_length,
+                            seed=TRAINING.seed).batch(position=0, sequences=2)
+    grads = {}
+    for where in ("cpu", dev):
+        net = build_model(MODEL, seed=TRAINING.seed).to(where)
+        set_aux_loss_scale([net], scale=0.5)
+        token_loss(net(batch.inputs.to(where)), batch.targets.to(where), scale=0.5).backward()
+        grads[str(where)] = {k: p.grad for k, p in layer_parameters(net).items()}
+    worst = _compare(grads[str(dev)], grads["cpu"], rtol=1e-3, atol=1e-5)
+    mamba = ModelSpec(vocab_size=128, hidden=256, heads=8, blocks=[BlockSpec(kind="mamba")])
+    block = build_layer(mamba, index=1, seed=0).to(dev)
+    peak = {}
+    for seq in (4096, 8192):
+        x = torch.randn(1, seq, 256, device=dev, requires_grad=True)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        y = block(x)
+        if dev.type == "cuda":
+            peak[seq] = torch.cuda.max_memory_allocated() - base
+        y.sum().backward()
+        del x, y
+    ratio = peak[8192] / peak[4096] if peak else None
+    assert ratio is None or ratio < 2.5, f"Mamba forward peak {peak}: ratio {ratio}"
+    return {"check": "cuda-blocks", "ok": True, "max_abs_grad_diff": worst,
+            "mamba_forward_peak_bytes": peak, "ratio": ratio}
+
+
 def main() -> int:
     print(json.dumps({"torch": torch.__version__, "python": sys.version.split()[0],
                       "cuda": torch.cuda.is_available()}), flush=True)
     failed = 0
-    for check in (check_gloo_parity, check_cuda_step):
+    for check in (check_gloo_parity, check_cuda_step, check_cuda_blocks):
         start = time.perf_counter()
         try:
             result = check()
