@@ -127,3 +127,29 @@ def test_recompute_gives_the_same_gradients_and_saves_far_fewer_bytes_for_backwa
     kept = M * (b * s * 8 + 2 * b * s * h * 4 + b * s * v * 4)
     assert kept <= again_bytes <= 1.02 * kept, (again_bytes, kept)
     assert plain_bytes > 4 * again_bytes, (plain_bytes, again_bytes)
+
+
+def test_the_profiler_times_layers_in_the_precision_the_ranks_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from adaptis.api.job import JobSpec
+    from adaptis.worker import profiler
+    from adaptis.worker.problem import measure_problem
+
+    seen: list[bool] = []
+    build = profiler.build_layer
+
+    def build_and_watch(*args: object, **kwargs: object) -> torch.nn.Module:
+        layer = build(*args, **kwargs)  # type: ignore[arg-type]
+        layer.register_forward_pre_hook(lambda m, a: seen.append(torch.is_autocast_enabled("cpu")))
+        return layer
+
+    monkeypatch.setattr(profiler, "build_layer", build_and_watch)
+    spec = JobSpec(model=SMALL_MODEL, training=TRAIN)
+    bf16 = measure_problem(spec, devices=1, repeats=1, precision="bf16").expanded_layers()
+    assert seen and all(seen)  # every timed forward ran under autocast
+    seen.clear()
+    fp32 = measure_problem(spec, devices=1, repeats=1).expanded_layers()
+    assert seen and not any(seen)
+    for h, f in zip(bf16[:-1], fp32[:-1], strict=True):  # bf16 outputs: half the bytes
+        assert 2 * h.output_bytes == f.output_bytes > 0
+    for h, f in zip(bf16[1:-1], fp32[1:-1], strict=True):  # the blocks save less (the embedding: ids)
+        assert h.activation_bytes < f.activation_bytes, h.name
