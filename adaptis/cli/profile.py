@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="torch threads on CPU (default 1, as the local ranks of `adaptis run`)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where to measure (auto: CUDA when available)")
-    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "float32", "bfloat16"), default="auto",
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "float32", "bfloat16"),
+                   default="auto",
                    help="layer precision (auto: the job's spec.training.precision as the ranks "
                         "resolve it on --device: bf16 on CUDA, fp32 on CPU, unless the spec says)")
     p.set_defaults(func=run)

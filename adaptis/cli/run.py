@@ -140,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
     pred = plan.predicted
     pred_bubble = pred.bubble_ratio if pred else None
     pred_iter = pred.iteration_time * TIME_UNIT_SECONDS[pred.time_unit] if pred else None
-    _say(args, f"planned {strategy} ({precision}): {len(plan.stages)} stages on {workers} workers, placement "
+    _say(args, f"planned {strategy} ({precision}): {len(plan.stages)} stages on {workers} workers, "
+               f"placement "
                f"{plan.placement}; predicted iteration {_fmt(pred_iter, 's')}, bubble {_pct(pred_bubble)} "
                f"({time.perf_counter() - t0:.1f} s to profile and plan)")
     port = spec.metrics.port if args.metrics_port is None else args.metrics_port

@@ -277,7 +277,8 @@ def plan_job(
             speedup = float(baseline.result.iteration_time) / iteration
     else:
         speedup = 1.0
-    plan = outcome.plan.model_copy(update={"precision": job_precision(spec)})  # the workers check it
+    # The precision the costs were made for: the workers check it.
+    plan = outcome.plan.model_copy(update={"precision": job_precision(spec)})
     if plan.strategy is None:
         plan = plan.model_copy(update={"strategy": strategy})
     used = {s.node.name: s.node for s in slots}

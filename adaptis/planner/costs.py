@@ -148,9 +148,12 @@ class Costs:
             param_bytes=sums(self.param_bytes),
             output_bytes=tuple(self.output_bytes[hi - 1] for _, hi in stages),
         )
-        return self._recomputed(out, stages=stages, recompute=recompute) if recompute and any(recompute) else out
+        if recompute and any(recompute):
+            return self._recomputed(out, stages=stages, recompute=recompute)
+        return out
 
-    def _recomputed(self, sc: StageCosts, *, stages: list[tuple[int, int]] | tuple[tuple[int, int], ...],
+    def _recomputed(self, sc: StageCosts, *,
+                    stages: list[tuple[int, int]] | tuple[tuple[int, int], ...],
                     recompute: list[bool] | tuple[bool, ...]) -> StageCosts:
         """A recomputed stage's costs: its backward (fused BW, or B, which runs first on a split
         one) pays its forward again; per microbatch in flight it holds only its input (the

@@ -143,7 +143,8 @@ class Executor:
         m = train.microbatches
         dtype = PRECISION_DTYPE[self.precision]
         shapes = StageShapes(microbatch_size=train.microbatch_size, sequence_length=train.sequence_length,
-                             hidden=spec.hidden, vocab_size=spec.vocab_size, dtype=dtype, device=device)
+                             hidden=spec.hidden, vocab_size=spec.vocab_size, dtype=dtype,
+                             device=device)
         # The runtime runs the stages wrapped (precision, recompute); self.modules stay the bare
         # StageModules, which checkpoints and the tied embedding look into.
         runnable = [wrap_stage(mod, precision=self.precision, recompute=recompute[s], device=device)
@@ -160,7 +161,8 @@ class Executor:
     def set_learning_rate(self, *, step: int) -> float:
         """Set the rate of the coming optimizer step, ``step`` steps having been done; returns it.
         A function of the step alone (:mod:`adaptis.worker.lr_schedule`): resuming is exact."""
-        lr = learning_rate(self.config.training.optimizer, step=step, total_steps=self.config.training.steps)
+        train = self.config.training
+        lr = learning_rate(train.optimizer, step=step, total_steps=train.steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self._lr = lr

@@ -52,7 +52,8 @@ class StageRunner(nn.Module):
     Holds the stage as a submodule, so its parameters are the stage's own (the optimizer,
     checkpoints and torch's backward passes see the same tensors)."""
 
-    def __init__(self, stage: nn.Module, *, precision: str, recompute: bool, device: torch.device) -> None:
+    def __init__(self, stage: nn.Module, *, precision: str, recompute: bool,
+                 device: torch.device) -> None:
         super().__init__()
         self.stage = stage
         self.precision = precision
@@ -74,7 +75,8 @@ class StageRunner(nn.Module):
         return x
 
 
-def wrap_stage(stage: nn.Module, *, precision: str, recompute: bool, device: torch.device) -> nn.Module:
+def wrap_stage(stage: nn.Module, *, precision: str, recompute: bool,
+               device: torch.device) -> nn.Module:
     """``stage`` itself when it runs plain fp32 without recompute (nothing to add), else its
     :class:`StageRunner`."""
     if precision == "fp32" and not recompute:

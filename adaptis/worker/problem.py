@@ -38,13 +38,15 @@ def estimate_problem(spec: JobSpec, *, devices: int, precision: str = "fp32") ->
         name=f"{spec.model.blocks[0].kind}-model",
         time_unit="ms",
         microbatches=spec.training.microbatches,
-        layers=estimate_layers(spec.model, spec.training, element_bytes=2 if precision == "bf16" else 4,
+        layers=estimate_layers(spec.model, spec.training,
+                               element_bytes=2 if precision == "bf16" else 4,
                                flops_per_s=flops),
         devices=IdenticalDevices(count=devices, per_node=max(devices, 1)),
     )
 
 
-def measure_problem(spec: JobSpec, *, devices: int, repeats: int = 3, precision: str = "fp32") -> Problem:
+def measure_problem(spec: JobSpec, *, devices: int, repeats: int = 3,
+                    precision: str = "fp32") -> Problem:
     """Time each distinct layer kind once on this process (current thread count) with the
     layer profiler, as ``adaptis profile`` does, few repeats, in ``precision`` (bf16: under
     autocast, as the ranks run); no memory limit is set."""

@@ -174,7 +174,8 @@ def _profile_pass(spec: JobSpec, *, settings: ProfileSettings) -> list[LayerProf
         # The head is measured with the loss; position matters only for embedding and head.
         key = _kind_key(info)
         if key not in cache:
-            module = _as_run(build_layer(model, index=index, seed=train.seed), index=index, settings=settings)
+            module = _as_run(build_layer(model, index=index, seed=train.seed), index=index,
+                             settings=settings)
             first = index == 0
             m = profile_module(
                 module, example=tokens if first else hidden, settings=settings, input_grad=not first,
@@ -203,8 +204,8 @@ def _as_run(layer: torch.nn.Module, *, index: int, settings: ProfileSettings) ->
     layer = layer.to(device=settings.device)
     if settings.dtype != torch.bfloat16:
         return layer.to(dtype=settings.dtype)
-    return wrap_stage(StageModule([layer], lo=index, hi=index + 1), precision="bf16", recompute=False,
-                      device=settings.device)
+    return wrap_stage(StageModule([layer], lo=index, hi=index + 1), precision="bf16",
+                      recompute=False, device=settings.device)
 
 
 def problem_from_profiles(profiles: Sequence[LayerProfile], *, name: str, microbatches: int, devices: int,

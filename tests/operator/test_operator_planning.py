@@ -88,4 +88,5 @@ def test_the_plan_records_the_precision_the_workers_run_and_the_problem_counts_i
     half = build_problem(auto, slots, name="ns/demo").expanded_layers()
     full = build_problem(fp32, slots, name="ns/demo").expanded_layers()
     for h, f in zip(half[:-1], full[:-1], strict=True):  # the head's softmax stays fp32
-        assert 2 * h.output_bytes == f.output_bytes > 0 and 2 * h.activation_bytes == f.activation_bytes
+        assert 2 * h.output_bytes == f.output_bytes > 0
+        assert 2 * h.activation_bytes == f.activation_bytes

@@ -30,8 +30,8 @@ STAGES = [(0, 2), (2, 3), (3, 5)]
 @pytest.fixture(scope="module", autouse=True)
 def one_rank_group() -> Iterator[None]:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            timeout=timedelta(seconds=30))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1, timeout=timedelta(seconds=30))
     yield
     dist.destroy_process_group()
 
@@ -56,7 +56,8 @@ def _batch() -> Batch:
 
 
 def _grads(ex: Executor) -> dict[str, torch.Tensor]:
-    return {k: p.grad.detach().clone() for k, p in ex.named_parameters().items() if p.grad is not None}
+    return {k: p.grad.detach().clone() for k, p in ex.named_parameters().items()
+            if p.grad is not None}
 
 
 def test_bf16_runs_every_layer_under_autocast_with_bf16_between_layers_and_fp32_masters() -> None:
@@ -77,7 +78,8 @@ def test_bf16_runs_every_layer_under_autocast_with_bf16_between_layers_and_fp32_
     assert {dtype for name, _a, dtype in seen if name != "Embedding"} == {torch.bfloat16}
     assert all(p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32
                for p in ex.params)
-    assert ex.optimizer.state and all(s["exp_avg"].dtype == torch.float32 for s in ex.optimizer.state.values())
+    moments = [s["exp_avg"] for s in ex.optimizer.state.values()]
+    assert moments and all(m.dtype == torch.float32 for m in moments)
     fp32 = _executor(_plan()).step(_batch())
     # Same weights and data: close (bf16 rounding at the level of 1e-3) but not the same numbers.
     assert stats.loss == pytest.approx(fp32.loss, rel=2e-3) and stats.loss != fp32.loss
@@ -87,13 +89,15 @@ def test_fp32_runs_without_autocast() -> None:
     ex = _executor(_plan(), precision="auto")  # auto on CPU: fp32
     assert ex.precision == "fp32"
     seen: list[bool] = []
-    ex.modules[1].layers[0].register_forward_pre_hook(lambda m, a: seen.append(torch.is_autocast_enabled("cpu")))
+    ex.modules[1].layers[0].register_forward_pre_hook(
+        lambda m, a: seen.append(torch.is_autocast_enabled("cpu")))
     ex.step(_batch())
     assert seen == [False] * M
 
 
 def test_a_plan_made_for_another_precision_is_refused_naming_both() -> None:
-    with pytest.raises(PlanMismatchError, match="made for precision bf16, but this worker runs fp32"):
+    with pytest.raises(PlanMismatchError,
+                       match="made for precision bf16, but this worker runs fp32"):
         _executor(_plan(precision="bf16"), precision="fp32")
     _executor(_plan(precision="fp32"), precision="auto")  # auto on CPU resolves to the plan's
 
@@ -123,13 +127,15 @@ def test_recompute_gives_the_same_gradients_and_saves_far_fewer_bytes_for_backwa
     # What stays per microbatch: each stage's input (int64 token ids, two fp32 hidden states)
     # and the logits the loss saves, outside the stages; the blocks' own activations are gone
     # (measured: 56 kB against 274 kB; the rest is a few scalars of the loss).
-    b, s, h, v = TRAIN.microbatch_size, TRAIN.sequence_length, SMALL_MODEL.hidden, SMALL_MODEL.vocab_size
+    b, s = TRAIN.microbatch_size, TRAIN.sequence_length
+    h, v = SMALL_MODEL.hidden, SMALL_MODEL.vocab_size
     kept = M * (b * s * 8 + 2 * b * s * h * 4 + b * s * v * 4)
     assert kept <= again_bytes <= 1.02 * kept, (again_bytes, kept)
     assert plain_bytes > 4 * again_bytes, (plain_bytes, again_bytes)
 
 
-def test_the_profiler_times_layers_in_the_precision_the_ranks_run(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_profiler_times_layers_in_the_precision_the_ranks_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from adaptis.api.job import JobSpec
     from adaptis.worker import profiler
     from adaptis.worker.problem import measure_problem
@@ -151,5 +157,6 @@ def test_the_profiler_times_layers_in_the_precision_the_ranks_run(monkeypatch: p
     assert seen and not any(seen)
     for h, f in zip(bf16[:-1], fp32[:-1], strict=True):  # bf16 outputs: half the bytes
         assert 2 * h.output_bytes == f.output_bytes > 0
-    for h, f in zip(bf16[1:-1], fp32[1:-1], strict=True):  # the blocks save less (the embedding: ids)
+    # The blocks save less (the embedding saves token ids either way).
+    for h, f in zip(bf16[1:-1], fp32[1:-1], strict=True):
         assert h.activation_bytes < f.activation_bytes, h.name

@@ -33,9 +33,10 @@ STEPS = 8
 
 
 def _config(precision: str, *, checkpoint_dir: str | None = None) -> WorkerConfig:
-    base = small_config(steps=STEPS, checkpoint_dir=checkpoint_dir, checkpoint_every=4 if checkpoint_dir else 0)
-    optimizer = base.training.optimizer.model_copy(update={"lr": 3e-3, "schedule": "cosine", "warmup_steps": 2,
-                                                           "min_lr_ratio": 0.1})
+    base = small_config(steps=STEPS, checkpoint_dir=checkpoint_dir,
+                        checkpoint_every=4 if checkpoint_dir else 0)
+    optimizer = base.training.optimizer.model_copy(update={
+        "lr": 3e-3, "schedule": "cosine", "warmup_steps": 2, "min_lr_ratio": 0.1})
     training = base.training.model_copy(update={"precision": precision, "optimizer": optimizer})
     return base.model_copy(update={"training": training})
 
@@ -78,7 +79,7 @@ def test_bf16_tracks_fp32_reports_the_rate_and_resumes_the_same_curve(tmp_path: 
     assert sorted(resumed) == [5, 6, 7, 8]
     for step, event in resumed.items():
         assert event["lr"] == bf16[step]["lr"]
-        assert event["loss"] == pytest.approx(bf16[step]["loss"], rel=1e-6, abs=1e-7), f"step {step}"
+        assert event["loss"] == pytest.approx(bf16[step]["loss"], rel=1e-6, abs=1e-7), step
 
 
 def test_recompute_gives_the_same_gradients_on_two_ranks(tmp_path: Path) -> None:
@@ -89,8 +90,9 @@ def test_recompute_gives_the_same_gradients_on_two_ranks(tmp_path: Path) -> None
     for precision in ("fp32", "bf16"):
         for name, flags in (("plain", None), ("recompute", [True, True, True])):
             plan = base.model_copy(update={"recompute": flags})
-            config = WorkerConfig(model=SMALL_MODEL, training=training.model_copy(update={"precision": precision}),
-                                  plan=plan.model_dump(mode="json", exclude_none=True))
+            config = WorkerConfig(
+                model=SMALL_MODEL, training=training.model_copy(update={"precision": precision}),
+                plan=plan.model_dump(mode="json", exclude_none=True))
             cases.append({"name": f"{precision}-{name}", "config": config.model_dump(mode="json")})
     cases_file = tmp_path / "cases.json"
     cases_file.write_text(json.dumps(cases))
@@ -102,5 +104,6 @@ def test_recompute_gives_the_same_gradients_on_two_ranks(tmp_path: Path) -> None
             assert again["loss"] == pytest.approx(plain["loss"], rel=1e-6)
             assert plain["grads"] and plain["grads"].keys() == again["grads"].keys()
             for name, g in plain["grads"].items():
-                torch.testing.assert_close(again["grads"][name], g, rtol=1e-6, atol=1e-8,
-                                           msg=lambda m, n=name: f"{precision} rank {rank} {n}: {m}")
+                torch.testing.assert_close(
+                    again["grads"][name], g, rtol=1e-6, atol=1e-8,
+                    msg=lambda m, n=name: f"{precision} rank {rank} {n}: {m}")
