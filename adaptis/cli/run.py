@@ -231,7 +231,7 @@ def _summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[
              ports: list[Any], checkpoints: tuple[Path, int, int]) -> dict[str, Any]:
     steady = steps[1:] or steps  # the first step pays one-off costs (allocator, threads)
     return {
-        "job": name, "strategy": strategy, "workers": workers,
+        "job": name, "strategy": strategy, "workers": workers, "precision": plan.precision,
         "stages": len(plan.stages), "placement": plan.placement,
         "steps": steps[-1]["step"] if steps else 0,
         "first_loss": steps[0]["loss"] if steps else None,

@@ -142,6 +142,7 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
                          seed=t.seed) if needs_data else None
     emit({"event": "start", "rank": env.rank, "world_size": env.world_size, "pid": os.getpid(),
           "metrics_port": port, "resumed_step": step, "stages": executor.stage_ids,
+          "precision": executor.precision,
           "predicted_bubble_ratio": predicted[0], "predicted_iteration_seconds": predicted[1]})
     started = time.perf_counter()
     last: StepStats | None = None
