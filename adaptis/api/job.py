@@ -48,6 +48,7 @@ __all__ = [
     "ModelSpec",
     "RankAssignment",
     "TrainingSpec",
+    "resolve_precision",
     "WorkerConfig",
     "load_job",
     "parse_job",
@@ -208,8 +209,20 @@ class OptimizerSpec(_Spec):
     """The optimizer every stage runs on its own parameters."""
 
     name: Literal["adamw", "sgd"] = Field(default="adamw", description="adamw or sgd.")
-    lr: float = Field(default=1e-3, gt=0, le=10, description="Learning rate.")
+    lr: float = Field(default=1e-3, gt=0, le=10, description="Peak learning rate.")
     weight_decay: float = Field(default=0.0, ge=0, le=1, description="Decoupled weight decay.")
+    schedule: Literal["constant", "cosine", "linear"] = Field(
+        default="constant",
+        description="Learning rate over the steps: constant (lr throughout, after any warm-up), "
+        "or linear warm-up from 0 to lr over warmupSteps then cosine or linear decay to "
+        "lr x minLrRatio at training.steps. A function of the step only, so a resumed run "
+        "continues the same curve (docs/precision.md).")
+    warmup_steps: int = Field(
+        default=0, ge=0, le=10_000_000,
+        description="Steps of linear warm-up from 0 to lr (0: none); counts within training.steps.")
+    min_lr_ratio: float = Field(
+        default=0.0, ge=0, le=1,
+        description="cosine and linear: the final learning rate as a fraction of lr.")
 
 
 class DataSpec(_Spec):
@@ -254,6 +267,21 @@ class TrainingSpec(_Spec):
     grad_clip: float | None = Field(default=1.0, gt=0, description="Max global grad norm; null: off.")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of weights and synthetic data.")
     data: DataSpec = Field(default=DataSpec(), description="Where the tokens come from.")
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        default="auto",
+        description="Compute precision: bf16 runs the stages' forward under bf16 autocast with "
+        "fp32 master weights and optimizer state, and sends bf16 activations between stages; "
+        "fp32 runs everything in fp32; auto is bf16 on GPUs and fp32 on CPU (docs/precision.md).")
+
+
+def resolve_precision(precision: str, *, cuda: bool) -> Literal["bf16", "fp32"]:
+    """The precision a run computes in: ``auto`` is bf16 on CUDA devices and fp32 on CPU (bf16
+    autocast on CPU is slower than fp32 on most hosts, and CPU runs are the parity tests)."""
+    if precision == "auto":
+        return "bf16" if cuda else "fp32"
+    if precision not in ("bf16", "fp32"):
+        raise SpecError(f"training.precision: {precision!r} is not auto, bf16 or fp32")
+    return "bf16" if precision == "bf16" else "fp32"
 
 
 class ParallelismSpec(_Spec):

@@ -96,6 +96,17 @@ class Plan(BaseModel):
     predicted: Predicted | None = Field(
         default=None, description="What the performance model predicts for this plan."
     )
+    precision: Literal["bf16", "fp32"] | None = Field(
+        default=None,
+        description="The compute precision the plan's costs were measured or estimated in; a "
+        "worker running another precision refuses the plan. None: not recorded.",
+    )
+    recompute: list[bool] | None = Field(
+        default=None,
+        description="recompute[s]: stage s keeps only its input per microbatch in flight and "
+        "recomputes its forward in the backward (activation checkpointing). A recomputed stage "
+        "must run fused backwards (BW). None: no stage recomputes.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -180,8 +191,22 @@ class Plan(BaseModel):
             )
             if len(errors) > 20:
                 break
+        if not errors and self.recompute is not None:
+            errors.extend(self._recompute_errors(self.recompute))
         if errors:
             raise SpecError("\n".join(errors[:20]))
+
+    def _recompute_errors(self, recompute: list[bool]) -> list[str]:
+        """Recompute needs one flag per stage, and fused backwards on the stages it marks: torch's
+        split weight pass makes one autograd call per parameter group and each call re-runs a
+        checkpointed forward, so a split backward would recompute the stage many times over."""
+        if len(recompute) != len(self.stages):
+            return [f"plan: recompute: {len(recompute)} flags, the plan has {len(self.stages)} "
+                    "stages; give one per stage"]
+        split = sorted({s for acts in self.actions for kind, s, _mb in acts
+                        if kind in ("B", "W") and recompute[s]})
+        return [f"plan: recompute: stage {s} recomputes but runs split B/W actions; a recomputed "
+                "stage must run fused BW (or set recompute[s] false)" for s in split]
 
     def to_json(self) -> str:
         return self.model_dump_json(exclude_none=True)

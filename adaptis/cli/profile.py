@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from adaptis.api.job import load_job
+from adaptis.api.job import load_job, resolve_precision
 
 __all__ = ["register", "run"]
 
@@ -49,8 +49,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="torch threads on CPU (default 1, as the local ranks of `adaptis run`)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where to measure (auto: CUDA when available)")
-    p.add_argument("--precision", choices=("auto", "float32", "bfloat16"), default="auto",
-                   help="layer precision (auto: the executor's, float32)")
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "float32", "bfloat16"),
+                   default="auto",
+                   help="layer precision (auto: the job's spec.training.precision as the ranks "
+                        "resolve it on --device: bf16 on CUDA, fp32 on CPU, unless the spec says)")
     p.set_defaults(func=run)
 
 
@@ -127,7 +129,10 @@ def _layers(args: argparse.Namespace) -> int:
         raise CLIError(f"--devices must be >= 1, got {devices}")
     configure_host(threads=args.threads)
     device = _device(args.device)
-    dtype = torch.bfloat16 if args.precision == "bfloat16" else torch.float32
+    precision = {"bfloat16": "bf16", "float32": "fp32"}.get(args.precision, args.precision)
+    if precision == "auto":  # what the workers will run: profile in it (docs/precision.md)
+        precision = resolve_precision(job.spec.training.precision, cuda=device.type == "cuda")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     try:
         hardware = load_hardware(args.hardware_file) if args.hardware_file else None
         settings = ProfileSettings(device=device, dtype=dtype, warmup=args.warmup, repeats=args.repeats,

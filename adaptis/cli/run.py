@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adaptis.api.job import AdaPtisJob, ModelSpec, WorkerConfig, load_job
+from adaptis.api.job import AdaPtisJob, ModelSpec, WorkerConfig, load_job, resolve_precision
 from adaptis.api.plan import STRATEGY_NAMES, Plan
 from adaptis.api.problem import TIME_UNIT_SECONDS, Problem, load_problem
 from adaptis.api.rules import check_job
@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.set_defaults(func=run)
 
 
-def _problem(args: argparse.Namespace, job: AdaPtisJob, *, workers: int) -> Problem:
+def _problem(args: argparse.Namespace, job: AdaPtisJob, *, workers: int, precision: str) -> Problem:
     from adaptis.worker.problem import estimate_problem, measure_problem
 
     from adaptis.cli import CLIError
@@ -70,11 +70,11 @@ def _problem(args: argparse.Namespace, job: AdaPtisJob, *, workers: int) -> Prob
         doc = problem.model_dump(mode="json", exclude_none=True)
         return Problem.model_validate({**doc, "microbatches": job.spec.training.microbatches})
     if (args.profile or job.spec.planner.profile) == "estimate":
-        return estimate_problem(job.spec, devices=workers)
+        return estimate_problem(job.spec, devices=workers, precision=precision)
     from adaptis.worker.hardware import configure_host
 
     configure_host(threads=args.threads)  # profile as the ranks will run
-    return measure_problem(job.spec, devices=workers)
+    return measure_problem(job.spec, devices=workers, precision=precision)
 
 
 def _plan(problem: Problem, strategy: str, *, time_limit_s: float | None = None) -> Plan:
@@ -131,12 +131,17 @@ def run(args: argparse.Namespace) -> int:
         _say(args, f"resuming from the checkpoint of step {resume_from} in {ckpt_dir} (--fresh to start over)")
 
     t0 = time.perf_counter()
-    problem = _problem(args, job, workers=workers)
+    device = _device(spec.parallelism.gpus_per_worker, workers=workers)
+    # The precision the ranks will run: profiled in, and recorded in the plan (they check it).
+    precision = resolve_precision(training.precision, cuda=device == "cuda")
+    problem = _problem(args, job, workers=workers, precision=precision)
     plan = _plan(problem, strategy, time_limit_s=float(spec.planner.time_limit_seconds))
+    plan = plan.model_copy(update={"precision": precision})
     pred = plan.predicted
     pred_bubble = pred.bubble_ratio if pred else None
     pred_iter = pred.iteration_time * TIME_UNIT_SECONDS[pred.time_unit] if pred else None
-    _say(args, f"planned {strategy}: {len(plan.stages)} stages on {workers} workers, placement "
+    _say(args, f"planned {strategy} ({precision}): {len(plan.stages)} stages on {workers} workers, "
+               f"placement "
                f"{plan.placement}; predicted iteration {_fmt(pred_iter, 's')}, bubble {_pct(pred_bubble)} "
                f"({time.perf_counter() - t0:.1f} s to profile and plan)")
     port = spec.metrics.port if args.metrics_port is None else args.metrics_port
@@ -162,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     # Local ranks share one host: rank r serves metrics on port + r (pods all use the port).
     launcher = LocalLauncher(config, world_size=workers, workdir=workdir, threads=args.threads,
                              metrics_base=None if port == 0 else port,
-                             device=_device(spec.parallelism.gpus_per_worker, workers=workers))
+                             device=device)
     started = time.perf_counter()
     try:
         launcher.run(on_event)
@@ -226,7 +231,7 @@ def _summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[
              ports: list[Any], checkpoints: tuple[Path, int, int]) -> dict[str, Any]:
     steady = steps[1:] or steps  # the first step pays one-off costs (allocator, threads)
     return {
-        "job": name, "strategy": strategy, "workers": workers,
+        "job": name, "strategy": strategy, "workers": workers, "precision": plan.precision,
         "stages": len(plan.stages), "placement": plan.placement,
         "steps": steps[-1]["step"] if steps else 0,
         "first_loss": steps[0]["loss"] if steps else None,

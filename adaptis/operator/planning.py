@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from adaptis.api.job import JobSpec
+from adaptis.api.job import JobSpec, resolve_precision
 from adaptis.api.plan import Plan
 from adaptis.api.problem import DeviceList, DeviceSpec, Link, Network, Problem
 from adaptis.operator.errors import Unsatisfiable
@@ -198,11 +198,19 @@ def _fastest(
     return out
 
 
+def job_precision(spec: JobSpec) -> str:
+    """The precision the job's ranks resolve ``training.precision`` to: its pods get GPUs when
+    ``gpusPerWorker`` > 0 (bf16 under auto), CPUs otherwise (fp32 under auto)."""
+    return resolve_precision(spec.training.precision, cuda=spec.parallelism.gpus_per_worker > 0)
+
+
 def build_problem(
     spec: JobSpec, slots: Sequence[Slot], *, inter_node: Link = DEFAULT_INTER_NODE, name: str
 ) -> Problem:
     """The planning problem of a job on the chosen slots (device d is rank d)."""
-    layers = estimate_layers(spec.model, spec.training)
+    # Activations of 2 bytes an element in bf16, 4 in fp32: the precision the ranks will run.
+    layers = estimate_layers(spec.model, spec.training,
+                             element_bytes=2 if job_precision(spec) == "bf16" else 4)
     devices = [
         DeviceSpec(name=f"rank{r}", node=s.node.name, speed=s.speed, memory_bytes=s.memory_bytes)
         for r, s in enumerate(slots)
@@ -269,7 +277,8 @@ def plan_job(
             speedup = float(baseline.result.iteration_time) / iteration
     else:
         speedup = 1.0
-    plan = outcome.plan
+    # The precision the costs were made for: the workers check it.
+    plan = outcome.plan.model_copy(update={"precision": job_precision(spec)})
     if plan.strategy is None:
         plan = plan.model_copy(update={"strategy": strategy})
     used = {s.node.name: s.node for s in slots}

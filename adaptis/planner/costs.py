@@ -110,7 +110,8 @@ class Costs:
             return 0.0
         return lk[0] + nbytes * lk[1]
 
-    def stage_costs(self, stages: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> StageCosts:
+    def stage_costs(self, stages: list[tuple[int, int]] | tuple[tuple[int, int], ...],
+                    recompute: list[bool] | tuple[bool, ...] | None = None) -> StageCosts:
         """Sum layer costs over each ``[lo, hi)`` stage (prefix sums: O(layers + stages)).
 
         The first stage's input is token ids: it has no input gradient to compute, and torch's
@@ -121,6 +122,9 @@ class Costs:
         time: the weight pass makes one autograd call per parameter group, and each call walks
         the graph of every earlier layer of the stage, so a stage ``[lo, hi)`` adds
         ``sum(groups[j] * sum(walk[lo:j]) for j in range(lo, hi))``, quadratic in its depth.
+
+        ``recompute[s]`` (a plan's activation recomputation, see :meth:`_recomputed`): the
+        stage's backward runs its forward again, and only its input stays in flight.
         """
 
         def sums(values: tuple[float, ...]) -> tuple[float, ...]:
@@ -135,7 +139,7 @@ class Costs:
         if stages:
             weight = (fused[0], *weight[1:])  # the first stage's W is its whole backward
             backward = (0.0, *backward[1:])
-        return StageCosts(
+        out = StageCosts(
             forward=sums(self.forward),
             backward=backward,
             weight=weight,
@@ -143,6 +147,33 @@ class Costs:
             activation_bytes=sums(self.activation_bytes),
             param_bytes=sums(self.param_bytes),
             output_bytes=tuple(self.output_bytes[hi - 1] for _, hi in stages),
+        )
+        if recompute and any(recompute):
+            return self._recomputed(out, stages=stages, recompute=recompute)
+        return out
+
+    def _recomputed(self, sc: StageCosts, *,
+                    stages: list[tuple[int, int]] | tuple[tuple[int, int], ...],
+                    recompute: list[bool] | tuple[bool, ...]) -> StageCosts:
+        """A recomputed stage's costs: its backward (fused BW, or B, which runs first on a split
+        one) pays its forward again; per microbatch in flight it holds only its input (the
+        previous layer's output; the first stage's token ids are counted as nothing); and the
+        recomputation's working set, one microbatch's full activations, is counted with the
+        parameters, held all iteration: an upper bound, since it really lives only during that
+        stage's backward. Plans only mark stages with fused backwards (Plan.check)."""
+        def pick(values: tuple[float, ...], changed: list[float]) -> tuple[float, ...]:
+            return tuple(c if r else v for v, c, r in zip(values, changed, recompute, strict=True))
+
+        held = [self.output_bytes[lo - 1] if lo > 0 else 0.0 for lo, _hi in stages]
+        return StageCosts(
+            forward=sc.forward,
+            backward=pick(sc.backward, [b + f for b, f in zip(sc.backward, sc.forward)]),
+            weight=sc.weight,
+            fused=pick(sc.fused, [b + f for b, f in zip(sc.fused, sc.forward)]),
+            activation_bytes=pick(sc.activation_bytes, held),
+            param_bytes=pick(sc.param_bytes, [p + a - h for p, a, h in
+                                              zip(sc.param_bytes, sc.activation_bytes, held)]),
+            output_bytes=sc.output_bytes,
         )
 
     def _walks(self, stages: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> tuple[float, ...]:

@@ -15,7 +15,9 @@ same whoever produced it. The model, per method.md:
 - the first stage has no input gradient: its B time counts in its W (as torch runs it);
 - memory of a device = parameters of its stages + activations held from each F's start until
   the matching W (or BW) ends. torch's pipelining runtime keeps a microbatch's saved tensors
-  until W even on its B/W split, so this rule is the executor's too.
+  until W even on its B/W split, so this rule is the executor's too;
+- a stage the plan recomputes (``Plan.recompute``) pays its forward again in its backward and
+  holds only its input per microbatch (:meth:`adaptis.planner.costs.Costs.stage_costs`).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class Simulation:
 def simulate(costs: Costs, plan: Plan) -> Simulation:
     """Replay ``plan`` on ``costs``; raise :class:`DeadlockError` if the lists wait on each other."""
     plan.check(layers=costs.layers, microbatches=costs.microbatches, devices=costs.devices)
-    sc = costs.stage_costs(plan.stages)
+    sc = costs.stage_costs(plan.stages, recompute=plan.recompute)
     owner = plan.stage_device()
     m = costs.microbatches
     n_stages = len(plan.stages)

@@ -36,6 +36,7 @@ from adaptis.worker.models import (
     set_aux_loss_scale,
     token_loss,
 )
+from adaptis.worker.lr_schedule import learning_rate
 from adaptis.worker.pipelining import (
     ActionTimer,
     CudaActionTimer,
@@ -43,6 +44,7 @@ from adaptis.worker.pipelining import (
     StageShapes,
     WallActionTimer,
 )
+from adaptis.worker.precision import PRECISION_DTYPE, resolve_precision, wrap_stage
 
 __all__ = ["Executor", "StepStats", "transfer_bytes", "parse_plan"]
 
@@ -63,6 +65,7 @@ class StepStats:
     sent_bytes: int
     received_bytes: int
     peak_memory_bytes: int
+    learning_rate: float = 0.0  # the rate this step's optimizer update used
 
     @property
     def idle_seconds(self) -> float:
@@ -120,6 +123,13 @@ class Executor:
         self.device = device
         self.plan = parse_plan(config, world_size=world_size)
         spec, train = config.model, config.training
+        self.precision = resolve_precision(train.precision, cuda=device.type == "cuda")
+        if self.plan.precision is not None and self.plan.precision != self.precision:
+            raise PlanMismatchError(
+                f"plan: made for precision {self.plan.precision}, but this worker runs "
+                f"{self.precision} (training.precision {train.precision} on {device.type}); plan "
+                "again for this precision, or set training.precision to the plan's")
+        recompute = self.plan.recompute or [False] * len(self.plan.stages)
         self.stage_ids = sorted(self.plan.placement[rank])
         ranges = [tuple(self.plan.stages[s]) for s in self.stage_ids]
         self.modules: list[nn.Module] = [
@@ -130,18 +140,36 @@ class Executor:
         self.params = _unique_params(self.modules)
         self._tied_peer, self._count_in_norm = self._tie_embeddings()
         self.optimizer = _optimizer(self.params, config)
+        self._lr = config.training.optimizer.lr
+        self.set_learning_rate(step=0)
         self.timer: ActionTimer = CudaActionTimer() if device.type == "cuda" else WallActionTimer()
         m = train.microbatches
+        dtype = PRECISION_DTYPE[self.precision]
         shapes = StageShapes(microbatch_size=train.microbatch_size, sequence_length=train.sequence_length,
-                             hidden=spec.hidden, vocab_size=spec.vocab_size, device=device)
+                             hidden=spec.hidden, vocab_size=spec.vocab_size, dtype=dtype,
+                             device=device)
+        # The runtime runs the stages wrapped (precision, recompute); self.modules stay the bare
+        # StageModules, which checkpoints and the tied embedding look into.
+        runnable = [wrap_stage(mod, precision=self.precision, recompute=recompute[s], device=device)
+                    for mod, s in zip(self.modules, self.stage_ids, strict=True)]
         self.runtime = PipelineRuntime(
-            modules=self.modules, stage_ids=self.stage_ids, num_stages=len(self.plan.stages),
+            modules=runnable, stage_ids=self.stage_ids, num_stages=len(self.plan.stages),
             actions=[[(k, s, mb) for k, s, mb in acts] for acts in self.plan.actions],
             microbatches=m, shapes=shapes, timer=self.timer,
             loss_fn=lambda out, tgt: token_loss(out, tgt, scale=1.0 / m),
         )
-        act = train.microbatch_size * train.sequence_length * spec.hidden * 4
+        act = train.microbatch_size * train.sequence_length * spec.hidden * dtype.itemsize
         self.sent_bytes, self.received_bytes = transfer_bytes(self.plan, rank=rank, activation_bytes=act)
+
+    def set_learning_rate(self, *, step: int) -> float:
+        """Set the rate of the coming optimizer step, ``step`` steps having been done; returns it.
+        A function of the step alone (:mod:`adaptis.worker.lr_schedule`): resuming is exact."""
+        train = self.config.training
+        lr = learning_rate(train.optimizer, step=step, total_steps=train.steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self._lr = lr
+        return lr
 
     @property
     def holds_first(self) -> bool:
@@ -232,6 +260,7 @@ class Executor:
             sent_bytes=self.sent_bytes,
             received_bytes=self.received_bytes,
             peak_memory_bytes=self._peak_memory(),
+            learning_rate=self._lr,
         )
 
     def _clip(self) -> float:

@@ -39,6 +39,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "adaptis_steps_total",
     "adaptis_loss",
     "adaptis_peak_memory_bytes",
+    "adaptis_learning_rate",
     "adaptis_sent_bytes_total",
     "adaptis_received_bytes_total",
 )
@@ -59,6 +60,7 @@ class _Families:
     steps: Counter
     loss: Gauge
     peak_memory: Gauge
+    learning_rate: Gauge
     sent: Counter
     received: Counter
 
@@ -89,6 +91,9 @@ class WorkerMetrics:
             loss=Gauge("adaptis_loss", "Training loss of the last step (mean over its batch).", LABELS, registry=r),
             peak_memory=Gauge("adaptis_peak_memory_bytes",
                               "Peak memory of this rank (device allocator on GPU, RSS on CPU).", LABELS, registry=r),
+            learning_rate=Gauge("adaptis_learning_rate",
+                                "Learning rate of the last step's optimizer update.", LABELS,
+                                registry=r),
             sent=Counter("adaptis_sent_bytes", "Bytes this rank sent to other ranks.", LABELS, registry=r),
             received=Counter("adaptis_received_bytes", "Bytes this rank received from other ranks.",
                              LABELS, registry=r),
@@ -119,6 +124,7 @@ class WorkerMetrics:
         f.steps.labels(**lab).inc()
         f.loss.labels(**lab).set(stats.loss)
         f.peak_memory.labels(**lab).set(stats.peak_memory_bytes)
+        f.learning_rate.labels(**lab).set(stats.learning_rate)
         f.sent.labels(**lab).inc(stats.sent_bytes)
         f.received.labels(**lab).inc(stats.received_bytes)
 

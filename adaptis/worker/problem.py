@@ -10,6 +10,8 @@ and is what ``adaptis run`` uses.
 
 from __future__ import annotations
 
+import torch
+
 from adaptis.api.job import JobSpec
 from adaptis.api.problem import IdenticalDevices, Problem
 from adaptis.planner.estimate import estimate_layers
@@ -27,23 +29,29 @@ _CPU_FLOPS = 2.0e10  # sustained FLOP/s of one CPU core thread in float32 matmul
 _GPU_FLOPS = 2.0e14  # one modern accelerator, mixed precision (rough)
 
 
-def estimate_problem(spec: JobSpec, *, devices: int) -> Problem:
-    """Layer costs from FLOPs and bytes alone (no torch work): ms on a rough device speed, in
-    the executor's precision (fp32)."""
+def estimate_problem(spec: JobSpec, *, devices: int, precision: str = "fp32") -> Problem:
+    """Layer costs from FLOPs and bytes alone (no torch work): ms on a rough device speed,
+    activations of 2 bytes an element in bf16 and 4 in fp32 (``precision``: the ranks' resolved
+    precision, bf16 or fp32)."""
     flops = _GPU_FLOPS if spec.parallelism.gpus_per_worker > 0 else _CPU_FLOPS
     return Problem(
         name=f"{spec.model.blocks[0].kind}-model",
         time_unit="ms",
         microbatches=spec.training.microbatches,
-        layers=estimate_layers(spec.model, spec.training, element_bytes=4, flops_per_s=flops),
+        layers=estimate_layers(spec.model, spec.training,
+                               element_bytes=2 if precision == "bf16" else 4,
+                               flops_per_s=flops),
         devices=IdenticalDevices(count=devices, per_node=max(devices, 1)),
     )
 
 
-def measure_problem(spec: JobSpec, *, devices: int, repeats: int = 3) -> Problem:
+def measure_problem(spec: JobSpec, *, devices: int, repeats: int = 3,
+                    precision: str = "fp32") -> Problem:
     """Time each distinct layer kind once on this process (current thread count) with the
-    layer profiler, as ``adaptis profile`` does, few repeats; no memory limit is set."""
-    settings = ProfileSettings(warmup=1, repeats=repeats)
+    layer profiler, as ``adaptis profile`` does, few repeats, in ``precision`` (bf16: under
+    autocast, as the ranks run); no memory limit is set."""
+    settings = ProfileSettings(warmup=1, repeats=repeats,
+                               dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
     profiles = profile_layers(spec, settings=settings)
     return problem_from_profiles(profiles, name=f"{spec.model.blocks[0].kind}-model",
                                  microbatches=spec.training.microbatches, devices=devices, memory_bytes=None,

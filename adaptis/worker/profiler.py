@@ -7,7 +7,9 @@ CLI face; :mod:`adaptis.worker.problem`'s ``measure_problem`` (what ``adaptis ru
 calls it with few repeats, next to its FLOP-count estimate.
 
 For every distinct layer kind (embedding, head, each block kind with its expert settings) at
-the job's microbatch size and sequence length, on one device, in one precision:
+the job's microbatch size and sequence length, on one device, in one precision (fp32, or bf16
+as the ranks run it: fp32 weights, the forward under bf16 autocast inside the timed region,
+bf16 activations between layers; docs/precision.md):
 
 - **F**: the forward with autograd recording (as training runs it; the head includes the loss).
 - **B** and **W**: torch's split backward exactly as the executor runs it for split plans:
@@ -57,7 +59,7 @@ from adaptis.worker.hardware import (
     device_name,
     measure_matmul_tflops,
 )
-from adaptis.worker.models import LayerInfo, build_layer, model_layers, token_loss
+from adaptis.worker.models import LayerInfo, StageModule, build_layer, model_layers, token_loss
 from adaptis.worker.module_timing import (
     ModuleProfile,
     ProfileSettings,
@@ -65,6 +67,7 @@ from adaptis.worker.module_timing import (
     measure_graph_visit,
     profile_module,
 )
+from adaptis.worker.precision import wrap_stage
 
 __all__ = [
     "LayerProfile",
@@ -173,7 +176,8 @@ def _profile_pass(spec: JobSpec, *, settings: ProfileSettings) -> list[LayerProf
         # The head is measured with the loss; position matters only for embedding and head.
         key = _kind_key(info)
         if key not in cache:
-            module = build_layer(model, index=index, seed=train.seed).to(device=dev, dtype=dtype)
+            module = _as_run(build_layer(model, index=index, seed=train.seed), index=index,
+                             settings=settings)
             first = index == 0
             m = profile_module(
                 module, example=tokens if first else hidden, settings=settings, input_grad=not first,
@@ -193,6 +197,17 @@ def _profile_pass(spec: JobSpec, *, settings: ProfileSettings) -> list[LayerProf
                                 output_bytes=m.output_bytes, fused_backward_s=m.fused_backward_s,
                                 graph_nodes=m.graph_nodes, weight_groups=m.weight_groups))
     return out
+
+
+def _as_run(layer: torch.nn.Module, *, index: int, settings: ProfileSettings) -> torch.nn.Module:
+    """The layer as the executor runs it: in fp32 itself; in bf16 with fp32 weights, its forward
+    under autocast and its output rounded to bf16 (:mod:`adaptis.worker.precision`), so the
+    timed region includes the autocast casts the ranks pay."""
+    layer = layer.to(device=settings.device)
+    if settings.dtype != torch.bfloat16:
+        return layer.to(dtype=settings.dtype)
+    return wrap_stage(StageModule([layer], lo=index, hi=index + 1), precision="bf16",
+                      recompute=False, device=settings.device)
 
 
 def problem_from_profiles(profiles: Sequence[LayerProfile], *, name: str, microbatches: int, devices: int,

@@ -142,11 +142,13 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
                          seed=t.seed) if needs_data else None
     emit({"event": "start", "rank": env.rank, "world_size": env.world_size, "pid": os.getpid(),
           "metrics_port": port, "resumed_step": step, "stages": executor.stage_ids,
+          "precision": executor.precision,
           "predicted_bubble_ratio": predicted[0], "predicted_iteration_seconds": predicted[1]})
     started = time.perf_counter()
     last: StepStats | None = None
     while step < t.steps:
         batch = source.batch(position=position, sequences=per_step) if source is not None else None
+        executor.set_learning_rate(step=step)  # from the step alone: a resume continues the curve
         last = executor.step(batch)
         step += 1
         position += per_step
@@ -160,7 +162,8 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
               "busy_seconds": last.busy_seconds[env.rank], "idle_seconds": last.idle_seconds,
               "grad_norm": last.grad_norm, "tokens": tokens, "samples": samples,
               "sent_bytes": last.sent_bytes, "received_bytes": last.received_bytes,
-              "peak_memory_bytes": last.peak_memory_bytes,
+              "peak_memory_bytes": last.peak_memory_bytes, "lr": last.learning_rate,
+              "precision": executor.precision,
               "predicted_bubble_ratio": predicted[0], "predicted_iteration_seconds": predicted[1]})
         if ckpt and config.checkpoint_every and step % config.checkpoint_every == 0:
             save_checkpoint(ckpt, executor=executor, step=step, position=position, tokens=tokens,

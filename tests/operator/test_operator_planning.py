@@ -75,3 +75,18 @@ def test_lifecycle_fields_do_not_change_the_spec_hash(make_job: Any) -> None:
     assert spec_hash(base) == spec_hash(_spec(make_job, suspend=True, backoffLimit=9,
                                               activeDeadlineSeconds=60))
     assert spec_hash(base) != spec_hash(_spec(make_job, parallelism={"workers": 2}))
+
+
+def test_the_plan_records_the_precision_the_workers_run_and_the_problem_counts_its_bytes(
+        make_node: Any, make_job: Any) -> None:
+    nodes = _profiles([make_node("h", gpus=4)])
+    auto = _spec(make_job)  # GPUs: auto is bf16
+    fp32 = _spec(make_job, training={**make_job()["spec"].get("training", {}), "precision": "fp32"})
+    assert plan_job(auto, nodes, name="ns/demo").plan.precision == "bf16"
+    assert plan_job(fp32, nodes, name="ns/demo").plan.precision == "fp32"
+    slots = choose_slots(nodes, spec=auto)
+    half = build_problem(auto, slots, name="ns/demo").expanded_layers()
+    full = build_problem(fp32, slots, name="ns/demo").expanded_layers()
+    for h, f in zip(half[:-1], full[:-1], strict=True):  # the head's softmax stays fp32
+        assert 2 * h.output_bytes == f.output_bytes > 0
+        assert 2 * h.activation_bytes == f.activation_bytes

@@ -53,6 +53,7 @@ def test_example_runs_and_reports_measured_and_predicted_bubble(tmp_path: Path) 
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)
     assert summary["steps"] == 2 and summary["workers"] == 2 and summary["strategy"] == "adaptis"
+    assert summary["precision"] == "fp32"  # auto on CPU ranks, recorded in the plan
     assert summary["final_loss"] > 0 and summary["tokens_per_second"] > 0
     assert 0.0 <= summary["measured_bubble_ratio"] < 1.0
     assert 0.0 <= summary["predicted_bubble_ratio"] < 1.0
