@@ -130,6 +130,12 @@ class GradReducer:
         self._buckets = {s: _buckets(ps, bucket_bytes=bucket_bytes) for s, ps in stage_params.items() if ps}
         self._pending: list[tuple[list[nn.Parameter], torch.Tensor, dist.Work]] = []
         self._launched: set[int] = set()
+        self.overlapped = 0
+
+    @property
+    def stages(self) -> int:
+        """Stages with gradients to reduce on this rank."""
+        return len(self._buckets)
 
     def reset(self) -> None:
         self._pending.clear()
@@ -149,6 +155,9 @@ class GradReducer:
         """Launch what was not launched yet, wait for every reduction and write the averaged
         gradients back; returns the seconds spent blocked here (the exposed reduction)."""
         start = time.perf_counter()
+        # Stages the runtime reported during the step (their reduction overlapped the rest);
+        # any other is launched only now, fully exposed.
+        self.overlapped = len(self._launched)
         for stage in sorted(self._buckets):
             self.stage_ready(stage)
         for bucket, flat, work in self._pending:

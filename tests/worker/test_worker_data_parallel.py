@@ -12,7 +12,6 @@ shard positions.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
@@ -103,6 +102,8 @@ def test_replicas_train_as_one_process(case: str, results: dict[str, list[dict]]
         for k, w in reference.weights.items():
             torch.testing.assert_close(weights[k], w, rtol=1e-4, atol=1e-5,
                                        msg=lambda m, k=k: f"{case} weight {k}: {m}")
+    for r in ranks:  # every stage's reduction was launched by the runtime, during the step
+        assert all(done == stages for done, stages in r["overlapped"]), f"{case}: {r['overlapped']}"
     # Replicas are bit-identical to each other (same reduced gradients, same update).
     for p in range(PIPELINE):
         for k, w in ranks[p]["weights"].items():

@@ -162,7 +162,7 @@ def dp_parity_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: 
         ex = Executor(cfg, rank=rank, world_size=world, device=torch.device("cpu"))
         data = SyntheticTokens(vocab_size=cfg.model.vocab_size, sequence_length=t.sequence_length, seed=t.seed)
         per_step = t.microbatches * t.microbatch_size
-        losses, norms, waits = [], [], []
+        losses, norms, waits, overlapped = [], [], [], []
         grads: dict[str, torch.Tensor] = {}
         for step in range(t.steps):
             start = shard_position(position=step * per_step * cfg.data_parallel, replica=ex.replica,
@@ -181,10 +181,11 @@ def dp_parity_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: 
             losses.append(stats.loss)
             norms.append(stats.grad_norm)
             waits.append(stats.reduce_wait_seconds)
+            overlapped.append((ex.reducer.overlapped, ex.reducer.stages) if ex.reducer is not None else None)
             grads = captured
         weights = {k: p.detach().clone() for k, p in ex.named_parameters().items()}
         torch.save({"losses": losses, "norms": norms, "grads": grads, "weights": weights, "waits": waits,
-                    "optimizer_state": _state_bytes(ex.optimizer)},
+                    "overlapped": overlapped, "optimizer_state": _state_bytes(ex.optimizer)},
                    Path(out_dir) / f"{case['name']}-{rank}.pt")
     dist.destroy_process_group()
 
