@@ -12,7 +12,6 @@ shard positions.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from worker_harness import DP_TRAINING, PARITY_MODEL, dp_parity_ranks, job_spec, run_ranks, write_dp_cases
