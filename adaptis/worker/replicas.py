@@ -176,11 +176,11 @@ def _flatten(bucket: list[nn.Parameter]) -> torch.Tensor:
 
 
 def _unflatten(bucket: list[nn.Parameter], flat: torch.Tensor, *, replicas: int) -> None:
-    flags = flat[-len(bucket):]
+    flags = flat[-len(bucket):].tolist()  # one device sync per bucket, not one per parameter
     offset = 0
     for i, p in enumerate(bucket):
         n = p.numel()
-        if float(flags[i]) > 0:  # some replica produced a gradient: average it
+        if flags[i] > 0:  # some replica produced a gradient: average it
             g = flat[offset:offset + n].view_as(p).div_(replicas)
             if p.grad is None:
                 p.grad = g.to(p.dtype).clone()
