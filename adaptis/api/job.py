@@ -303,6 +303,11 @@ class ParallelismSpec(_Spec):
         "max(1, gpusPerWorker)) form a replicas x pipeline mesh, pipeline innermost: rank = "
         "replica x pipeline ranks + pipeline rank, so a pipeline's stages share pods and nodes "
         "and a stage's replicas sit apart; must divide the ranks (docs/parallelism.md).")
+    zero_stage: Literal[0, 1] = Field(
+        default=0,
+        description="ZeRO optimizer sharding across the data-parallel replicas. 0: every replica "
+        "keeps the whole optimizer state of its stages; 1: each keeps about 1/dataParallel of "
+        "it and broadcasts the weights it updates (docs/parallelism.md). No effect with one replica.")
 
     @property
     def ranks(self) -> int:
@@ -599,3 +604,5 @@ class WorkerConfig(_Spec):
     data_parallel: int = Field(
         default=1, ge=1, description="Replicas of the plan's pipeline; world size = "
         "data_parallel x the plan's devices, rank = replica x devices + pipeline rank.")
+    zero_stage: Literal[0, 1] = Field(
+        default=0, description="1: shard the optimizer state across the replicas (ZeRO-1).")

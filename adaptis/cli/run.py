@@ -2,7 +2,9 @@
 
 Takes the manifest a user would apply to a cluster, builds the planning problem (a profile
 file with ``--problem``, else a quick profile of this machine, or the analytic estimate),
-plans with the job's strategy, launches one local process per worker, shows progress (step,
+plans with the job's strategy, launches one local process per rank (workers x max(1,
+gpusPerWorker); with ``dataParallel`` R the plan covers one pipeline replica of ranks / R
+devices and the R replicas train on shards of the batch), shows progress (step,
 loss, tokens/s, measured vs predicted bubble ratio) and a final summary (``--json``: the
 summary as one JSON document, nothing else on stdout). Ctrl-C stops every rank; a crashed
 rank stops the others and the error names it. Checkpoints are never lost silently: a rerun
@@ -65,8 +67,9 @@ def _problem(args: argparse.Namespace, job: AdaPtisJob, *, workers: int, precisi
             raise CLIError(f"{args.problem} profiles {got} layers; the job's model has {want} "
                            f"(embedding, {want - 2} blocks, head)")
         if problem.device_count != workers:
-            raise CLIError(f"{args.problem} describes {problem.device_count} devices; the run has "
-                           f"{workers} workers (set --workers or spec.parallelism.workers)")
+            raise CLIError(f"{args.problem} describes {problem.device_count} devices; a pipeline "
+                           f"replica of the run has {workers} ranks (set --workers, "
+                           "spec.parallelism.workers or dataParallel)")
         doc = problem.model_dump(mode="json", exclude_none=True)
         return Problem.model_validate({**doc, "microbatches": job.spec.training.microbatches})
     if (args.profile or job.spec.planner.profile) == "estimate":
@@ -111,12 +114,17 @@ def run(args: argparse.Namespace) -> int:
     ckpt_every = spec.checkpoint.every_steps if args.checkpoint_every is None else args.checkpoint_every
     # The cluster's rules (adaptis.api.rules), on the spec as the flags change it, before any
     # checkpoint is cleared, profile taken or rank started; a SpecError exits 2 naming the field.
+    parallelism = spec.parallelism.model_copy(update={"workers": workers})
     check_job(name=job.metadata.name, spec=spec.model_copy(update={
-        "parallelism": spec.parallelism.model_copy(update={"workers": workers}),
+        "parallelism": parallelism,
         "training": training, "planner": spec.planner.model_copy(update={"strategy": strategy}),
         "checkpoint": spec.checkpoint.model_copy(update={"every_steps": ckpt_every})}))
+    # The mesh: R replicas of a P-rank pipeline; the plan is made for P devices.
+    ranks, replicas, pipeline = parallelism.ranks, parallelism.data_parallel, parallelism.pipeline_ranks
+    zero = parallelism.zero_stage if replicas > 1 else 0
     ckpt_dir = workdir / "checkpoints"
-    resume_from = _checkpoints(args, ckpt_dir, model=spec.model, workers=workers)
+    # Files written: replica 0's P ranks, or every rank with ZeRO-1 (adaptis.worker.checkpoint).
+    resume_from = _checkpoints(args, ckpt_dir, model=spec.model, workers=ranks if zero else pipeline)
     if resume_from is not None and resume_from >= training.steps:
         # Nothing left to train: say so at once rather than profile, plan and start ranks.
         _say(args, f"the checkpoint of step {resume_from} in {ckpt_dir} already completes the "
@@ -131,16 +139,17 @@ def run(args: argparse.Namespace) -> int:
         _say(args, f"resuming from the checkpoint of step {resume_from} in {ckpt_dir} (--fresh to start over)")
 
     t0 = time.perf_counter()
-    device = _device(spec.parallelism.gpus_per_worker, workers=workers)
+    device = _device(spec.parallelism.gpus_per_worker, workers=ranks)
     # The precision the ranks will run: profiled in, and recorded in the plan (they check it).
     precision = resolve_precision(training.precision, cuda=device == "cuda")
-    problem = _problem(args, job, workers=workers, precision=precision)
+    problem = _problem(args, job, workers=pipeline, precision=precision)
     plan = _plan(problem, strategy, time_limit_s=float(spec.planner.time_limit_seconds))
     plan = plan.model_copy(update={"precision": precision})
     pred = plan.predicted
     pred_bubble = pred.bubble_ratio if pred else None
     pred_iter = pred.iteration_time * TIME_UNIT_SECONDS[pred.time_unit] if pred else None
-    _say(args, f"planned {strategy} ({precision}): {len(plan.stages)} stages on {workers} workers, "
+    mesh = f" x {replicas} data-parallel replicas ({ranks} ranks)" if replicas > 1 else ""
+    _say(args, f"planned {strategy} ({precision}): {len(plan.stages)} stages on {pipeline} ranks{mesh}, "
                f"placement "
                f"{plan.placement}; predicted iteration {_fmt(pred_iter, 's')}, bubble {_pct(pred_bubble)} "
                f"({time.perf_counter() - t0:.1f} s to profile and plan)")
@@ -150,22 +159,25 @@ def run(args: argparse.Namespace) -> int:
         job_name=job.metadata.name, model=spec.model, training=training,
         plan=plan.model_dump(mode="json", exclude_none=True),
         metrics_port=None if port == 0 else port, checkpoint_dir=str(ckpt_dir.resolve()),
-        checkpoint_every=ckpt_every,
+        checkpoint_every=ckpt_every, data_parallel=replicas, zero_stage=zero,
     )
     steps: list[dict[str, Any]] = []
     starts: dict[int, dict[str, Any]] = {}
+    reduce: list[tuple[float, float]] = []  # (reduce wait, step seconds) of every rank's steps
 
     def on_event(event: dict[str, Any]) -> None:
         if event["event"] == "start":
             starts[event["rank"]] = event
-        elif event["event"] == "step" and event["rank"] == 0:
+        elif event["event"] == "step" and event["step"] > 1:  # the first step pays one-off costs
+            reduce.append((event.get("reduce_wait_seconds", 0.0), event["step_seconds"]))
+        if event["event"] == "step" and event["rank"] == 0:
             steps.append(event)
             _say(args, f"step {event['step']:>4}/{training.steps}  loss {event['loss']:.4f}  "
                        f"{event['tokens_per_second']:>8.0f} tokens/s  bubble {_pct(event['bubble_ratio'])} "
                        f"(predicted {_pct(pred_bubble)})")
 
     # Local ranks share one host: rank r serves metrics on port + r (pods all use the port).
-    launcher = LocalLauncher(config, world_size=workers, workdir=workdir, threads=args.threads,
+    launcher = LocalLauncher(config, world_size=ranks, workdir=workdir, threads=args.threads,
                              metrics_base=None if port == 0 else port,
                              device=device)
     started = time.perf_counter()
@@ -177,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
         print("adaptis run: interrupted; all ranks stopped", file=sys.stderr)
         return 130
     summary = _summary(job.metadata.name, strategy=strategy, plan=plan, workers=workers, steps=steps,
+                       mesh=(replicas, pipeline, zero), reduce=reduce,
                        pred=(pred_bubble, pred_iter), seconds=time.perf_counter() - started,
                        workdir=workdir, ports=[starts[r].get("metrics_port") for r in sorted(starts)],
                        checkpoints=(ckpt_dir, ckpt_every, starts[0]["resumed_step"] if 0 in starts else 0))
@@ -227,11 +240,20 @@ def _device(gpus_per_worker: int, *, workers: int) -> str:
 
 
 def _summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[dict[str, Any]],
+             mesh: tuple[int, int, int], reduce: list[tuple[float, float]],
              pred: tuple[float | None, float | None], seconds: float, workdir: Path,
              ports: list[Any], checkpoints: tuple[Path, int, int]) -> dict[str, Any]:
+    """Losses and throughput are the job's: the loss of the replicas' combined batch (every
+    rank reports the same), tokens/s of every replica together."""
     steady = steps[1:] or steps  # the first step pays one-off costs (allocator, threads)
+    replicas, pipeline, zero = mesh
+    wait, total = sum(w for w, _ in reduce), sum(t for _, t in reduce)
     return {
         "job": name, "strategy": strategy, "workers": workers, "precision": plan.precision,
+        "data_parallel": replicas, "pipeline_ranks": pipeline, "ranks": replicas * pipeline, "zero_stage": zero,
+        "measured_step_seconds": statistics.mean(s["step_seconds"] for s in steady) if steady else None,
+        # Share of the ranks' step time spent blocked on the replicas' gradient all-reduce.
+        "reduce_wait_share": wait / total if replicas > 1 and total > 0 else None,
         "stages": len(plan.stages), "placement": plan.placement,
         "steps": steps[-1]["step"] if steps else 0,
         "first_loss": steps[0]["loss"] if steps else None,
@@ -255,6 +277,11 @@ def _print_summary(s: dict[str, Any]) -> None:
           f"in {s['train_seconds']:.1f} s")
     print(f"  loss            {s['first_loss']:.4f} -> {s['final_loss']:.4f}" if s["steps"] else "  no steps run")
     print(f"  tokens/s        {s['tokens_per_second'] or 0:.0f}")
+    if s["data_parallel"] > 1:
+        zero = ", ZeRO-1" if s["zero_stage"] else ""
+        print(f"  data parallel   {s['data_parallel']} replicas x {s['pipeline_ranks']} pipeline ranks{zero}; "
+              f"loss of the combined batch; step {_fmt(s['measured_step_seconds'], 's')}, "
+              f"{_pct(s['reduce_wait_share'])} of it waiting on the gradient all-reduce")
     print(f"  bubble ratio    measured {_pct(s['measured_bubble_ratio'])}, predicted {_pct(s['predicted_bubble_ratio'])}")
     print(f"  iteration       measured {_fmt(s['measured_iteration_seconds'], 's')}, "
           f"predicted {_fmt(s['predicted_iteration_seconds'], 's')}")

@@ -146,6 +146,7 @@ def worker_config(job: JobRef, spec: JobSpec, record: PlanRecord) -> WorkerConfi
         metrics_port=spec.metrics.port,
         checkpoint_dir=spec.checkpoint.path,
         checkpoint_every=spec.checkpoint.every_steps,
+        zero_stage=spec.parallelism.zero_stage,
     )
 
 

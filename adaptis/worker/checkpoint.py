@@ -14,6 +14,15 @@ checkpoint is *compatible* with a job when its model spec is the same (whatever 
 the newest step has a file of every one of the job's ranks. :func:`scan_checkpoints` answers
 that before a local run starts (no process group), so ``adaptis run`` can resume by default
 and refuse, rather than delete, what it cannot resume.
+
+Data parallelism (R replicas of P pipeline ranks): without ZeRO only replica 0 (global ranks
+0..P-1) writes, since the other replicas hold identical weights and optimizer state, and the
+others restore from the file of their pipeline position (so with R > 1 the directory must be
+visible to every replica, as a shared volume is); with ZeRO-1 every rank writes its own file
+(weights plus its optimizer shard). An exact resume (optimizer state too) needs the same plan,
+R and ZeRO stage; under another topology the weights are restored and the optimizer starts
+fresh (resharding optimizer state is issue 17). The data position is the job's (every
+replica's sequences), so it is valid under any R.
 """
 
 from __future__ import annotations
@@ -71,6 +80,7 @@ def save_checkpoint(directory: str | Path, *, executor: Executor, step: int, pos
     state: dict[str, Any] = {
         "step": step, "position": position, "tokens": tokens, "samples": samples,
         "fingerprint": plan_fingerprint(executor.plan), "world_size": executor.world_size,
+        "data_parallel": executor.mesh.replicas, "zero_stage": executor.config.zero_stage,
         "model_spec": _model_doc(executor.config.model),
         "model": {k: p.detach().cpu() for k, p in executor.named_parameters().items()},
         "optimizer": executor.optimizer.state_dict(),
@@ -104,31 +114,39 @@ def _own_steps(root: Path, *, rank: int) -> list[int]:
     return sorted(steps)
 
 
-def latest_common_step(directory: str | Path, *, rank: int) -> int | None:
-    """Collective: the newest step every rank has a checkpoint of (None: start fresh)."""
-    mine = _own_steps(Path(directory), rank=rank)
+def latest_common_step(directory: str | Path, *, rank: int, saves: bool = True) -> int | None:
+    """Collective: the newest step every saving rank has a checkpoint of (None: start fresh).
+    ``saves`` False: this rank writes none (a data-parallel replica > 0 without ZeRO) and
+    only takes the others' answer."""
+    mine = _own_steps(Path(directory), rank=rank) if saves else None
     every: list[list[int] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
-    common = set(mine)
-    for other in every:
-        common &= set(other or [])
+    savers = [set(other) for other in every if other is not None]
+    common = set.intersection(*savers) if savers else set()
     return max(common) if common else None
 
 
 def load_checkpoint(directory: str | Path, *, executor: Executor, step: int) -> Resumed:
     """Restore this rank from the checkpoint of ``step`` (see :func:`latest_common_step`)."""
     root = Path(directory)
-    own = torch.load(_rank_file(root, step=step, rank=executor.rank), weights_only=False)
+    path = _rank_file(root, step=step, rank=executor.checkpoint_rank)
+    if not path.is_file():  # a replica > 0 reads replica 0's file: the directory must be shared
+        raise CheckpointError(f"rank {executor.rank} cannot see {path}: with dataParallel > 1 "
+                              "and zeroStage 0 every replica restores from replica 0's files, so "
+                              "the checkpoint directory must be shared (a ReadWriteMany volume)")
+    own = torch.load(path, weights_only=False)
     recorded = own.get("model_spec")
     if recorded is not None and _recorded_doc(recorded) != _model_doc(executor.config.model):
         raise CheckpointError(f"checkpoint of step {step} in {root} is of another model "
                               f"({_model_difference(recorded, executor.config.model)})")
     params = executor.named_parameters()
-    exact = own["fingerprint"] == plan_fingerprint(executor.plan)
+    exact = (own["fingerprint"] == plan_fingerprint(executor.plan)
+             and own.get("data_parallel", 1) == executor.mesh.replicas
+             and own.get("zero_stage", 0) == executor.config.zero_stage)
     weights: dict[str, torch.Tensor] = dict(own["model"])
     if not exact:
-        log.warning("checkpoint of step %d was taken under another plan: restoring weights by "
-                    "layer name, optimizer state starts fresh", step)
+        log.warning("checkpoint of step %d was taken under another plan or data-parallel "
+                    "topology: restoring weights by layer name, optimizer state starts fresh", step)
         for other in sorted((root / f"step-{step:08d}").glob("rank-*.pt")):
             weights.update(torch.load(other, weights_only=False)["model"])
     missing = sorted(set(params) - set(weights))

@@ -8,6 +8,11 @@ inputs are the first ``sequence_length`` tokens and targets the last ``sequence_
 The synthetic stream is learnable on purpose (a progress bar that shows a falling loss is a
 better smoke test than noise): a seeded Markov chain over a small active vocabulary, where
 each token is followed by its fixed successor three times out of four.
+
+With R data-parallel replicas the position counts the sequences of every replica: step ``s``
+starts at ``s * R * per_step`` and replica ``r`` reads its ``per_step`` sequences from
+:func:`shard_position`, so the replicas together read exactly the stream one process would,
+and a checkpoint's single position resumes them all.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import torch
 from adaptis.api.job import DataSpec
 from adaptis.worker.errors import DataError
 
-__all__ = ["Batch", "DataSource", "SyntheticTokens", "TokenFile", "open_source"]
+__all__ = ["Batch", "DataSource", "SyntheticTokens", "TokenFile", "open_source", "shard_position"]
 
 _ACTIVE_VOCAB = 512
 _FOLLOW = 0.75
@@ -36,12 +41,18 @@ class Batch:
     targets: torch.Tensor
 
 
+def shard_position(*, position: int, replica: int, sequences: int) -> int:
+    """Where replica ``replica`` starts reading, when the step starts at global ``position`` and
+    each replica takes ``sequences`` sequences."""
+    return position + replica * sequences
+
+
 class DataSource(Protocol):
     def batch(self, *, position: int, sequences: int) -> Batch: ...
 
 
 class SyntheticTokens:
-    """Seeded Markov tokens; a batch depends only on (seed, position, sequences)."""
+    """Seeded Markov tokens; sequence ``i`` of the stream depends only on (seed, i)."""
 
     def __init__(self, *, vocab_size: int, sequence_length: int, seed: int) -> None:
         self.vocab_size = vocab_size
@@ -53,13 +64,18 @@ class SyntheticTokens:
         self._successor = torch.randperm(n, generator=gen)
 
     def batch(self, *, position: int, sequences: int) -> Batch:
-        gen = torch.Generator().manual_seed(self.seed * 7_919 + position)
         n = self._active.numel()
         steps = self.sequence_length + 1
         idx = torch.empty(sequences, steps, dtype=torch.long)
-        idx[:, 0] = torch.randint(n, (sequences,), generator=gen)
-        jump = torch.randint(n, (sequences, steps), generator=gen)
-        follow = torch.rand(sequences, steps, generator=gen) < _FOLLOW
+        jump = torch.empty(sequences, steps, dtype=torch.long)
+        follow = torch.empty(sequences, steps, dtype=torch.bool)
+        # One generator per sequence: sequence i is the same whichever batch reads it, so data
+        # parallel replicas reading shards see exactly the rows one process would.
+        for row in range(sequences):
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + position + row)
+            idx[row, 0] = torch.randint(n, (1,), generator=gen)
+            jump[row] = torch.randint(n, (steps,), generator=gen)
+            follow[row] = torch.rand(steps, generator=gen) < _FOLLOW
         for t in range(1, steps):
             idx[:, t] = torch.where(follow[:, t], self._successor[idx[:, t - 1]], jump[:, t])
         tokens = self._active[idx]

@@ -7,6 +7,12 @@ plan's actions for a batch, then does what a pipeline step needs around them: th
 embedding gradient sync between the ranks holding embedding and head, global gradient-norm
 clipping across ranks, the optimizer step, and per-step statistics shared by every rank
 (loss, busy time of each rank, the iteration time) with a single all-gather.
+
+With ``data_parallel`` R > 1 the world is a replicas x pipeline mesh
+(:mod:`adaptis.worker.replicas`): the runtime, the tied exchange and the clipping norm stay
+inside this rank's pipeline replica, each stage's gradients are averaged over its R replicas
+(launched as the stage finishes its backward, waited before clipping), and the optimizer
+state may be sharded across the replicas (ZeRO-1).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from adaptis.worker.pipelining import (
     WallActionTimer,
 )
 from adaptis.worker.precision import PRECISION_DTYPE, resolve_precision, wrap_stage
+from adaptis.worker.replicas import GradReducer, Mesh, ZeroOptimizer, create_groups
 
 __all__ = ["Executor", "StepStats", "transfer_bytes", "parse_plan"]
 
@@ -55,8 +62,8 @@ log = logging.getLogger(__name__)
 class StepStats:
     """One step as every rank sees it (identical on all ranks but for ``rank``)."""
 
-    rank: int
-    loss: float
+    rank: int  # global rank; the tuples below are indexed by global rank
+    loss: float  # of the replicas' combined batch (mean of the replicas' losses)
     iteration_seconds: float  # pipeline part, barrier to the last rank's end
     step_seconds: float  # whole step on this rank, optimizer included
     busy_seconds: tuple[float, ...]  # per rank
@@ -66,6 +73,7 @@ class StepStats:
     received_bytes: int
     peak_memory_bytes: int
     learning_rate: float = 0.0  # the rate this step's optimizer update used
+    reduce_wait_seconds: float = 0.0  # this rank blocked on the replica gradient all-reduce
 
     @property
     def idle_seconds(self) -> float:
@@ -121,7 +129,12 @@ class Executor:
         self.rank = rank
         self.world_size = world_size
         self.device = device
-        self.plan = parse_plan(config, world_size=world_size)
+        self.mesh = Mesh.of(world_size=world_size, data_parallel=config.data_parallel)
+        self.replica = self.mesh.replica_of(rank)
+        self.pipeline_rank = self.mesh.pipeline_rank_of(rank)
+        self.plan = parse_plan(config, world_size=self.mesh.pipeline)
+        # Before any PipelineStage exists (see create_groups).
+        self.groups = create_groups(self.mesh, rank=rank)
         spec, train = config.model, config.training
         self.precision = resolve_precision(train.precision, cuda=device.type == "cuda")
         if self.plan.precision is not None and self.plan.precision != self.precision:
@@ -130,7 +143,7 @@ class Executor:
                 f"{self.precision} (training.precision {train.precision} on {device.type}); plan "
                 "again for this precision, or set training.precision to the plan's")
         recompute = self.plan.recompute or [False] * len(self.plan.stages)
-        self.stage_ids = sorted(self.plan.placement[rank])
+        self.stage_ids = sorted(self.plan.placement[self.pipeline_rank])
         ranges = [tuple(self.plan.stages[s]) for s in self.stage_ids]
         self.modules: list[nn.Module] = [
             m.to(device) for m in build_stages(spec, stages=ranges, seed=train.seed)  # type: ignore[arg-type]
@@ -139,7 +152,13 @@ class Executor:
         set_aux_loss_scale(self.modules, scale=1.0 / train.microbatches)
         self.params = _unique_params(self.modules)
         self._tied_peer, self._count_in_norm = self._tie_embeddings()
-        self.optimizer = _optimizer(self.params, config)
+        self.reducer = self._reducer()
+        self.optimizer: torch.optim.Optimizer | ZeroOptimizer
+        if config.zero_stage == 1 and self.mesh.replicas > 1:
+            self.optimizer = ZeroOptimizer(self.params, make=lambda ps: _optimizer(ps, config),
+                                           mesh=self.mesh, rank=rank, group=self.groups.replica)
+        else:
+            self.optimizer = _optimizer(self.params, config)
         self._lr = config.training.optimizer.lr
         self.set_learning_rate(step=0)
         self.timer: ActionTimer = CudaActionTimer() if device.type == "cuda" else WallActionTimer()
@@ -157,9 +176,43 @@ class Executor:
             actions=[[(k, s, mb) for k, s, mb in acts] for acts in self.plan.actions],
             microbatches=m, shapes=shapes, timer=self.timer,
             loss_fn=lambda out, tgt: token_loss(out, tgt, scale=1.0 / m),
+            group=self.groups.pipeline,
+            on_stage_grads=self.reducer.stage_ready if self.reducer is not None else None,
         )
         act = train.microbatch_size * train.sequence_length * spec.hidden * dtype.itemsize
-        self.sent_bytes, self.received_bytes = transfer_bytes(self.plan, rank=rank, activation_bytes=act)
+        self.sent_bytes, self.received_bytes = transfer_bytes(self.plan, rank=self.pipeline_rank,
+                                                              activation_bytes=act)
+
+    def _reducer(self) -> GradReducer | None:
+        """Each parameter's reduction starts with the stage (of this rank) whose weight
+        gradients finish last in the plan's order: a tied weight shared by two local stages
+        is complete only then."""
+        if self.mesh.replicas == 1:
+            return None
+        acts = self.plan.actions[self.pipeline_rank]
+        last = {sid: max((i for i, (k, s, _mb) in enumerate(acts) if s == sid and k in ("W", "BW")),
+                         default=-1) for sid in self.stage_ids}
+        owner: dict[int, int] = {}
+        for sid, module in zip(self.stage_ids, self.modules, strict=True):
+            for p in module.parameters():
+                if id(p) not in owner or last[sid] > last[owner[id(p)]]:
+                    owner[id(p)] = sid
+        by_stage: dict[int, list[nn.Parameter]] = {sid: [] for sid in self.stage_ids}
+        for p in self.params:
+            by_stage[owner[id(p)]].append(p)
+        return GradReducer(stage_params=by_stage, group=self.groups.replica, replicas=self.mesh.replicas)
+
+    @property
+    def saves_checkpoint(self) -> bool:
+        """Whether this rank writes checkpoint files: with ZeRO-1 every rank (each holds its own
+        optimizer shard), else only replica 0 (the other replicas hold the same state)."""
+        return self.replica == 0 or isinstance(self.optimizer, ZeroOptimizer)
+
+    @property
+    def checkpoint_rank(self) -> int:
+        """The rank whose checkpoint file this rank restores from: its own, or the replica-0
+        rank of its pipeline position when it saves none."""
+        return self.rank if self.saves_checkpoint else self.pipeline_rank
 
     def set_learning_rate(self, *, step: int) -> float:
         """Set the rate of the coming optimizer step, ``step`` steps having been done; returns it.
@@ -184,7 +237,8 @@ class Executor:
         the head's copy is then left out of the gradient norm so the shared weight counts once.
 
         A point-to-point exchange on the world group, not a 2-rank ``new_group``: subgroups
-        created next to torch pipelining's own peer warm-up broke gloo on torch 2.11."""
+        created next to torch pipelining's own peer warm-up broke gloo on torch 2.11. The peer
+        is returned as a global rank, in this rank's replica."""
         count = [True] * len(self.params)
         if not self.config.model.tie_embeddings:
             return None, count
@@ -193,13 +247,15 @@ class Executor:
         first = next(s for s, (lo, _hi) in enumerate(self.plan.stages) if lo == 0)
         last = next(s for s, (_lo, hi) in enumerate(self.plan.stages) if hi == n_layers)
         emb_rank, head_rank = owner[first], owner[last]
-        if emb_rank == head_rank or self.rank not in (emb_rank, head_rank):
+        me = self.pipeline_rank
+        if emb_rank == head_rank or me not in (emb_rank, head_rank):
             return None, count  # same rank: one Parameter, shared by build_stages
-        if self.rank == head_rank:
+        if me == head_rank:
             head = find_layer(self.modules, Head)
             if head is not None:
                 count = [p is not head.weight for p in self.params]
-        return (head_rank if self.rank == emb_rank else emb_rank), count
+        peer = head_rank if me == emb_rank else emb_rank
+        return self.mesh.global_rank(replica=self.replica, pipeline_rank=peer), count
 
     def _sync_tied(self, peer: int) -> None:
         """Both copies end with embedding grad + head grad (IEEE addition commutes: the two
@@ -231,6 +287,8 @@ class Executor:
         for p in self.params:
             p.grad = None
         self.timer.reset()
+        if self.reducer is not None:
+            self.reducer.reset()
         dist.barrier()  # a common start, so iteration time and idle time are comparable
         start = time.perf_counter()
         inputs = batch.inputs.to(self.device) if batch is not None and self.holds_first else None
@@ -238,6 +296,9 @@ class Executor:
         self.runtime.step(inputs=inputs, targets=targets)
         busy_by_kind = self.timer.collect()
         pipeline_end = time.perf_counter()
+        # The replica average first: the tied exchange and the norm need the final gradients
+        # (averaging is linear, so averaging each tied copy before adding them is exact).
+        reduce_wait = self.reducer.wait() if self.reducer is not None else 0.0
         if self._tied_peer is not None:
             self._sync_tied(self._tied_peer)
         norm = self._clip()
@@ -251,7 +312,9 @@ class Executor:
         step_seconds = time.perf_counter() - start
         return StepStats(
             rank=self.rank,
-            loss=float(sum(g[0] for g in gathered)),
+            # Each replica's loss is the mean over its microbatches; the combined batch's loss
+            # is the mean over the replicas.
+            loss=float(sum(g[0] for g in gathered)) / self.mesh.replicas,
             iteration_seconds=float(max(g[1] for g in gathered)),
             step_seconds=step_seconds,
             busy_seconds=tuple(float(g[2]) for g in gathered),
@@ -261,15 +324,17 @@ class Executor:
             received_bytes=self.received_bytes,
             peak_memory_bytes=self._peak_memory(),
             learning_rate=self._lr,
+            reduce_wait_seconds=reduce_wait,
         )
 
     def _clip(self) -> float:
-        """Global gradient norm over all ranks (clipped when the job asks); returns the norm."""
+        """Global gradient norm over the pipeline's ranks (clipped when the job asks); returns
+        the norm. Every replica holds the same averaged gradients, so one pipeline suffices."""
         sq = torch.zeros(1, dtype=torch.float64, device=self.device)
         for p, counted in zip(self.params, self._count_in_norm, strict=True):
             if counted and p.grad is not None:
                 sq += p.grad.detach().double().pow(2).sum()
-        dist.all_reduce(sq)
+        dist.all_reduce(sq, group=self.groups.pipeline)
         norm = math.sqrt(float(sq.item()))
         clip = self.config.training.grad_clip
         if clip is not None and norm > clip:

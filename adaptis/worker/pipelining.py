@@ -260,10 +260,15 @@ def backward_kind_of(backward_one_chunk: Callable[..., Any]) -> Callable[..., st
     return kind_of
 
 
-def _timed(fn: Callable[..., Any], timer: ActionTimer, kind_of: Callable[..., str]) -> Callable[..., Any]:
+def _timed(fn: Callable[..., Any], timer: ActionTimer, kind_of: Callable[..., str],
+           after: Callable[[str], None] | None = None) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with timer.measure(kind_of(*args, **kwargs)):
-            return fn(*args, **kwargs)
+        kind = kind_of(*args, **kwargs)
+        with timer.measure(kind):
+            out = fn(*args, **kwargs)
+        if after is not None:
+            after(kind)
+        return out
 
     return wrapper
 
@@ -287,8 +292,18 @@ class PipelineRuntime:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         timer: ActionTimer,
         group: dist.ProcessGroup | None = None,
+        on_stage_grads: Callable[[int], None] | None = None,
     ) -> None:
+        """``group``: the pipeline's process group (None: the world); ``actions`` are keyed by
+        rank in it. ``on_stage_grads(stage)``: called once per step, right after the last
+        weight-gradient action (``W`` or ``BW``) of that stage of this rank has run, so a
+        data-parallel gradient reduction of the stage can start while the rest still runs."""
         self.timer = timer
+        me = dist.get_rank(group)
+        self._grad_actions = {sid: sum(1 for k, s, _mb in actions[me] if s == sid and k in ("W", "BW"))
+                              for sid in stage_ids}
+        self._grads_left: dict[int, int] = {}
+        self._on_stage_grads = on_stage_grads
         self.losses: dict[int, torch.Tensor] = {}
         self.holds_first = 0 in stage_ids
         self.holds_last = num_stages - 1 in stage_ids
@@ -300,7 +315,7 @@ class PipelineRuntime:
                 output_args=shapes.example_output(last=sid == num_stages - 1),
                 group=group,
             )
-            self._instrument(stage)
+            self._instrument(stage, sid)
             _skip_self_warmup(stage)
             self._stages.append(stage)
 
@@ -330,14 +345,22 @@ class PipelineRuntime:
             "return_outputs" in inspect.signature(self._schedule.step).parameters
         )
 
-    def _instrument(self, stage: PipelineStage) -> None:
+    def _instrument(self, stage: PipelineStage, sid: int) -> None:
         t = self.timer
+
+        def after(kind: str) -> None:
+            # Count down this stage's weight-gradient actions; at zero its grads are final.
+            if kind in ("W", "BW") and self._on_stage_grads is not None:
+                self._grads_left[sid] -= 1
+                if self._grads_left[sid] == 0:
+                    self._on_stage_grads(sid)
+
         stage.forward_one_chunk = _timed(stage.forward_one_chunk, t, lambda *a, **k: "F")  # type: ignore[method-assign]
         stage.backward_one_chunk = _timed(  # type: ignore[method-assign]
-            stage.backward_one_chunk, t, backward_kind_of(stage.backward_one_chunk),
+            stage.backward_one_chunk, t, backward_kind_of(stage.backward_one_chunk), after,
         )
         stage.backward_weight_one_chunk = _timed(  # type: ignore[method-assign]
-            stage.backward_weight_one_chunk, t, lambda *a, **k: "W"
+            stage.backward_weight_one_chunk, t, lambda *a, **k: "W", after,
         )
 
     def step(self, *, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> None:
@@ -347,6 +370,7 @@ class PipelineRuntime:
         only on the rank holding the last stage; the others pass None.
         """
         self.losses.clear()
+        self._grads_left = dict(self._grad_actions)
         args = (inputs,) if self.holds_first and inputs is not None else ()
         kwargs: dict[str, Any] = {}
         if self.holds_last:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from adaptis.api.job import WorkerConfig
 from adaptis.api.problem import TIME_UNIT_SECONDS
 from adaptis.worker.checkpoint import latest_common_step, load_checkpoint, save_checkpoint
-from adaptis.worker.data import open_source
+from adaptis.worker.data import open_source, shard_position
 from adaptis.worker.executor import Executor, StepStats
 from adaptis.worker.metrics import WorkerMetrics
 
@@ -126,12 +126,15 @@ def _linger(seconds: float, *, rank: int) -> None:
 def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: WorkerMetrics,
           emit: Emit, port: int | None, predicted: tuple[float | None, float | None]) -> dict[str, Any]:
     t = config.training
-    per_step = t.microbatches * t.microbatch_size
-    tokens_per_step = per_step * t.sequence_length
+    per_step = t.microbatches * t.microbatch_size  # sequences of one replica
+    replicas = executor.mesh.replicas
+    # Counters and the data position are the job's: every replica's sequences.
+    samples_per_step = per_step * replicas
+    tokens_per_step = samples_per_step * t.sequence_length
     step = position = tokens = samples = 0
     ckpt = config.checkpoint_dir
     if ckpt:
-        found = latest_common_step(ckpt, rank=env.rank)
+        found = latest_common_step(ckpt, rank=env.rank, saves=executor.saves_checkpoint)
         if found is not None:
             resumed = load_checkpoint(ckpt, executor=executor, step=found)
             step, position, tokens, samples = resumed.step, resumed.position, resumed.tokens, resumed.samples
@@ -141,31 +144,36 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
     source = open_source(t.data, vocab_size=config.model.vocab_size, sequence_length=t.sequence_length,
                          seed=t.seed) if needs_data else None
     emit({"event": "start", "rank": env.rank, "world_size": env.world_size, "pid": os.getpid(),
+          "replica": executor.replica, "pipeline_rank": executor.pipeline_rank, "data_parallel": replicas,
           "metrics_port": port, "resumed_step": step, "stages": executor.stage_ids,
           "precision": executor.precision,
           "predicted_bubble_ratio": predicted[0], "predicted_iteration_seconds": predicted[1]})
     started = time.perf_counter()
     last: StepStats | None = None
     while step < t.steps:
-        batch = source.batch(position=position, sequences=per_step) if source is not None else None
+        batch = source.batch(position=shard_position(position=position, replica=executor.replica,
+                                                     sequences=per_step),
+                             sequences=per_step) if source is not None else None
         executor.set_learning_rate(step=step)  # from the step alone: a resume continues the curve
         last = executor.step(batch)
         step += 1
-        position += per_step
+        position += samples_per_step
         tokens += tokens_per_step
-        samples += per_step
-        metrics.record(last, tokens=tokens_per_step, samples=per_step)
+        samples += samples_per_step
+        metrics.record(last, tokens=tokens_per_step, samples=samples_per_step)
         emit({"event": "step", "rank": env.rank, "step": step, "loss": last.loss,
               "tokens_per_second": tokens_per_step / last.step_seconds,
               "step_seconds": last.step_seconds, "iteration_seconds": last.iteration_seconds,
               "bubble_ratio": last.bubble_ratio, "rank_bubble_ratio": last.rank_bubble_ratio,
               "busy_seconds": last.busy_seconds[env.rank], "idle_seconds": last.idle_seconds,
-              "grad_norm": last.grad_norm, "tokens": tokens, "samples": samples,
+              "grad_norm": last.grad_norm, "reduce_wait_seconds": last.reduce_wait_seconds,
+              "tokens": tokens, "samples": samples,
               "sent_bytes": last.sent_bytes, "received_bytes": last.received_bytes,
               "peak_memory_bytes": last.peak_memory_bytes, "lr": last.learning_rate,
               "precision": executor.precision,
               "predicted_bubble_ratio": predicted[0], "predicted_iteration_seconds": predicted[1]})
-        if ckpt and config.checkpoint_every and step % config.checkpoint_every == 0:
+        if (ckpt and config.checkpoint_every and step % config.checkpoint_every == 0
+                and executor.saves_checkpoint):
             save_checkpoint(ckpt, executor=executor, step=step, position=position, tokens=tokens,
                             samples=samples)
     done = {"event": "done", "rank": env.rank, "steps": step, "tokens": tokens, "samples": samples,

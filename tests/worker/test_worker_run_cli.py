@@ -151,3 +151,23 @@ def test_rerun_resumes_incompatible_is_refused_and_only_fresh_deletes(tmp_path: 
     out = _adaptis("run", str(job), *flags, "--resume")
     assert out.returncode == 2
     assert f"--resume: no checkpoint in {ckpts}; run without --resume to start fresh" in out.stderr
+
+
+def test_data_parallel_run_plans_one_pipeline_and_starts_every_replica(tmp_path: Path) -> None:
+    """dataParallel 2 on 4 workers: the plan covers 2 devices, 4 ranks train, the summary is the
+    job's (combined batch) with the all-reduce wait share, and only replica 0 checkpoints."""
+    path = _manifest(tmp_path, steps=3)
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["parallelism"].update(workers=4, dataParallel=2)
+    path.write_text(yaml.safe_dump(doc))
+    out = _adaptis("run", str(path), "--json", "--profile", "estimate", "--workdir", str(tmp_path / "w"),
+                   "--metrics-port", "0", "--checkpoint-every", "3")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    assert (summary["workers"], summary["ranks"], summary["data_parallel"], summary["pipeline_ranks"]) == (4, 4, 2, 2)
+    assert len(summary["placement"]) == 2, "the plan is one pipeline replica of 2 devices"
+    assert len(summary["metrics_ports"]) == 4, "every rank of both replicas started"
+    assert 0.0 <= summary["reduce_wait_share"] < 1.0 and summary["measured_step_seconds"] > 0
+    assert "on 2 ranks x 2 data-parallel replicas (4 ranks)" in out.stderr
+    files = sorted(p.name for p in (tmp_path / "w" / "checkpoints" / "step-00000003").iterdir())
+    assert files == ["rank-0.pt", "rank-1.pt"]

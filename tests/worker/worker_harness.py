@@ -141,3 +141,67 @@ def small_config(*, steps: int, strategy: str = "1f1b", world: int = 2, checkpoi
                         plan=outcome.plan.model_dump(mode="json", exclude_none=True),
                         metrics_port=metrics_port, checkpoint_dir=checkpoint_dir,
                         checkpoint_every=checkpoint_every)
+
+
+DP_TRAINING = TrainingSpec(microbatches=4, microbatch_size=2, sequence_length=16, seed=3, grad_clip=0.5,
+                           optimizer={"name": "adamw", "lr": 0.01, "weight_decay": 0.01})
+
+
+def dp_parity_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: str) -> None:
+    """Every case of ``cases_file`` (data-parallel configs) through the executor for the
+    config's steps, each replica reading its shard; dumps per-step losses and norms, the last
+    step's gradients (after the replica average, before clipping is irrelevant: clipping
+    scales them after) and the final weights, per rank."""
+    from adaptis.worker.data import SyntheticTokens, shard_position
+    from adaptis.worker.executor import Executor
+
+    init_gloo(rank, world, port)
+    for case in json.loads(Path(cases_file).read_text()):
+        cfg = WorkerConfig.model_validate(case["config"])
+        t = cfg.training
+        ex = Executor(cfg, rank=rank, world_size=world, device=torch.device("cpu"))
+        data = SyntheticTokens(vocab_size=cfg.model.vocab_size, sequence_length=t.sequence_length, seed=t.seed)
+        per_step = t.microbatches * t.microbatch_size
+        losses, norms, waits, overlapped = [], [], [], []
+        grads: dict[str, torch.Tensor] = {}
+        for step in range(t.steps):
+            start = shard_position(position=step * per_step * cfg.data_parallel, replica=ex.replica,
+                                   sequences=per_step)
+            # Capture the averaged, unclipped gradients: the executor clips in place.
+            real_clip, captured = ex._clip, {}
+
+            def clip(real_clip=real_clip, captured=captured) -> float:
+                captured.update({k: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
+                                 for k, p in ex.named_parameters().items()})
+                return real_clip()
+
+            ex._clip = clip  # type: ignore[method-assign]
+            stats = ex.step(data.batch(position=start, sequences=per_step))
+            ex._clip = real_clip  # type: ignore[method-assign]
+            losses.append(stats.loss)
+            norms.append(stats.grad_norm)
+            waits.append(stats.reduce_wait_seconds)
+            overlapped.append((ex.reducer.overlapped, ex.reducer.stages) if ex.reducer is not None else None)
+            grads = captured
+        weights = {k: p.detach().clone() for k, p in ex.named_parameters().items()}
+        torch.save({"losses": losses, "norms": norms, "grads": grads, "weights": weights, "waits": waits,
+                    "overlapped": overlapped, "optimizer_state": _state_bytes(ex.optimizer)},
+                   Path(out_dir) / f"{case['name']}-{rank}.pt")
+    dist.destroy_process_group()
+
+
+def _state_bytes(optimizer: Any) -> int:
+    if hasattr(optimizer, "state_bytes"):
+        return int(optimizer.state_bytes())
+    return sum(t.numel() * t.element_size() for s in optimizer.state.values()
+               for t in s.values() if isinstance(t, torch.Tensor))
+
+
+def write_dp_cases(path: Path, cases: dict[str, tuple[Plan, int]], *, replicas: int, steps: int,
+                   model: ModelSpec = PARITY_MODEL, training: TrainingSpec = DP_TRAINING) -> None:
+    """``cases``: name -> (plan of one pipeline replica, ZeRO stage)."""
+    t = training.model_copy(update={"steps": steps})
+    docs = [{"name": name, "config": WorkerConfig(
+        model=model, training=t, plan=plan.model_dump(mode="json"), data_parallel=replicas,
+        zero_stage=zero).model_dump(mode="json")} for name, (plan, zero) in cases.items()]
+    path.write_text(json.dumps(docs))
