@@ -22,7 +22,7 @@ from typing import Any
 
 from adaptis.api.job import AdaPtisJob, ModelSpec, WorkerConfig, load_job
 from adaptis.api.plan import STRATEGY_NAMES, Plan
-from adaptis.api.problem import TIME_UNIT_SECONDS, Problem, load_problem
+from adaptis.api.problem import Problem, load_problem
 from adaptis.api.rules import check_job
 
 
@@ -133,9 +133,10 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     problem = _problem(args, job, workers=workers)
     plan = _plan(problem, strategy, time_limit_s=float(spec.planner.time_limit_seconds))
-    pred = plan.predicted
-    pred_bubble = pred.bubble_ratio if pred else None
-    pred_iter = pred.iteration_time * TIME_UNIT_SECONDS[pred.time_unit] if pred else None
+    from adaptis.worker.runner import predictions
+
+    predicted = predictions(plan.predicted)
+    pred_bubble, pred_iter = predicted["bubble_ratio"], predicted["iteration_seconds"]
     _say(args, f"planned {strategy}: {len(plan.stages)} stages on {workers} workers, placement "
                f"{plan.placement}; predicted iteration {_fmt(pred_iter, 's')}, bubble {_pct(pred_bubble)} "
                f"({time.perf_counter() - t0:.1f} s to profile and plan)")
@@ -172,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         print("adaptis run: interrupted; all ranks stopped", file=sys.stderr)
         return 130
     summary = _summary(job.metadata.name, strategy=strategy, plan=plan, workers=workers, steps=steps,
-                       pred=(pred_bubble, pred_iter), seconds=time.perf_counter() - started,
+                       predicted=predicted, seconds=time.perf_counter() - started,
                        workdir=workdir, ports=[starts[r].get("metrics_port") for r in sorted(starts)],
                        checkpoints=(ckpt_dir, ckpt_every, starts[0]["resumed_step"] if 0 in starts else 0))
     if args.json:
@@ -221,10 +222,27 @@ def _device(gpus_per_worker: int, *, workers: int) -> str:
     return "cuda" if torch.cuda.device_count() >= workers else "cpu"
 
 
+def _phases(steady: list[dict[str, Any]]) -> dict[str, dict[str, float]] | None:
+    """The mean step split into its phases (seconds and share of the step), from rank 0's step
+    events: data, post-pipeline and the pipeline part are common to the ranks (each ends at a
+    collective), and the job's bubble ratio splits the pipeline part into busy and bubble (the
+    mean over the ranks of their idle time)."""
+    if not steady or "data_seconds" not in steady[0]:
+        return None
+    pipeline = statistics.mean(s["iteration_seconds"] for s in steady)
+    bubble = statistics.mean(s["iteration_seconds"] * s["bubble_ratio"] for s in steady)
+    parts = {"pipeline_busy": pipeline - bubble, "bubble": bubble,
+             "post_pipeline": statistics.mean(s["post_pipeline_seconds"] for s in steady),
+             "data": statistics.mean(s["data_seconds"] for s in steady)}
+    total = sum(parts.values())
+    return {k: {"seconds": v, "share": v / total if total > 0 else 0.0} for k, v in parts.items()}
+
+
 def _summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[dict[str, Any]],
-             pred: tuple[float | None, float | None], seconds: float, workdir: Path,
+             predicted: dict[str, float | None], seconds: float, workdir: Path,
              ports: list[Any], checkpoints: tuple[Path, int, int]) -> dict[str, Any]:
     steady = steps[1:] or steps  # the first step pays one-off costs (allocator, threads)
+    phases = _phases(steady)
     return {
         "job": name, "strategy": strategy, "workers": workers,
         "stages": len(plan.stages), "placement": plan.placement,
@@ -233,9 +251,14 @@ def _summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[
         "final_loss": steps[-1]["loss"] if steps else None,
         "tokens_per_second": statistics.mean(s["tokens_per_second"] for s in steady) if steady else None,
         "measured_bubble_ratio": statistics.mean(s["bubble_ratio"] for s in steady) if steady else None,
-        "predicted_bubble_ratio": pred[0],
+        "predicted_bubble_ratio": predicted["bubble_ratio"],
         "measured_iteration_seconds": statistics.mean(s["iteration_seconds"] for s in steady) if steady else None,
-        "predicted_iteration_seconds": pred[1],
+        "predicted_iteration_seconds": predicted["iteration_seconds"],
+        # The whole step (data + pipeline + post-pipeline) and its phases, against the plan's.
+        "measured_step_seconds": sum(p["seconds"] for p in phases.values()) if phases else None,
+        "predicted_step_seconds": predicted["step_seconds"],
+        "predicted_post_pipeline_seconds": predicted["post_pipeline_seconds"],
+        "phases": phases,
         "train_seconds": seconds,
         "metrics_ports": ports,
         "workdir": str(workdir),
@@ -253,10 +276,29 @@ def _print_summary(s: dict[str, Any]) -> None:
     print(f"  bubble ratio    measured {_pct(s['measured_bubble_ratio'])}, predicted {_pct(s['predicted_bubble_ratio'])}")
     print(f"  iteration       measured {_fmt(s['measured_iteration_seconds'], 's')}, "
           f"predicted {_fmt(s['predicted_iteration_seconds'], 's')}")
+    if s["phases"]:
+        _print_phases(s)
     print(f"  logs            {s['workdir']}/rank-*.log")
     every = f"every {s['checkpoint_every']} steps" if s["checkpoint_every"] else "none saved (--checkpoint-every 0)"
     began = "started fresh" if s["resumed_from_step"] is None else f"resumed from step {s['resumed_from_step']}"
     print(f"  checkpoints     {s['checkpoint_dir']} ({every}); {began}")
+
+
+def _print_phases(s: dict[str, Any]) -> None:
+    ph = s["phases"]
+
+    def part(key: str) -> str:
+        return f"{_fmt(ph[key]['seconds'], 's'):>10} {_pct(ph[key]['share']):>6}"
+
+    pipe = {"seconds": ph["pipeline_busy"]["seconds"] + ph["bubble"]["seconds"],
+            "share": ph["pipeline_busy"]["share"] + ph["bubble"]["share"]}
+    print(f"  step            measured {_fmt(s['measured_step_seconds'], 's')}, "
+          f"predicted {_fmt(s['predicted_step_seconds'], 's')}")
+    print(f"    pipeline      {_fmt(pipe['seconds'], 's'):>10} {_pct(pipe['share']):>6}  "
+          f"(busy {_fmt(ph['pipeline_busy']['seconds'], 's')}, bubble {_fmt(ph['bubble']['seconds'], 's')})")
+    print(f"    post-pipeline {part('post_pipeline')}  (predicted "
+          f"{_fmt(s['predicted_post_pipeline_seconds'], 's')})")
+    print(f"    data          {part('data')}")
 
 
 def _pct(x: float | None) -> str:

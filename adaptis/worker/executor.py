@@ -55,13 +55,20 @@ class StepStats:
     rank: int
     loss: float
     iteration_seconds: float  # pipeline part, barrier to the last rank's end
-    step_seconds: float  # whole step on this rank, optimizer included
+    step_seconds: float  # barrier to this rank's end: pipeline part + post-pipeline part
     busy_seconds: tuple[float, ...]  # per rank
     busy_by_kind: dict[str, float]  # this rank
     grad_norm: float
     sent_bytes: int
     received_bytes: int
     peak_memory_bytes: int
+    wait_seconds: float = 0.0  # this rank, before the common start: waiting for every rank
+
+    @property
+    def post_pipeline_seconds(self) -> float:
+        """The last rank's pipeline end to this rank's step end: the tied-gradient exchange,
+        gradient reductions, clipping, the optimizer step and the stats all-gather."""
+        return max(0.0, self.step_seconds - self.iteration_seconds)
 
     @property
     def idle_seconds(self) -> float:
@@ -197,6 +204,7 @@ class Executor:
     def step(self, batch: Batch | None) -> StepStats:
         """One training step. ``batch`` is needed only on the ranks holding stage 0 or the
         last stage; other ranks may pass None."""
+        entered = time.perf_counter()
         for p in self.params:
             p.grad = None
         self.timer.reset()
@@ -229,6 +237,7 @@ class Executor:
             sent_bytes=self.sent_bytes,
             received_bytes=self.received_bytes,
             peak_memory_bytes=self._peak_memory(),
+            wait_seconds=start - entered,
         )
 
     def _clip(self) -> float:

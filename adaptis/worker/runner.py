@@ -4,7 +4,10 @@ Sits between the CLI (``adaptis worker``, the pods' entry point, and the ranks `
 launches) and the executor. It reports progress as events: one JSON object per line on stdout,
 prefixed ``ADAPTIS_EVENT`` (``start`` with the metrics port and the resumed step, ``step`` with
 the step's loss, times and bubble ratios, ``done`` with the totals), which the local launcher
-parses and a pod's log keeps.
+parses and a pod's log keeps. A step's phases in its event: ``data_seconds`` (fetching the
+batch and waiting for every rank at the common start), ``iteration_seconds`` (the pipeline part:
+``busy_seconds`` + ``idle_seconds``) and ``post_pipeline_seconds`` (reductions, clipping,
+optimizer); with ``step_seconds`` = pipeline + post-pipeline.
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ import torch
 import torch.distributed as dist
 
 from adaptis.api.job import WorkerConfig
+from adaptis.api.plan import Predicted
 from adaptis.api.problem import TIME_UNIT_SECONDS
 from adaptis.worker.checkpoint import latest_common_step, load_checkpoint, save_checkpoint
 from adaptis.worker.data import open_source
 from adaptis.worker.executor import Executor, StepStats
 from adaptis.worker.metrics import WorkerMetrics
 
-__all__ = ["EVENT_PREFIX", "Emit", "RankEnv", "print_events", "run_worker"]
+__all__ = ["EVENT_PREFIX", "Emit", "RankEnv", "predictions", "print_events", "run_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -97,14 +101,12 @@ def run_worker(config: WorkerConfig, *, env: RankEnv, emit: Emit, linger_s: floa
     try:
         executor = Executor(config, rank=env.rank, world_size=env.world_size, device=device)
         metrics = WorkerMetrics(job=config.job_name, rank=env.rank)
-        predicted = executor.plan.predicted
-        pred_bubble = predicted.bubble_ratio if predicted else None
-        pred_iter = predicted.iteration_time * TIME_UNIT_SECONDS[predicted.time_unit] if predicted else None
-        metrics.set_prediction(bubble_ratio=pred_bubble, iteration_seconds=pred_iter)
+        predicted = predictions(executor.plan.predicted)
+        metrics.set_prediction(**predicted)
         want = env.metrics_port if env.metrics_port is not None else config.metrics_port
         port = metrics.serve(port=want) if want is not None else None
         done = _loop(config, env=env, executor=executor, metrics=metrics, emit=emit, port=port,
-                     predicted=(pred_bubble, pred_iter))
+                     predicted=predicted)
         if linger_s > 0 and port is not None:
             _linger(linger_s, rank=env.rank)
         return done
@@ -112,6 +114,23 @@ def run_worker(config: WorkerConfig, *, env: RankEnv, emit: Emit, linger_s: floa
         if metrics is not None:
             metrics.close()
         dist.destroy_process_group()
+
+
+def predictions(predicted: Predicted | None) -> dict[str, float | None]:
+    """The plan's predictions in seconds, keyed as :meth:`WorkerMetrics.set_prediction` takes
+    them; None where the plan has none (an older plan has no step or post-pipeline time)."""
+    if predicted is None:
+        return {"bubble_ratio": None, "iteration_seconds": None, "step_seconds": None,
+                "post_pipeline_seconds": None}
+    unit = TIME_UNIT_SECONDS[predicted.time_unit]
+
+    def seconds(value: float | None) -> float | None:
+        return None if value is None else value * unit
+
+    return {"bubble_ratio": predicted.bubble_ratio,
+            "iteration_seconds": seconds(predicted.iteration_time),
+            "step_seconds": seconds(predicted.step_time),
+            "post_pipeline_seconds": seconds(predicted.post_pipeline_time)}
 
 
 def _linger(seconds: float, *, rank: int) -> None:
@@ -124,7 +143,7 @@ def _linger(seconds: float, *, rank: int) -> None:
 
 
 def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: WorkerMetrics,
-          emit: Emit, port: int | None, predicted: tuple[float | None, float | None]) -> dict[str, Any]:
+          emit: Emit, port: int | None, predicted: dict[str, float | None]) -> dict[str, Any]:
     t = config.training
     per_step = t.microbatches * t.microbatch_size
     tokens_per_step = per_step * t.sequence_length
@@ -140,19 +159,23 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
     needs_data = executor.holds_first or executor.holds_last
     source = open_source(t.data, vocab_size=config.model.vocab_size, sequence_length=t.sequence_length,
                          seed=t.seed) if needs_data else None
+    forecast = {f"predicted_{key}": value for key, value in predicted.items()}
     emit({"event": "start", "rank": env.rank, "world_size": env.world_size, "pid": os.getpid(),
-          "metrics_port": port, "resumed_step": step, "stages": executor.stage_ids,
-          "predicted_bubble_ratio": predicted[0], "predicted_iteration_seconds": predicted[1]})
+          "metrics_port": port, "resumed_step": step, "stages": executor.stage_ids, **forecast})
     started = time.perf_counter()
     last: StepStats | None = None
     while step < t.steps:
+        fetch_start = time.perf_counter()
         batch = source.batch(position=position, sequences=per_step) if source is not None else None
+        fetch_seconds = time.perf_counter() - fetch_start
         last = executor.step(batch)
+        # The data phase: this rank's fetch, then the wait for every rank's (at the barrier).
+        data_seconds = fetch_seconds + last.wait_seconds
         step += 1
         position += per_step
         tokens += tokens_per_step
         samples += per_step
-        metrics.record(last, tokens=tokens_per_step, samples=per_step)
+        metrics.record(last, tokens=tokens_per_step, samples=per_step, data_seconds=data_seconds)
         emit({"event": "step", "rank": env.rank, "step": step, "loss": last.loss,
               "tokens_per_second": tokens_per_step / last.step_seconds,
               "step_seconds": last.step_seconds, "iteration_seconds": last.iteration_seconds,
@@ -161,7 +184,8 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
               "grad_norm": last.grad_norm, "tokens": tokens, "samples": samples,
               "sent_bytes": last.sent_bytes, "received_bytes": last.received_bytes,
               "peak_memory_bytes": last.peak_memory_bytes,
-              "predicted_bubble_ratio": predicted[0], "predicted_iteration_seconds": predicted[1]})
+              "data_seconds": data_seconds, "post_pipeline_seconds": last.post_pipeline_seconds,
+              **forecast})
         if ckpt and config.checkpoint_every and step % config.checkpoint_every == 0:
             save_checkpoint(ckpt, executor=executor, step=step, position=position, tokens=tokens,
                             samples=samples)
