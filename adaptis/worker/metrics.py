@@ -111,7 +111,8 @@ class WorkerMetrics:
                          "this rank's step end (gradient exchange and reductions, clipping, optimizer).",
                          LABELS, registry=r),
             step_duration=Histogram("adaptis_step_duration_seconds",
-                                    "Wall time of a training step on this rank, optimizer included.",
+                                    "Wall time of a training step on this rank from its common start: "
+                                    "pipeline + post-pipeline part (optimizer included, data phase not).",
                                     LABELS, registry=r, buckets=_STEP_BUCKETS),
             tokens=Counter("adaptis_tokens", "Tokens trained.", LABELS, registry=r),
             samples=Counter("adaptis_samples", "Sequences trained.", LABELS, registry=r),
