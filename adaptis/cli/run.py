@@ -22,7 +22,7 @@ from typing import Any
 
 from adaptis.api.job import AdaPtisJob, ModelSpec, WorkerConfig, load_job
 from adaptis.api.plan import STRATEGY_NAMES, Plan
-from adaptis.api.problem import Problem, load_problem
+from adaptis.api.problem import TIME_UNIT_SECONDS, Problem, load_problem
 from adaptis.api.rules import check_job
 
 
@@ -133,10 +133,9 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     problem = _problem(args, job, workers=workers)
     plan = _plan(problem, strategy, time_limit_s=float(spec.planner.time_limit_seconds))
-    from adaptis.worker.runner import predictions
-
-    predicted = predictions(plan.predicted)
-    pred_bubble, pred_iter = predicted["bubble_ratio"], predicted["iteration_seconds"]
+    pred = plan.predicted
+    pred_bubble = pred.bubble_ratio if pred else None
+    pred_iter = pred.iteration_time * TIME_UNIT_SECONDS[pred.time_unit] if pred else None
     _say(args, f"planned {strategy}: {len(plan.stages)} stages on {workers} workers, placement "
                f"{plan.placement}; predicted iteration {_fmt(pred_iter, 's')}, bubble {_pct(pred_bubble)} "
                f"({time.perf_counter() - t0:.1f} s to profile and plan)")
@@ -173,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         print("adaptis run: interrupted; all ranks stopped", file=sys.stderr)
         return 130
     summary = _summary(job.metadata.name, strategy=strategy, plan=plan, workers=workers, steps=steps,
-                       predicted=predicted, seconds=time.perf_counter() - started,
+                       pred=(pred_bubble, pred_iter), seconds=time.perf_counter() - started,
                        workdir=workdir, ports=[starts[r].get("metrics_port") for r in sorted(starts)],
                        checkpoints=(ckpt_dir, ckpt_every, starts[0]["resumed_step"] if 0 in starts else 0))
     if args.json:
@@ -222,27 +221,10 @@ def _device(gpus_per_worker: int, *, workers: int) -> str:
     return "cuda" if torch.cuda.device_count() >= workers else "cpu"
 
 
-def _phases(steady: list[dict[str, Any]]) -> dict[str, dict[str, float]] | None:
-    """The mean step split into its phases (seconds and share of the step), from rank 0's step
-    events: data, post-pipeline and the pipeline part are common to the ranks (each ends at a
-    collective), and the job's bubble ratio splits the pipeline part into busy and bubble (the
-    mean over the ranks of their idle time)."""
-    if not steady or "data_seconds" not in steady[0]:
-        return None
-    pipeline = statistics.mean(s["iteration_seconds"] for s in steady)
-    bubble = statistics.mean(s["iteration_seconds"] * s["bubble_ratio"] for s in steady)
-    parts = {"pipeline_busy": pipeline - bubble, "bubble": bubble,
-             "post_pipeline": statistics.mean(s["post_pipeline_seconds"] for s in steady),
-             "data": statistics.mean(s["data_seconds"] for s in steady)}
-    total = sum(parts.values())
-    return {k: {"seconds": v, "share": v / total if total > 0 else 0.0} for k, v in parts.items()}
-
-
 def _summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[dict[str, Any]],
-             predicted: dict[str, float | None], seconds: float, workdir: Path,
+             pred: tuple[float | None, float | None], seconds: float, workdir: Path,
              ports: list[Any], checkpoints: tuple[Path, int, int]) -> dict[str, Any]:
     steady = steps[1:] or steps  # the first step pays one-off costs (allocator, threads)
-    phases = _phases(steady)
     return {
         "job": name, "strategy": strategy, "workers": workers,
         "stages": len(plan.stages), "placement": plan.placement,
@@ -251,21 +233,42 @@ def _summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[
         "final_loss": steps[-1]["loss"] if steps else None,
         "tokens_per_second": statistics.mean(s["tokens_per_second"] for s in steady) if steady else None,
         "measured_bubble_ratio": statistics.mean(s["bubble_ratio"] for s in steady) if steady else None,
-        "predicted_bubble_ratio": predicted["bubble_ratio"],
+        "predicted_bubble_ratio": pred[0],
         "measured_iteration_seconds": statistics.mean(s["iteration_seconds"] for s in steady) if steady else None,
-        "predicted_iteration_seconds": predicted["iteration_seconds"],
-        # The whole step (data + pipeline + post-pipeline) and its phases, against the plan's.
-        "measured_step_seconds": sum(p["seconds"] for p in phases.values()) if phases else None,
-        "predicted_step_seconds": predicted["step_seconds"],
-        "predicted_post_pipeline_seconds": predicted["post_pipeline_seconds"],
-        "phases": phases,
+        "predicted_iteration_seconds": pred[1],
         "train_seconds": seconds,
         "metrics_ports": ports,
         "workdir": str(workdir),
         "checkpoint_dir": str(checkpoints[0]),
         "checkpoint_every": checkpoints[1],
         "resumed_from_step": checkpoints[2] or None,  # None: started fresh
+        **_phases(steady, plan=plan),
     }
+
+
+def _phases(steady: list[dict[str, Any]], *, plan: Plan) -> dict[str, Any]:
+    """The measured step (pipeline + post-pipeline part, what the plan's step time predicts) and
+    the rank's time split into phases, seconds and share, from rank 0's step events: the data
+    phase, the pipeline part and the post-pipeline part are common to the ranks (each ends at a
+    collective), and the job's bubble ratio splits the pipeline part into busy and bubble (the
+    mean over the ranks of their idle time)."""
+    from adaptis.worker.runner import predictions
+
+    predicted = predictions(plan.predicted)
+    out: dict[str, Any] = {"predicted_step_seconds": predicted["step_seconds"],
+                           "predicted_post_pipeline_seconds": predicted["post_pipeline_seconds"],
+                           "measured_step_seconds": None, "phases": None}
+    if not steady or "data_seconds" not in steady[0]:
+        return out
+    pipeline = statistics.mean(s["iteration_seconds"] for s in steady)
+    bubble = statistics.mean(s["iteration_seconds"] * s["bubble_ratio"] for s in steady)
+    parts = {"pipeline_busy": pipeline - bubble, "bubble": bubble,
+             "post_pipeline": statistics.mean(s["post_pipeline_seconds"] for s in steady),
+             "data": statistics.mean(s["data_seconds"] for s in steady)}
+    total = sum(parts.values())
+    out["measured_step_seconds"] = statistics.mean(s["step_seconds"] for s in steady)
+    out["phases"] = {k: {"seconds": v, "share": v / total if total > 0 else 0.0} for k, v in parts.items()}
+    return out
 
 
 def _print_summary(s: dict[str, Any]) -> None:
@@ -293,12 +296,13 @@ def _print_phases(s: dict[str, Any]) -> None:
     pipe = {"seconds": ph["pipeline_busy"]["seconds"] + ph["bubble"]["seconds"],
             "share": ph["pipeline_busy"]["share"] + ph["bubble"]["share"]}
     print(f"  step            measured {_fmt(s['measured_step_seconds'], 's')}, "
-          f"predicted {_fmt(s['predicted_step_seconds'], 's')}")
+          f"predicted {_fmt(s['predicted_step_seconds'], 's')} (pipeline + post-pipeline); "
+          "share of the training time:")
     print(f"    pipeline      {_fmt(pipe['seconds'], 's'):>10} {_pct(pipe['share']):>6}  "
           f"(busy {_fmt(ph['pipeline_busy']['seconds'], 's')}, bubble {_fmt(ph['bubble']['seconds'], 's')})")
     print(f"    post-pipeline {part('post_pipeline')}  (predicted "
           f"{_fmt(s['predicted_post_pipeline_seconds'], 's')})")
-    print(f"    data          {part('data')}")
+    print(f"    data          {part('data')}  (before the step: batch fetch, wait for every rank)")
 
 
 def _pct(x: float | None) -> str:

@@ -55,20 +55,13 @@ class StepStats:
     rank: int
     loss: float
     iteration_seconds: float  # pipeline part, barrier to the last rank's end
-    step_seconds: float  # barrier to this rank's end: pipeline part + post-pipeline part
+    step_seconds: float  # whole step on this rank, optimizer included
     busy_seconds: tuple[float, ...]  # per rank
     busy_by_kind: dict[str, float]  # this rank
     grad_norm: float
     sent_bytes: int
     received_bytes: int
     peak_memory_bytes: int
-    wait_seconds: float = 0.0  # this rank, before the common start: waiting for every rank
-
-    @property
-    def post_pipeline_seconds(self) -> float:
-        """The last rank's pipeline end to this rank's step end: the tied-gradient exchange,
-        gradient reductions, clipping, the optimizer step and the stats all-gather."""
-        return max(0.0, self.step_seconds - self.iteration_seconds)
 
     @property
     def idle_seconds(self) -> float:
@@ -83,6 +76,12 @@ class StepStats:
         """1 - sum of busy time / (ranks x iteration time): the plan's predicted quantity."""
         total = len(self.busy_seconds) * self.iteration_seconds
         return max(0.0, 1.0 - sum(self.busy_seconds) / total) if total > 0 else 0.0
+
+    @property
+    def post_pipeline_seconds(self) -> float:
+        """The last rank's pipeline end to this rank's step end: the tied-gradient exchange,
+        gradient reductions, clipping, the optimizer step and the stats all-gather."""
+        return max(0.0, self.step_seconds - self.iteration_seconds)
 
 
 def parse_plan(config: WorkerConfig, *, world_size: int) -> Plan:
@@ -118,6 +117,10 @@ def transfer_bytes(plan: Plan, *, rank: int, activation_bytes: int) -> tuple[int
 class Executor:
     """This rank's stages, optimizer and runtime. Collective calls: every rank constructs one
     and calls :meth:`step` the same number of times."""
+
+    #: ``time.perf_counter()`` at the last step's common start (every rank leaves the barrier
+    #: together): where the runner's data phase ends and the step's pipeline part begins.
+    started_at: float = 0.0
 
     def __init__(self, config: WorkerConfig, *, rank: int, world_size: int, device: torch.device) -> None:
         self.config = config
@@ -204,12 +207,11 @@ class Executor:
     def step(self, batch: Batch | None) -> StepStats:
         """One training step. ``batch`` is needed only on the ranks holding stage 0 or the
         last stage; other ranks may pass None."""
-        entered = time.perf_counter()
         for p in self.params:
             p.grad = None
         self.timer.reset()
         dist.barrier()  # a common start, so iteration time and idle time are comparable
-        start = time.perf_counter()
+        start = self.started_at = time.perf_counter()
         inputs = batch.inputs.to(self.device) if batch is not None and self.holds_first else None
         targets = batch.targets.to(self.device) if batch is not None and self.holds_last else None
         self.runtime.step(inputs=inputs, targets=targets)
@@ -237,7 +239,6 @@ class Executor:
             sent_bytes=self.sent_bytes,
             received_bytes=self.received_bytes,
             peak_memory_bytes=self._peak_memory(),
-            wait_seconds=start - entered,
         )
 
     def _clip(self) -> float:

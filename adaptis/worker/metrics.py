@@ -14,7 +14,7 @@ The phases of a step, as counters of seconds (rates add up to about one second p
 rank), ``adaptis_pipeline_seconds_total`` (the common start to the last rank's pipeline end;
 this rank's busy + idle time) and ``adaptis_post_pipeline_seconds_total`` (the pipeline end to
 this rank's step end: tied-gradient exchange, gradient reductions, clipping, optimizer, stats).
-The plan's whole-step predictions, when it has them, sit beside them as gauges.
+The plan's step and post-pipeline predictions, when it has them, sit beside them as gauges.
 """
 
 from __future__ import annotations

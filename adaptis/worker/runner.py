@@ -4,10 +4,11 @@ Sits between the CLI (``adaptis worker``, the pods' entry point, and the ranks `
 launches) and the executor. It reports progress as events: one JSON object per line on stdout,
 prefixed ``ADAPTIS_EVENT`` (``start`` with the metrics port and the resumed step, ``step`` with
 the step's loss, times and bubble ratios, ``done`` with the totals), which the local launcher
-parses and a pod's log keeps. A step's phases in its event: ``data_seconds`` (fetching the
-batch and waiting for every rank at the common start), ``iteration_seconds`` (the pipeline part:
-``busy_seconds`` + ``idle_seconds``) and ``post_pipeline_seconds`` (reductions, clipping,
-optimizer); with ``step_seconds`` = pipeline + post-pipeline.
+parses and a pod's log keeps. A step event splits the rank's time into phases: ``data_seconds``
+(the batch fetch and the wait for every rank at the step's common start), then the step itself,
+``step_seconds`` = ``iteration_seconds`` (the pipeline part: ``busy_seconds`` +
+``idle_seconds``) + ``post_pipeline_seconds`` (gradient exchange and reductions, clipping,
+optimizer).
 """
 
 from __future__ import annotations
@@ -101,12 +102,14 @@ def run_worker(config: WorkerConfig, *, env: RankEnv, emit: Emit, linger_s: floa
     try:
         executor = Executor(config, rank=env.rank, world_size=env.world_size, device=device)
         metrics = WorkerMetrics(job=config.job_name, rank=env.rank)
-        predicted = predictions(executor.plan.predicted)
-        metrics.set_prediction(**predicted)
+        predicted = executor.plan.predicted
+        pred_bubble = predicted.bubble_ratio if predicted else None
+        pred_iter = predicted.iteration_time * TIME_UNIT_SECONDS[predicted.time_unit] if predicted else None
+        metrics.set_prediction(**predictions(predicted))
         want = env.metrics_port if env.metrics_port is not None else config.metrics_port
         port = metrics.serve(port=want) if want is not None else None
         done = _loop(config, env=env, executor=executor, metrics=metrics, emit=emit, port=port,
-                     predicted=predicted)
+                     predicted=(pred_bubble, pred_iter))
         if linger_s > 0 and port is not None:
             _linger(linger_s, rank=env.rank)
         return done
@@ -118,7 +121,7 @@ def run_worker(config: WorkerConfig, *, env: RankEnv, emit: Emit, linger_s: floa
 
 def predictions(predicted: Predicted | None) -> dict[str, float | None]:
     """The plan's predictions in seconds, keyed as :meth:`WorkerMetrics.set_prediction` takes
-    them; None where the plan has none (an older plan has no step or post-pipeline time)."""
+    them; None where the plan has none (a plan may not model the post-pipeline part)."""
     if predicted is None:
         return {"bubble_ratio": None, "iteration_seconds": None, "step_seconds": None,
                 "post_pipeline_seconds": None}
@@ -143,7 +146,7 @@ def _linger(seconds: float, *, rank: int) -> None:
 
 
 def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: WorkerMetrics,
-          emit: Emit, port: int | None, predicted: dict[str, float | None]) -> dict[str, Any]:
+          emit: Emit, port: int | None, predicted: tuple[float | None, float | None]) -> dict[str, Any]:
     t = config.training
     per_step = t.microbatches * t.microbatch_size
     tokens_per_step = per_step * t.sequence_length
@@ -159,18 +162,19 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
     needs_data = executor.holds_first or executor.holds_last
     source = open_source(t.data, vocab_size=config.model.vocab_size, sequence_length=t.sequence_length,
                          seed=t.seed) if needs_data else None
-    forecast = {f"predicted_{key}": value for key, value in predicted.items()}
     emit({"event": "start", "rank": env.rank, "world_size": env.world_size, "pid": os.getpid(),
-          "metrics_port": port, "resumed_step": step, "stages": executor.stage_ids, **forecast})
+          "metrics_port": port, "resumed_step": step, "stages": executor.stage_ids,
+          "predicted_bubble_ratio": predicted[0], "predicted_iteration_seconds": predicted[1]})
     started = time.perf_counter()
     last: StepStats | None = None
+    forecast = predictions(executor.plan.predicted)
+    # The data phase runs from here (the end of the previous step's bookkeeping and checkpoint)
+    # to the step's common start: the batch fetch, then the wait for every rank at the barrier.
+    data_start = time.perf_counter()
     while step < t.steps:
-        fetch_start = time.perf_counter()
         batch = source.batch(position=position, sequences=per_step) if source is not None else None
-        fetch_seconds = time.perf_counter() - fetch_start
         last = executor.step(batch)
-        # The data phase: this rank's fetch, then the wait for every rank's (at the barrier).
-        data_seconds = fetch_seconds + last.wait_seconds
+        data_seconds = executor.started_at - data_start
         step += 1
         position += per_step
         tokens += tokens_per_step
@@ -179,16 +183,19 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
         emit({"event": "step", "rank": env.rank, "step": step, "loss": last.loss,
               "tokens_per_second": tokens_per_step / last.step_seconds,
               "step_seconds": last.step_seconds, "iteration_seconds": last.iteration_seconds,
+              "data_seconds": data_seconds, "post_pipeline_seconds": last.post_pipeline_seconds,
+              "predicted_step_seconds": forecast["step_seconds"],
+              "predicted_post_pipeline_seconds": forecast["post_pipeline_seconds"],
               "bubble_ratio": last.bubble_ratio, "rank_bubble_ratio": last.rank_bubble_ratio,
               "busy_seconds": last.busy_seconds[env.rank], "idle_seconds": last.idle_seconds,
               "grad_norm": last.grad_norm, "tokens": tokens, "samples": samples,
               "sent_bytes": last.sent_bytes, "received_bytes": last.received_bytes,
               "peak_memory_bytes": last.peak_memory_bytes,
-              "data_seconds": data_seconds, "post_pipeline_seconds": last.post_pipeline_seconds,
-              **forecast})
+              "predicted_bubble_ratio": predicted[0], "predicted_iteration_seconds": predicted[1]})
         if ckpt and config.checkpoint_every and step % config.checkpoint_every == 0:
             save_checkpoint(ckpt, executor=executor, step=step, position=position, tokens=tokens,
                             samples=samples)
+        data_start = time.perf_counter()
     done = {"event": "done", "rank": env.rank, "steps": step, "tokens": tokens, "samples": samples,
             "seconds": time.perf_counter() - started, "loss": last.loss if last else None,
             "bubble_ratio": last.bubble_ratio if last else None}

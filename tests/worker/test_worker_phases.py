@@ -111,4 +111,3 @@ def test_post_pipeline_time_from_known_timings(iteration: float, step: float, po
                       busy_seconds=(0.4,), busy_by_kind={}, grad_norm=0.0, sent_bytes=0,
                       received_bytes=0, peak_memory_bytes=0)
     assert stats.post_pipeline_seconds == pytest.approx(post)
-    assert stats.wait_seconds == 0.0
