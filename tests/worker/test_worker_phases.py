@@ -15,8 +15,11 @@ from worker_harness import run_ranks, small_config
 from adaptis.worker.executor import StepStats
 
 STEPS = 3
-DATA_SLEEP_S = 0.4  # rank 0's batch fetch; rank 1 waits for it at the common start
-POST_SLEEP_S = 0.3  # rank 1's optimizer step; rank 0 waits for it in the stats all-gather
+# Delays far above a tiny model's pipeline part (tens of ms; a few hundred on 2 cores shared by
+# a dozen busy processes), so the bounds below hold on a loaded machine.
+DATA_SLEEP_S = 1.0  # rank 0's batch fetch; rank 1 waits for it at the common start
+POST_SLEEP_S = 0.8  # rank 1's optimizer step; rank 0 waits for it in the stats all-gather
+SLACK_S = 0.6  # what a busy machine may add to a delayed phase
 
 
 def _phase_ranks(rank: int, world: int, port: int, config_json: str, out_dir: str) -> None:
@@ -86,16 +89,16 @@ def test_phases_add_up_to_the_step(rank: int, events: dict[int, list[dict[str, A
     # update and an event: well under a millisecond each).
     phases = sum(e["data_seconds"] + e["step_seconds"] for e in steps)
     assert phases <= done["seconds"] + 1e-6
-    assert done["seconds"] - phases < 0.02 * STEPS, (done["seconds"], phases)
+    assert done["seconds"] - phases < 0.05 * STEPS, (done["seconds"], phases)
 
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_an_injected_delay_shows_up_in_its_phase(rank: int, events: dict[int, list[dict[str, Any]]]) -> None:
     for e in (e for e in events[rank] if e["event"] == "step"):
         # Both ranks: rank 0 fetches slowly, rank 1 waits for it at the common start.
-        assert DATA_SLEEP_S <= e["data_seconds"] < DATA_SLEEP_S + 0.3, e
+        assert DATA_SLEEP_S <= e["data_seconds"] < DATA_SLEEP_S + SLACK_S, e
         # Both ranks: rank 1 steps its optimizer slowly, rank 0 waits in the stats all-gather.
-        assert POST_SLEEP_S <= e["post_pipeline_seconds"] < POST_SLEEP_S + 0.3, e
+        assert POST_SLEEP_S <= e["post_pipeline_seconds"] < POST_SLEEP_S + SLACK_S, e
         # Neither delay leaks into the pipeline part.
         assert e["iteration_seconds"] < min(DATA_SLEEP_S, POST_SLEEP_S), e
 
