@@ -251,7 +251,6 @@ def _summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[
     return {
         "job": name, "strategy": strategy, "workers": workers, "precision": plan.precision,
         "data_parallel": replicas, "pipeline_ranks": pipeline, "ranks": replicas * pipeline, "zero_stage": zero,
-        "measured_step_seconds": statistics.mean(s["step_seconds"] for s in steady) if steady else None,
         # Share of the ranks' step time spent blocked on the replicas' gradient all-reduce.
         "reduce_wait_share": wait / total if replicas > 1 and total > 0 else None,
         "stages": len(plan.stages), "placement": plan.placement,
@@ -269,7 +268,33 @@ def _summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[
         "checkpoint_dir": str(checkpoints[0]),
         "checkpoint_every": checkpoints[1],
         "resumed_from_step": checkpoints[2] or None,  # None: started fresh
+        **_phases(steady, plan=plan),
     }
+
+
+def _phases(steady: list[dict[str, Any]], *, plan: Plan) -> dict[str, Any]:
+    """The measured step (pipeline + post-pipeline part, what the plan's step time predicts) and
+    the rank's time split into phases, seconds and share, from rank 0's step events: the data
+    phase, the pipeline part and the post-pipeline part are common to the ranks (each ends at a
+    collective), and the job's bubble ratio splits the pipeline part into busy and bubble (the
+    mean over the ranks of their idle time)."""
+    from adaptis.worker.runner import predictions
+
+    predicted = predictions(plan.predicted)
+    out: dict[str, Any] = {"predicted_step_seconds": predicted["step_seconds"],
+                           "predicted_post_pipeline_seconds": predicted["post_pipeline_seconds"],
+                           "measured_step_seconds": None, "phases": None}
+    if not steady or "data_seconds" not in steady[0]:
+        return out
+    pipeline = statistics.mean(s["iteration_seconds"] for s in steady)
+    bubble = statistics.mean(s["iteration_seconds"] * s["bubble_ratio"] for s in steady)
+    parts = {"pipeline_busy": pipeline - bubble, "bubble": bubble,
+             "post_pipeline": statistics.mean(s["post_pipeline_seconds"] for s in steady),
+             "data": statistics.mean(s["data_seconds"] for s in steady)}
+    total = sum(parts.values())
+    out["measured_step_seconds"] = statistics.mean(s["step_seconds"] for s in steady)
+    out["phases"] = {k: {"seconds": v, "share": v / total if total > 0 else 0.0} for k, v in parts.items()}
+    return out
 
 
 def _print_summary(s: dict[str, Any]) -> None:
@@ -285,10 +310,30 @@ def _print_summary(s: dict[str, Any]) -> None:
     print(f"  bubble ratio    measured {_pct(s['measured_bubble_ratio'])}, predicted {_pct(s['predicted_bubble_ratio'])}")
     print(f"  iteration       measured {_fmt(s['measured_iteration_seconds'], 's')}, "
           f"predicted {_fmt(s['predicted_iteration_seconds'], 's')}")
+    if s["phases"]:
+        _print_phases(s)
     print(f"  logs            {s['workdir']}/rank-*.log")
     every = f"every {s['checkpoint_every']} steps" if s["checkpoint_every"] else "none saved (--checkpoint-every 0)"
     began = "started fresh" if s["resumed_from_step"] is None else f"resumed from step {s['resumed_from_step']}"
     print(f"  checkpoints     {s['checkpoint_dir']} ({every}); {began}")
+
+
+def _print_phases(s: dict[str, Any]) -> None:
+    ph = s["phases"]
+
+    def part(key: str) -> str:
+        return f"{_fmt(ph[key]['seconds'], 's'):>10} {_pct(ph[key]['share']):>6}"
+
+    pipe = {"seconds": ph["pipeline_busy"]["seconds"] + ph["bubble"]["seconds"],
+            "share": ph["pipeline_busy"]["share"] + ph["bubble"]["share"]}
+    print(f"  step            measured {_fmt(s['measured_step_seconds'], 's')}, "
+          f"predicted {_fmt(s['predicted_step_seconds'], 's')} (pipeline + post-pipeline); "
+          "share of the training time:")
+    print(f"    pipeline      {_fmt(pipe['seconds'], 's'):>10} {_pct(pipe['share']):>6}  "
+          f"(busy {_fmt(ph['pipeline_busy']['seconds'], 's')}, bubble {_fmt(ph['bubble']['seconds'], 's')})")
+    print(f"    post-pipeline {part('post_pipeline')}  (predicted "
+          f"{_fmt(s['predicted_post_pipeline_seconds'], 's')})")
+    print(f"    data          {part('data')}  (before the step: batch fetch, wait for every rank)")
 
 
 def _pct(x: float | None) -> str:

@@ -89,6 +89,12 @@ class StepStats:
         total = len(self.busy_seconds) * self.iteration_seconds
         return max(0.0, 1.0 - sum(self.busy_seconds) / total) if total > 0 else 0.0
 
+    @property
+    def post_pipeline_seconds(self) -> float:
+        """The last rank's pipeline end to this rank's step end: the tied-gradient exchange,
+        gradient reductions, clipping, the optimizer step and the stats all-gather."""
+        return max(0.0, self.step_seconds - self.iteration_seconds)
+
 
 def parse_plan(config: WorkerConfig, *, world_size: int) -> Plan:
     """The config's plan, checked against the model's layer count and the world size."""
@@ -123,6 +129,10 @@ def transfer_bytes(plan: Plan, *, rank: int, activation_bytes: int) -> tuple[int
 class Executor:
     """This rank's stages, optimizer and runtime. Collective calls: every rank constructs one
     and calls :meth:`step` the same number of times."""
+
+    #: ``time.perf_counter()`` at the last step's common start (every rank leaves the barrier
+    #: together): where the runner's data phase ends and the step's pipeline part begins.
+    started_at: float = 0.0
 
     def __init__(self, config: WorkerConfig, *, rank: int, world_size: int, device: torch.device) -> None:
         self.config = config
@@ -290,7 +300,7 @@ class Executor:
         if self.reducer is not None:
             self.reducer.reset()
         dist.barrier()  # a common start, so iteration time and idle time are comparable
-        start = time.perf_counter()
+        start = self.started_at = time.perf_counter()
         inputs = batch.inputs.to(self.device) if batch is not None and self.holds_first else None
         targets = batch.targets.to(self.device) if batch is not None and self.holds_last else None
         self.runtime.step(inputs=inputs, targets=targets)

@@ -8,6 +8,13 @@ labels. Base units, ``_total`` counters, ratios in 0-1.
 ``adaptis_bubble_ratio`` is this rank's idle share of the last iteration; since every rank
 shares one iteration time, the job's bubble ratio is the mean over ranks, which is what the
 plan's ``adaptis_predicted_bubble_ratio`` predicts.
+
+The phases of a step, as counters of seconds (rates add up to about one second per second):
+``adaptis_data_seconds_total`` (fetching the batch, then waiting at the common start for every
+rank), ``adaptis_pipeline_seconds_total`` (the common start to the last rank's pipeline end;
+this rank's busy + idle time) and ``adaptis_post_pipeline_seconds_total`` (the pipeline end to
+this rank's step end: tied-gradient exchange, gradient reductions, clipping, optimizer, stats).
+The plan's step and post-pipeline predictions, when it has them, sit beside them as gauges.
 """
 
 from __future__ import annotations
@@ -33,6 +40,11 @@ METRIC_NAMES: tuple[str, ...] = (
     "adaptis_bubble_ratio",
     "adaptis_predicted_bubble_ratio",
     "adaptis_predicted_iteration_seconds",
+    "adaptis_predicted_step_seconds",
+    "adaptis_predicted_post_pipeline_seconds",
+    "adaptis_data_seconds_total",
+    "adaptis_pipeline_seconds_total",
+    "adaptis_post_pipeline_seconds_total",
     "adaptis_step_duration_seconds",
     "adaptis_tokens_total",
     "adaptis_samples_total",
@@ -54,6 +66,11 @@ class _Families:
     bubble: Gauge
     predicted_bubble: Gauge
     predicted_iteration: Gauge
+    predicted_step: Gauge
+    predicted_post: Gauge
+    data: Counter
+    pipeline: Counter
+    post: Counter
     step_duration: Histogram
     tokens: Counter
     samples: Counter
@@ -82,8 +99,22 @@ class WorkerMetrics:
                                    "Bubble ratio the planner predicts for the plan (0-1).", LABELS, registry=r),
             predicted_iteration=Gauge("adaptis_predicted_iteration_seconds",
                                       "Iteration time the planner predicts for the plan.", LABELS, registry=r),
+            predicted_step=Gauge("adaptis_predicted_step_seconds",
+                                 "Whole-step time the planner predicts (pipeline + post-pipeline part).",
+                                 LABELS, registry=r),
+            predicted_post=Gauge("adaptis_predicted_post_pipeline_seconds",
+                                 "Post-pipeline time the planner predicts (reductions, clipping, optimizer).",
+                                 LABELS, registry=r),
+            data=Counter("adaptis_data_seconds", "Time before the steps' common start: fetching the batch "
+                         "and waiting for every rank.", LABELS, registry=r),
+            pipeline=Counter("adaptis_pipeline_seconds", "Pipeline part of the steps: common start to the "
+                             "last rank's pipeline end (busy + idle).", LABELS, registry=r),
+            post=Counter("adaptis_post_pipeline_seconds", "Post-pipeline part of the steps: pipeline end to "
+                         "this rank's step end (gradient exchange and reductions, clipping, optimizer).",
+                         LABELS, registry=r),
             step_duration=Histogram("adaptis_step_duration_seconds",
-                                    "Wall time of a training step on this rank, optimizer included.",
+                                    "Wall time of a training step on this rank from its common start: "
+                                    "pipeline + post-pipeline part (optimizer included, data phase not).",
                                     LABELS, registry=r, buckets=_STEP_BUCKETS),
             tokens=Counter("adaptis_tokens", "Tokens trained.", LABELS, registry=r),
             samples=Counter("adaptis_samples", "Sequences trained.", LABELS, registry=r),
@@ -103,20 +134,28 @@ class WorkerMetrics:
         # Totals start at zero before the first step (rate() needs that first sample); the
         # gauges of the last step (bubble ratio, loss, peak memory) appear with the first step,
         # since a 0 there would be a false observation on every dashboard.
-        for fam in (f.busy, f.idle, f.step_duration, f.tokens, f.samples, f.steps, f.sent, f.received):
+        for fam in (f.busy, f.idle, f.data, f.pipeline, f.post, f.step_duration, f.tokens, f.samples,
+                    f.steps, f.sent, f.received):
             fam.labels(**self._labels)
         self._server: WSGIServer | None = None
 
-    def set_prediction(self, *, bubble_ratio: float | None, iteration_seconds: float | None) -> None:
-        if bubble_ratio is not None:
-            self._f.predicted_bubble.labels(**self._labels).set(bubble_ratio)
-        if iteration_seconds is not None:
-            self._f.predicted_iteration.labels(**self._labels).set(iteration_seconds)
+    def set_prediction(self, *, bubble_ratio: float | None, iteration_seconds: float | None,
+                       step_seconds: float | None = None,
+                       post_pipeline_seconds: float | None = None) -> None:
+        """The plan's predictions; a prediction the plan lacks stays absent (not 0)."""
+        f, lab = self._f, self._labels
+        for gauge, value in ((f.predicted_bubble, bubble_ratio), (f.predicted_iteration, iteration_seconds),
+                             (f.predicted_step, step_seconds), (f.predicted_post, post_pipeline_seconds)):
+            if value is not None:
+                gauge.labels(**lab).set(value)
 
-    def record(self, stats: StepStats, *, tokens: int, samples: int) -> None:
+    def record(self, stats: StepStats, *, tokens: int, samples: int, data_seconds: float = 0.0) -> None:
         f, lab = self._f, self._labels
         f.busy.labels(**lab).inc(stats.busy_seconds[stats.rank])
         f.idle.labels(**lab).inc(stats.idle_seconds)
+        f.data.labels(**lab).inc(data_seconds)
+        f.pipeline.labels(**lab).inc(stats.iteration_seconds)
+        f.post.labels(**lab).inc(stats.post_pipeline_seconds)
         f.bubble.labels(**lab).set(stats.rank_bubble_ratio)
         f.step_duration.labels(**lab).observe(stats.step_seconds)
         f.tokens.labels(**lab).inc(tokens)

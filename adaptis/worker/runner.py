@@ -4,7 +4,11 @@ Sits between the CLI (``adaptis worker``, the pods' entry point, and the ranks `
 launches) and the executor. It reports progress as events: one JSON object per line on stdout,
 prefixed ``ADAPTIS_EVENT`` (``start`` with the metrics port and the resumed step, ``step`` with
 the step's loss, times and bubble ratios, ``done`` with the totals), which the local launcher
-parses and a pod's log keeps.
+parses and a pod's log keeps. A step event splits the rank's time into phases: ``data_seconds``
+(the batch fetch and the wait for every rank at the step's common start), then the step itself,
+``step_seconds`` = ``iteration_seconds`` (the pipeline part: ``busy_seconds`` +
+``idle_seconds``) + ``post_pipeline_seconds`` (gradient exchange and reductions, clipping,
+optimizer).
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ import torch
 import torch.distributed as dist
 
 from adaptis.api.job import WorkerConfig
+from adaptis.api.plan import Predicted
 from adaptis.api.problem import TIME_UNIT_SECONDS
 from adaptis.worker.checkpoint import latest_common_step, load_checkpoint, save_checkpoint
 from adaptis.worker.data import open_source, shard_position
 from adaptis.worker.executor import Executor, StepStats
 from adaptis.worker.metrics import WorkerMetrics
 
-__all__ = ["EVENT_PREFIX", "Emit", "RankEnv", "print_events", "run_worker"]
+__all__ = ["EVENT_PREFIX", "Emit", "RankEnv", "predictions", "print_events", "run_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +105,7 @@ def run_worker(config: WorkerConfig, *, env: RankEnv, emit: Emit, linger_s: floa
         predicted = executor.plan.predicted
         pred_bubble = predicted.bubble_ratio if predicted else None
         pred_iter = predicted.iteration_time * TIME_UNIT_SECONDS[predicted.time_unit] if predicted else None
-        metrics.set_prediction(bubble_ratio=pred_bubble, iteration_seconds=pred_iter)
+        metrics.set_prediction(**predictions(predicted))
         want = env.metrics_port if env.metrics_port is not None else config.metrics_port
         port = metrics.serve(port=want) if want is not None else None
         done = _loop(config, env=env, executor=executor, metrics=metrics, emit=emit, port=port,
@@ -112,6 +117,23 @@ def run_worker(config: WorkerConfig, *, env: RankEnv, emit: Emit, linger_s: floa
         if metrics is not None:
             metrics.close()
         dist.destroy_process_group()
+
+
+def predictions(predicted: Predicted | None) -> dict[str, float | None]:
+    """The plan's predictions in seconds, keyed as :meth:`WorkerMetrics.set_prediction` takes
+    them; None where the plan has none (a plan may not model the post-pipeline part)."""
+    if predicted is None:
+        return {"bubble_ratio": None, "iteration_seconds": None, "step_seconds": None,
+                "post_pipeline_seconds": None}
+    unit = TIME_UNIT_SECONDS[predicted.time_unit]
+
+    def seconds(value: float | None) -> float | None:
+        return None if value is None else value * unit
+
+    return {"bubble_ratio": predicted.bubble_ratio,
+            "iteration_seconds": seconds(predicted.iteration_time),
+            "step_seconds": seconds(predicted.step_time),
+            "post_pipeline_seconds": seconds(predicted.post_pipeline_time)}
 
 
 def _linger(seconds: float, *, rank: int) -> None:
@@ -150,20 +172,28 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
           "predicted_bubble_ratio": predicted[0], "predicted_iteration_seconds": predicted[1]})
     started = time.perf_counter()
     last: StepStats | None = None
+    forecast = predictions(executor.plan.predicted)
+    # The data phase runs from here (the end of the previous step's bookkeeping and checkpoint)
+    # to the step's common start: the batch fetch, then the wait for every rank at the barrier.
+    data_start = time.perf_counter()
     while step < t.steps:
         batch = source.batch(position=shard_position(position=position, replica=executor.replica,
                                                      sequences=per_step),
                              sequences=per_step) if source is not None else None
         executor.set_learning_rate(step=step)  # from the step alone: a resume continues the curve
         last = executor.step(batch)
+        data_seconds = executor.started_at - data_start
         step += 1
         position += samples_per_step
         tokens += tokens_per_step
         samples += samples_per_step
-        metrics.record(last, tokens=tokens_per_step, samples=samples_per_step)
+        metrics.record(last, tokens=tokens_per_step, samples=samples_per_step, data_seconds=data_seconds)
         emit({"event": "step", "rank": env.rank, "step": step, "loss": last.loss,
               "tokens_per_second": tokens_per_step / last.step_seconds,
               "step_seconds": last.step_seconds, "iteration_seconds": last.iteration_seconds,
+              "data_seconds": data_seconds, "post_pipeline_seconds": last.post_pipeline_seconds,
+              "predicted_step_seconds": forecast["step_seconds"],
+              "predicted_post_pipeline_seconds": forecast["post_pipeline_seconds"],
               "bubble_ratio": last.bubble_ratio, "rank_bubble_ratio": last.rank_bubble_ratio,
               "busy_seconds": last.busy_seconds[env.rank], "idle_seconds": last.idle_seconds,
               "grad_norm": last.grad_norm, "reduce_wait_seconds": last.reduce_wait_seconds,
@@ -176,6 +206,7 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
                 and executor.saves_checkpoint):
             save_checkpoint(ckpt, executor=executor, step=step, position=position, tokens=tokens,
                             samples=samples)
+        data_start = time.perf_counter()
     done = {"event": "done", "rank": env.rank, "steps": step, "tokens": tokens, "samples": samples,
             "seconds": time.perf_counter() - started, "loss": last.loss if last else None,
             "bubble_ratio": last.bubble_ratio if last else None}

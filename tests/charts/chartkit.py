@@ -42,6 +42,10 @@ RECORDED = frozenset({
     "adaptis:bubble_ratio:rate5m",
     "adaptis:job_bubble_ratio:rate5m",
     "adaptis:job_steps:rate5m",
+    "adaptis:job_step_phase_seconds:rate5m",
+    "adaptis:job_step_phase_share:rate5m",
+    "adaptis:job_step_phase_seconds:mean5m",
+    "adaptis:job_step_seconds:mean5m",
 })
 
 

@@ -54,6 +54,23 @@ def test_queries_read_only_exported_or_recorded_metrics() -> None:
     assert {"adaptis:job_bubble_ratio:rate5m", "adaptis:bubble_ratio:rate5m",
             "adaptis_predicted_bubble_ratio", "adaptis_tokens_total",
             "adaptis_step_duration_seconds_bucket", "adaptis_peak_memory_bytes"} <= used
+    # Issue 14: the whole step split into its phases, per job and per rank.
+    assert {"adaptis:job_step_phase_seconds:mean5m", "adaptis:job_step_phase_share:rate5m",
+            "adaptis_predicted_step_seconds", "adaptis_data_seconds_total",
+            "adaptis_pipeline_seconds_total", "adaptis_post_pipeline_seconds_total"} <= used
+
+
+def test_step_split_stacks_the_observed_phases_beside_the_predicted_step() -> None:
+    (panel,) = [p for p in chartkit.dashboard()["panels"] if p["type"] != "row" and any(
+        "adaptis:job_step_phase_seconds:mean5m" in t["expr"] for t in p["targets"])]
+    assert panel["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+    predicted = {t["refId"] for t in panel["targets"] if "adaptis_predicted_step_seconds" in t["expr"]}
+    observed = {t["refId"] for t in panel["targets"] if "adaptis:job_step_seconds:mean5m" in t["expr"]}
+    assert predicted and observed, "the predicted step belongs beside the observed one (like with like)"
+    # The observed and predicted steps are lines over the stack, not stacked on it.
+    unstacked = {o["matcher"]["options"] for o in panel["fieldConfig"]["overrides"]
+                 if {"id": "custom.stacking", "value": {"mode": "none", "group": "A"}} in o["properties"]}
+    assert predicted | observed <= unstacked
 
 
 def test_panels_filter_by_job_and_rank() -> None:

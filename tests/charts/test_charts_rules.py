@@ -15,7 +15,7 @@ def test_promtool_checks_the_rules() -> None:
                              str(chartkit.RULES_FILE)], capture_output=True, text=True,
                             check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 6 rules found" in result.stdout
+    assert "SUCCESS: 13 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass() -> None:

@@ -33,8 +33,13 @@ def _promtool() -> str:
 def scraped(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], dict[int, str]]:
     """Run 3 steps on 2 ranks that keep serving metrics afterwards; scrape both ranks."""
     workdir = tmp_path_factory.mktemp("metrics")
-    launcher = LocalLauncher(small_config(steps=STEPS, metrics_port=0, job="metrics-test"), world_size=2,
-                             workdir=workdir, linger_s=120, metrics_base=0)
+    config = small_config(steps=STEPS, metrics_port=0, job="metrics-test")
+    # A plan that predicts the whole step, as a planner that models the post-pipeline part
+    # writes it: 1 time unit after the pipeline.
+    predicted = {**config.plan["predicted"], "post_pipeline_time": 1.0, "step_time":
+                 config.plan["predicted"]["iteration_time"] + 1.0}
+    config = config.model_copy(update={"plan": {**config.plan, "predicted": predicted}})
+    launcher = LocalLauncher(config, world_size=2, workdir=workdir, linger_s=120, metrics_base=0)
     events: list[dict[str, Any]] = []
     errors: list[BaseException] = []
 
@@ -93,6 +98,16 @@ def test_scraped_values_match_what_the_rank_printed(rank: int, scraped) -> None:
     assert 0.0 <= value["adaptis_bubble_ratio"] <= 1.0
     assert value["adaptis_predicted_bubble_ratio"] == pytest.approx(last["predicted_bubble_ratio"])
     assert value["adaptis_predicted_iteration_seconds"] == pytest.approx(last["predicted_iteration_seconds"])
+    assert value["adaptis_predicted_step_seconds"] == pytest.approx(last["predicted_step_seconds"])
+    assert value["adaptis_predicted_post_pipeline_seconds"] == pytest.approx(last["predicted_post_pipeline_seconds"])
+    assert last["predicted_step_seconds"] == pytest.approx(
+        last["predicted_iteration_seconds"] + last["predicted_post_pipeline_seconds"])
+    # The phases of the steps, as counters of seconds.
+    for counter, key in (("adaptis_data_seconds_total", "data_seconds"),
+                         ("adaptis_pipeline_seconds_total", "iteration_seconds"),
+                         ("adaptis_post_pipeline_seconds_total", "post_pipeline_seconds")):
+        assert value[counter] == pytest.approx(sum(e[key] for e in steps), rel=1e-6), counter
+        assert value[counter] > 0, counter
     assert value["adaptis_sent_bytes_total"] == sum(e["sent_bytes"] for e in steps)
     assert value["adaptis_received_bytes_total"] == sum(e["received_bytes"] for e in steps)
     # 1F1B on 2 ranks: 4 microbatches of 1x16x16 float32 activations cross each way per step.

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,6 +60,41 @@ def test_example_runs_and_reports_measured_and_predicted_bubble(tmp_path: Path) 
     assert 0.0 <= summary["predicted_bubble_ratio"] < 1.0
     assert summary["predicted_iteration_seconds"] > 0 and summary["measured_iteration_seconds"] > 0
     assert "step    1/2" in out.stderr  # progress goes to stderr under --json
+    # The whole step, split into its phases (rank 0's last step: the first is left out).
+    phases = summary["phases"]
+    assert set(phases) == {"pipeline_busy", "bubble", "post_pipeline", "data"}
+    assert sum(p["share"] for p in phases.values()) == pytest.approx(1.0)
+    assert phases["pipeline_busy"]["seconds"] > 0 and phases["post_pipeline"]["seconds"] > 0
+    # The step is the pipeline part and the post-pipeline part (the data phase precedes it).
+    assert summary["measured_step_seconds"] == pytest.approx(
+        sum(p["seconds"] for k, p in phases.items() if k != "data"))
+    assert (phases["pipeline_busy"]["seconds"] + phases["bubble"]["seconds"]
+            == pytest.approx(summary["measured_iteration_seconds"]))
+
+
+def test_summary_prints_the_step_phases(capsys: pytest.CaptureFixture[str]) -> None:
+    from adaptis.api.plan import Plan
+    from adaptis.cli.run import _print_summary, _summary
+
+    plan = Plan(stages=[(0, 1)], placement=[[0]], actions=[[("F", 0, 0), ("BW", 0, 0)]],
+                predicted={"iteration_time": 500.0, "bubble_ratio": 0.2, "time_unit": "ms",
+                           "post_pipeline_time": 50.0, "step_time": 550.0})
+    # Two steps; the first (one-off costs) is left out: 0.6 s pipeline with 25 % bubble, 0.1 s
+    # after it, 0.3 s of data.
+    steps = [{"step": i, "loss": 1.0, "tokens_per_second": 1.0, "bubble_ratio": 0.25,
+              "iteration_seconds": 0.6 * i, "post_pipeline_seconds": 0.1, "data_seconds": 0.3,
+              "step_seconds": 0.6 * i + 0.1} for i in (9, 1)]
+    summary = _summary("j", strategy="1f1b", plan=plan, workers=1, steps=steps, pred=(0.2, 0.5),
+                       seconds=2.0, workdir=Path("w"), ports=[None], checkpoints=(Path("c"), 0, 0))
+    assert summary["measured_step_seconds"] == pytest.approx(0.7)
+    assert summary["phases"]["bubble"] == pytest.approx({"seconds": 0.15, "share": 0.15})
+    _print_summary(summary)
+    out = capsys.readouterr().out
+    assert ("  step            measured 700.0 ms, predicted 550.0 ms (pipeline + post-pipeline); "
+            "share of the training time:\n") in out
+    assert "    pipeline        600.0 ms  60.0%  (busy 450.0 ms, bubble 150.0 ms)\n" in out
+    assert "    post-pipeline   100.0 ms  10.0%  (predicted 50.0 ms)\n" in out
+    assert "    data            300.0 ms  30.0%  (before the step: batch fetch, wait for every rank)\n" in out
 
 
 def test_a_crashing_rank_stops_the_run_and_is_named(tmp_path: Path) -> None:
