@@ -69,3 +69,16 @@ def test_precision_and_device_rate_scale_bytes_and_times() -> None:
         assert b.activation_bytes == 2 * a.activation_bytes and b.output_bytes == 2 * a.output_bytes
         assert b.forward == pytest.approx(2 * a.forward) and b.param_bytes == a.param_bytes
     assert [lay.name for lay in half] == ["embedding", "mamba_0", "attention_1", "moe_2", "head"]
+
+
+def test_gradient_bytes_and_optimizer_time_follow_the_parameters() -> None:
+    # A dense block of hidden 1536 holds 8 h^2 parameters: 4 gradient bytes each, and AdamW
+    # moves 28 bytes each over the default bandwidth (flops / 100 = 1e12 B/s on 100 TFLOP/s).
+    layers = estimate_layers(_model(), TrainingSpec())
+    params = 8.0 * 1536 * 1536
+    block = layers[1]
+    assert block.gradient_bytes == pytest.approx(4 * params)
+    assert block.optimizer == pytest.approx(28 * params / 1e12 * 1e3)
+    sgd = estimate_layers(_model(), TrainingSpec.model_validate({"optimizer": {"name": "sgd"}}),
+                          memory_bytes_per_s=2e12)
+    assert sgd[1].optimizer == pytest.approx(12 * params / 2e12 * 1e3)
