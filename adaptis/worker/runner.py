@@ -102,6 +102,9 @@ def run_worker(config: WorkerConfig, *, env: RankEnv, emit: Emit, linger_s: floa
         pred_iter = predicted.iteration_time * TIME_UNIT_SECONDS[predicted.time_unit] if predicted else None
         metrics.set_prediction(bubble_ratio=pred_bubble, iteration_seconds=pred_iter)
         want = env.metrics_port if env.metrics_port is not None else config.metrics_port
+        if env.metrics_port is None and want:
+            # The ranks of one pod share its network: rank LOCAL_RANK serves on base + it.
+            want += env.local_rank
         port = metrics.serve(port=want) if want is not None else None
         done = _loop(config, env=env, executor=executor, metrics=metrics, emit=emit, port=port,
                      predicted=(pred_bubble, pred_iter))
