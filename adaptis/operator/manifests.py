@@ -70,6 +70,7 @@ __all__ = [
     "render_pod",
     "render_service",
     "service_name",
+    "worker_command",
 ]
 
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -243,7 +244,8 @@ def _env(job: JobRef, *, pod: int, pods: int, per_pod: int) -> list[dict[str, An
     ]
 
 
-def _command(job: JobRef, *, pod: int, pods: int, per_pod: int) -> list[str]:
+def worker_command(job: JobRef, *, pod: int, pods: int, per_pod: int) -> list[str]:
+    """The container command of worker pod ``pod`` of ``pods``, each of ``per_pod`` ranks."""
     worker = ["worker", "--config", f"{CONFIG_MOUNT}/worker.json"]
     if per_pod == 1:
         return ["adaptis", *worker]
@@ -299,7 +301,7 @@ def render_pod(
         "name": "worker",
         "image": spec.worker.image or settings.image,
         "imagePullPolicy": spec.worker.image_pull_policy or settings.image_pull_policy,
-        "command": _command(job, pod=rank, pods=pods, per_pod=per_pod),
+        "command": worker_command(job, pod=rank, pods=pods, per_pod=per_pod),
         "env": [*_env(job, pod=rank, pods=pods, per_pod=per_pod), *scratch_env(),
                 *spec.worker.env],
         "ports": [
