@@ -18,7 +18,13 @@ from adaptis.operator.manifests import (
     render_service,
 )
 from adaptis.operator.mesh import Mesh
-from adaptis.operator.planning import PlanRecord, build_problem, choose_slots, plan_job
+from adaptis.operator.planning import (
+    PlanRecord,
+    build_problem,
+    choose_slots,
+    plan_job,
+    record_from_config_map,
+)
 from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, NodeProfile, profile_node
 from adaptis.operator.status import plan_summary
 from adaptis.planner.estimate import device_speed
@@ -112,9 +118,10 @@ def test_the_record_and_worker_config_carry_the_mesh(
     assert len(record.plan.placement) == 4  # the plan: one replica's 4 pipeline ranks
     assert record.predicted_step_seconds is not None
     assert record.predicted_step_seconds > record.predicted_iteration_seconds
-    config = WorkerConfig.model_validate_json(
-        render_config_map(JOB, spec, record)["data"]["worker.json"])
+    cm = render_config_map(JOB, spec, record)
+    config = WorkerConfig.model_validate_json(cm["data"]["worker.json"])
     assert config.data_parallel == 2
+    assert record_from_config_map(cm) == record  # the mesh survives an operator restart
 
 
 def test_a_pod_of_two_gpus_runs_two_ranks_under_torchrun(
