@@ -137,3 +137,15 @@ def test_ring_allreduce_scales_with_the_replicas() -> None:
     costs = Costs.from_problem(parse_problem(_problem(replicas=4)))
     assert costs.allreduce_time(1e6) == pytest.approx(2.1)
     assert Costs.from_problem(parse_problem(_problem(replicas=1))).allreduce_time(1e6) == 0.0
+
+
+def test_the_optimizer_waits_for_every_devices_gradients() -> None:
+    # Device 1 (stage 1) has its gradients at 7 + 1.2 but the largest optimizer step (3.0):
+    # the global norm needs device 0's too (9 + 1.2), so it starts at 10.2 and the step ends
+    # at 13.2, not at max(10.2 + 0.1, 8.2 + 3.0) = 11.2.
+    data = _problem()
+    data["layers"][0]["optimizer"] = 0.1
+    data["layers"][1]["optimizer"] = 3.0
+    sim = simulate(Costs.from_problem(parse_problem(data)), PLAN)
+    assert sim.post is not None and sim.post.optimizer == pytest.approx((0.1, 3.0))
+    assert sim.step_time == pytest.approx(9.0 + ALLREDUCE_MS + 3.0)
