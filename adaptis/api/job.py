@@ -404,7 +404,9 @@ class CheckpointSpec(_Spec):
 class MetricsSpec(_Spec):
     """The workers' Prometheus endpoint."""
 
-    port: int = Field(default=9400, ge=1024, le=65535, description="Container port named metrics.")
+    port: int = Field(default=9400, ge=1024, le=65535, description="Container port named "
+                      "metrics; with N GPUs a pod, rank LOCAL_RANK serves on port + LOCAL_RANK "
+                      "(container port metrics-<LOCAL_RANK>).")
 
 
 # Schedules that give every rank CHUNKS_PER_RANK model chunks, hence need that many layers.
@@ -509,12 +511,20 @@ class Condition(_Spec):
 
 
 class RankAssignment(_Spec):
-    """Where one pipeline rank runs and what it holds."""
+    """Where one rank runs and what it holds."""
 
-    rank: int = Field(ge=0, description="Pipeline rank (device index of the plan).")
+    rank: int = Field(ge=0, description="Global rank: replica x pipeline ranks + pipeline rank.")
     node: str = Field(description="Node the plan places the rank on.")
     gpu: str | None = Field(default=None, description="GPU product of that node (GFD label).")
-    stages: list[int] = Field(default_factory=list, description="Stage indices the rank holds.")
+    stages: list[int] = Field(
+        default_factory=list,
+        description="Stage indices the rank holds: those of its pipeline rank (the plan's "
+        "device rank mod pipeline ranks).")
+    replica: int = Field(default=0, ge=0, description="Data-parallel replica of the rank.")
+    pod: str | None = Field(
+        default=None,
+        description="Worker pod of the rank: <job>-worker-<w>, w = rank / gpusPerWorker; the "
+        "rank's LOCAL_RANK (its GPU in the pod) is rank mod gpusPerWorker.")
 
 
 class JobStatus(_Spec):
@@ -536,6 +546,10 @@ class JobStatus(_Spec):
     )
     predicted_speedup_over_i1f1b: float | None = Field(
         default=None, description="Predicted I-1F1B iteration time / this plan's."
+    )
+    predicted_step_seconds: float | None = Field(
+        default=None, description="Step time the performance model predicts: the iteration, "
+        "then the gradient all-reduce across replicas not hidden and the optimizer step."
     )
     restarts: int = Field(default=0, description="Gang restarts after failures.")
     replans: int = Field(

@@ -240,6 +240,14 @@ class StrategyResult(BaseModel):
     peak_memory_bytes: list[float] | None = Field(
         default=None, description="peak_memory_bytes[d]: simulated peak of device d."
     )
+    post_pipeline_time: float | None = Field(
+        default=None, description="Predicted time after the pipeline until the step ends "
+        "(exposed gradient all-reduce, optimizer), in time_unit."
+    )
+    step_time: float | None = Field(
+        default=None, description="Predicted time of a whole step (iteration_time + "
+        "post_pipeline_time), in time_unit."
+    )
     stages: int | None = Field(default=None, description="Number of pipeline stages.")
     placement: list[list[int]] | None = Field(
         default=None, description="placement[d]: the stage indices on device d."

@@ -101,6 +101,23 @@ class Layer(_Strict):
     output_bytes: NonNeg = Field(
         default=0.0, description="Activation sent to the next layer (its gradient comes back)."
     )
+    gradient_bytes: NonNeg | None = Field(
+        default=None,
+        description="Bytes of the layer's weight gradient, what data-parallel replicas all-reduce "
+        "each step; default param_bytes / 4 (fp32 AdamW holds weights, gradients and two "
+        "moments of one size each). Optional extension of the contract.",
+    )
+    optimizer: NonNeg | None = Field(
+        default=None,
+        description="Time of the optimizer step over the layer's parameters, in time_unit, on a "
+        "device of speed 1; runs once a step after the gradients are reduced. Optional extension "
+        "of the contract, default 0.",
+    )
+
+    @property
+    def grad_bytes(self) -> float:
+        """gradient_bytes, or its default: a quarter of param_bytes."""
+        return self.param_bytes / 4 if self.gradient_bytes is None else self.gradient_bytes
 
 
 class RepeatBlock(_Strict):
@@ -191,6 +208,17 @@ class Network(_Strict):
     inter_node: Link | None = Field(
         default=None, description="Between devices of different nodes; null: free."
     )
+    data_parallel: Link | None = Field(
+        default=None,
+        description="Between a stage's data-parallel replicas, for the gradient all-reduce; "
+        "default: inter_node (replicas sit on other nodes: the mesh puts the pipeline "
+        "innermost). Optional extension of the contract.",
+    )
+
+    @property
+    def replica_link(self) -> Link | None:
+        """The link the gradient all-reduce runs over: data_parallel, else inter_node."""
+        return self.inter_node if self.data_parallel is None else self.data_parallel
 
 
 class Problem(_Strict):
@@ -210,6 +238,12 @@ class Problem(_Strict):
     )
     network: Network = Field(
         default=Network(), description="Links between devices; default: free communication."
+    )
+    data_parallel: int = Field(
+        default=1, ge=1,
+        description="Data-parallel replicas of the pipeline: the devices are one replica's, and "
+        "each stage all-reduces its gradients with its replicas over network.data_parallel "
+        "after its last weight-gradient action. Optional extension of the contract, default 1.",
     )
     action_overhead_s: NonNeg = Field(
         default=0.0,

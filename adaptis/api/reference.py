@@ -251,6 +251,31 @@ All default to 0 or to the plain sum, so a problem without them plans as before:
 
 `adaptis profile` measures all of them.
 
+## Data parallel and the whole step
+
+`iteration_time` is the pipeline: from the first F to the last action. A training step does
+more after it, and the plan's `predicted.step_time` (with `post_pipeline_time`, the difference)
+counts it, so that it can be held against what a worker measures:
+
+- `data_parallel: R` (default 1): the devices are one pipeline replica's, and the job runs R
+  of them. After a stage's last W (or fused BW) of the step, its weight gradient is
+  all-reduced with its R - 1 replicas: a ring all-reduce of `g` bytes (the stage's layers'
+  `gradient_bytes`; default `param_bytes / 4`, since fp32 AdamW holds weights, gradients and
+  two moments of one size) costs `2(R-1) latency_s + 2(R-1)/R g / bandwidth_bytes_per_s` over
+  `network.data_parallel` (default `inter_node`: the mesh puts the pipeline innermost, so
+  replicas sit on other nodes). Reductions run on the device's communication channel: they
+  overlap the device's remaining compute, and one device's run one at a time, in the order
+  their gradients are ready. Replicas run the same plan, so one replica's timeline stands for
+  all.
+- Each layer's `optimizer` time (default 0) runs once a step on its device, divided by the
+  device's speed, once every gradient of every device is final (clipping's global norm needs
+  them all): the step ends at the latest of those ends plus the slowest device's optimizer.
+
+With `data_parallel: 1` and no `optimizer` times, `step_time` equals `iteration_time`. Not
+modelled: the tied-embedding gradient exchange and the clipping norm's own all-reduce (one
+number, a few latencies). The search optimises `iteration_time`; `adaptis plan --compare`
+shows a step column when any strategy's step differs from its pipeline.
+
 ## Example
 
 ```yaml

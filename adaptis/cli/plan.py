@@ -142,6 +142,10 @@ def format_table(comparison: Comparison, *, problem: Problem) -> str:
     head = ["strategy", "feasible", f"iteration ({unit})", "bubble", "stages", "peak mem GB", "search s"]
     if with_speedup:
         head.insert(4, "adaptis speedup")
+    # The whole step (all-reduce, optimizer) only where it differs from the pipeline.
+    with_step = any(r.post_pipeline_time for r in comparison.strategies.values())
+    if with_step:
+        head.insert(3, f"step ({unit})")
     rows: list[list[str]] = []
     notes: list[str] = []
     for name, r in comparison.strategies.items():
@@ -156,6 +160,8 @@ def format_table(comparison: Comparison, *, problem: Problem) -> str:
         ]
         if with_speedup:
             row.insert(4, "-" if name == "adaptis" else _speedup(adaptis, r))
+        if with_step:
+            row.insert(3, "-" if r.step_time is None else _num(r.step_time))
         rows.append(row)
         if not r.feasible:
             notes.append(f"note: {name} is infeasible: {_first_reason(r.reason)}")
@@ -168,8 +174,9 @@ def format_table(comparison: Comparison, *, problem: Problem) -> str:
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
     layers = len(problem.expanded_layers())
-    title = (f"{comparison.name or 'problem'}: {layers} layers, {problem.device_count} devices, "
-             f"{problem.microbatches} microbatches")
+    replicas = f" x {problem.data_parallel} replicas" if problem.data_parallel > 1 else ""
+    title = (f"{comparison.name or 'problem'}: {layers} layers, {problem.device_count} devices"
+             f"{replicas}, {problem.microbatches} microbatches")
     out = [title, "", line(head), line(["-" * w for w in widths]), *(line(r) for r in rows), ""]
     bound = f"lower bound: {_num(comparison.lower_bound)} {unit}"
     if adaptis is not None and adaptis.feasible and adaptis.iteration_time and comparison.lower_bound > 0:

@@ -13,8 +13,15 @@ an operator restart harmless (a create that meets an existing name is a 409, i.e
   :class:`~adaptis.operator.errors.PlanTooLarge` (docs/plan-storage.md).
 - Service ``<job>-workers``: headless; gives rank 0 the stable DNS name that ``MASTER_ADDR``
   holds (``<job>-worker-0.<job>-workers.<ns>.svc``).
-- Pod ``<job>-worker-<rank>``: required node affinity to the node the plan gives the rank;
+- Pod ``<job>-worker-<w>``: required node affinity to the node the plan gives pod w;
   restricted as :mod:`adaptis.operator.pod_security` renders it (Pod Security ``restricted``).
+  A pod of N > 1 GPUs runs N ranks (global ranks w*N .. w*N + N - 1) under torch's launcher,
+  ``python -m torch.distributed.run`` (static rendezvous at rank 0's pod, no restarts: one
+  failing rank fails the pod and the operator restarts the gang); it sets RANK, LOCAL_RANK
+  (the rank's GPU) and WORLD_SIZE for each. A pod of one GPU, or a CPU pod, runs
+  ``adaptis worker`` itself with that environment. Rank ``LOCAL_RANK`` serves metrics on
+  ``spec.metrics.port + LOCAL_RANK``; every such port is declared (``metrics``,
+  ``metrics-1``, ...) for the PodMonitor.
 """
 
 from __future__ import annotations
@@ -55,12 +62,15 @@ __all__ = [
     "NODE_ANNOTATION",
     "RESERVED_ENV",
     "config_map_name",
+    "metrics_ports",
     "plan_hash",
+    "ranks_per_pod",
     "pod_name",
     "render_config_map",
     "render_pod",
     "render_service",
     "service_name",
+    "worker_command",
 ]
 
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -147,6 +157,7 @@ def worker_config(job: JobRef, spec: JobSpec, record: PlanRecord) -> WorkerConfi
         checkpoint_dir=spec.checkpoint.path,
         checkpoint_every=spec.checkpoint.every_steps,
         zero_stage=spec.parallelism.zero_stage,
+        data_parallel=record.data_parallel,
     )
 
 
@@ -187,7 +198,8 @@ def render_service(job: JobRef, spec: JobSpec) -> dict[str, Any]:
             "selector": _labels(job),
             "ports": [
                 {"name": "dist", "port": DIST_PORT, "targetPort": DIST_PORT},
-                {"name": "metrics", "port": spec.metrics.port, "targetPort": spec.metrics.port},
+                *({"name": n, "port": port, "targetPort": port}
+                  for n, port in metrics_ports(spec)),
             ],
         },
     }
@@ -202,17 +214,50 @@ def _resources(spec: JobSpec) -> dict[str, Any]:
     return res
 
 
-def _env(job: JobRef, *, rank: int, world: int) -> list[dict[str, Any]]:
-    master = f"{pod_name(job.name, 0)}.{service_name(job.name)}.{job.namespace}.svc"
+def ranks_per_pod(spec: JobSpec) -> int:
+    """N: one rank per GPU of the pod; a CPU pod runs one."""
+    return max(1, spec.parallelism.gpus_per_worker)
+
+
+def metrics_ports(spec: JobSpec) -> list[tuple[str, int]]:
+    """(name, port) of each local rank's metrics endpoint: the base port + LOCAL_RANK."""
+    base = spec.metrics.port
+    return [("metrics" if i == 0 else f"metrics-{i}", base + i) for i in range(ranks_per_pod(spec))]
+
+
+def _master(job: JobRef) -> str:
+    """Rank 0's pod through the headless Service: stable before the pod is Ready."""
+    return f"{pod_name(job.name, 0)}.{service_name(job.name)}.{job.namespace}.svc"
+
+
+def _env(job: JobRef, *, pod: int, pods: int, per_pod: int) -> list[dict[str, Any]]:
+    ident = [{"name": "ADAPTIS_JOB", "value": job.name},
+             {"name": "ADAPTIS_NAMESPACE", "value": job.namespace}]
+    if per_pod > 1:
+        return ident  # torch's launcher gives each of its ranks RANK, LOCAL_RANK, WORLD_SIZE, ...
     return [
-        {"name": "RANK", "value": str(rank)},
-        {"name": "WORLD_SIZE", "value": str(world)},
+        {"name": "RANK", "value": str(pod)},
+        {"name": "WORLD_SIZE", "value": str(pods)},
         {"name": "LOCAL_RANK", "value": "0"},
-        {"name": "MASTER_ADDR", "value": master},
+        {"name": "MASTER_ADDR", "value": _master(job)},
         {"name": "MASTER_PORT", "value": str(DIST_PORT)},
-        {"name": "ADAPTIS_JOB", "value": job.name},
-        {"name": "ADAPTIS_NAMESPACE", "value": job.namespace},
+        *ident,
     ]
+
+
+def worker_command(job: JobRef, *, pod: int, pods: int, per_pod: int) -> list[str]:
+    """The container command of worker pod ``pod`` of ``pods``, each of ``per_pod`` ranks."""
+    worker = ["worker", "--config", f"{CONFIG_MOUNT}/worker.json"]
+    if per_pod == 1:
+        return ["adaptis", *worker]
+    # torch's own launcher rather than one of ours: it sets each rank's environment, forwards
+    # signals, and with --max-restarts 0 ends the pod when any rank fails (the gang restart
+    # is the operator's). Static rendezvous: pod 0's launcher hosts the store on DIST_PORT,
+    # which the ranks' process group then shares (tcp:// init sees TORCHELASTIC_USE_AGENT_STORE).
+    return ["python", "-m", "torch.distributed.run",
+            "--nnodes", str(pods), "--nproc-per-node", str(per_pod), "--node-rank", str(pod),
+            "--master-addr", _master(job), "--master-port", str(DIST_PORT),
+            "--max-restarts", "0", "--module", "adaptis", *worker]
 
 
 def render_pod(
@@ -224,8 +269,10 @@ def render_pod(
     attempt: int,
     settings: ManifestSettings,
 ) -> dict[str, Any]:
-    """The pod of one rank: placed on ``record.nodes[rank]`` by required node affinity."""
-    world = len(record.nodes)
+    """Worker pod ``rank`` (w; it runs global ranks w*N .. w*N + N - 1): placed on
+    ``record.nodes[w]`` by required node affinity."""
+    pods = len(record.nodes)
+    per_pod = ranks_per_pod(spec)
     name = pod_name(job.name, rank)
     labels = {
         **spec.worker.labels,
@@ -237,7 +284,7 @@ def render_pod(
     }
     annotations = {
         **spec.worker.annotations,
-        **kueue_annotations(world=world, queue_name=spec.queue_name),
+        **kueue_annotations(world=pods, queue_name=spec.queue_name),
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(spec.metrics.port),
         "prometheus.io/path": "/metrics",
@@ -255,11 +302,13 @@ def render_pod(
         "name": "worker",
         "image": spec.worker.image or settings.image,
         "imagePullPolicy": spec.worker.image_pull_policy or settings.image_pull_policy,
-        "command": ["adaptis", "worker", "--config", f"{CONFIG_MOUNT}/worker.json"],
-        "env": [*_env(job, rank=rank, world=world), *scratch_env(), *spec.worker.env],
+        "command": worker_command(job, pod=rank, pods=pods, per_pod=per_pod),
+        "env": [*_env(job, pod=rank, pods=pods, per_pod=per_pod), *scratch_env(),
+                *spec.worker.env],
         "ports": [
             {"name": "dist", "containerPort": DIST_PORT, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": spec.metrics.port, "protocol": "TCP"},
+            *({"name": n, "containerPort": port, "protocol": "TCP"}
+              for n, port in metrics_ports(spec)),
         ],
         "resources": _resources(spec),
         "volumeMounts": [

@@ -130,7 +130,8 @@ class Placer:
         cached = record_from_config_map(cm)
         shash = spec_hash(spec)
         gpw = spec.parallelism.gpus_per_worker
-        if cached is not None and cached.still_valid(spec_hash_now=shash, candidates=by_name) \
+        if cached is not None and cached.still_valid(spec_hash_now=shash, candidates=by_name,
+                                                     ranks_per_pod=max(1, gpw)) \
                 and (gpw == 0 or hold_placement(self._ledger, self._cluster, key=key,
                                                 record=cached, candidates=candidates,
                                                 gpus_per_worker=gpw,
@@ -233,13 +234,13 @@ class Placer:
                 reason, why = "CapacityLost", ("re-planned: GPUs of the cached placement are held "
                                                "by others now")
             p.condition("Restarting", "True", reason=reason, message=why, event="Warning")
-        summary = plan_summary(record)
+        summary = plan_summary(record, job=name)
         p.update(**summary)
         speedup = record.predicted_speedup_over_i1f1b
         reason, note, event = planned_reason(record)
         p.condition("Planned", "True", reason=reason,
                     message=f"{record.strategy}: {summary['stages']} stages on "
-                    f"{len(record.nodes)} ranks over {len(set(record.nodes))} node(s); "
+                    f"{_ranks(record)} over {len(set(record.nodes))} node(s); "
                     f"predicted bubble {record.predicted_bubble_ratio:.3f}, speedup over i1f1b "
                     f"{'n/a' if speedup is None else f'{speedup:.2f}x'}{note}", event=event)
         if p.status.phase in {"Profiling", "Queued"}:
@@ -260,3 +261,12 @@ class Placer:
         for node in [n for n, until in bans.items() if until <= now]:
             del bans[node]
         return set(bans)
+
+
+def _ranks(record: PlanRecord) -> str:
+    """The plan's ranks in words: "4 ranks", or "8 ranks (2 replicas x 4) in 4 pods"."""
+    mesh = record.mesh
+    if mesh.replicas == 1 and mesh.per_pod == 1:
+        return f"{mesh.world} ranks"
+    return (f"{mesh.world} ranks ({mesh.replicas} replica(s) x {mesh.pipeline}) in "
+            f"{mesh.pods} pods")

@@ -7,8 +7,10 @@ writes the result into the ConfigMap and the pods). Steps:
 2. choose ``workers`` slots, topology first: the narrowest domain (host, then clique, rack,
    zone, ...) that holds enough slots, the fastest nodes within it, ranks ordered along the
    topology so consecutive stages talk over the nearest link;
-3. build :class:`adaptis.api.problem.Problem` (layers from :mod:`adaptis.planner.estimate`,
-   one device per rank) and call the planner's strategy, plus I-1F1B for the speedup figure;
+3. build :class:`adaptis.api.problem.Problem` (layers from :mod:`adaptis.planner.estimate`;
+   one device per GPU of ONE pipeline replica, ``data_parallel`` replicas, by the mesh rules
+   of :mod:`adaptis.operator.mesh`) and call the planner's strategy, plus I-1F1B for the
+   speedup figure;
 4. return a :class:`PlanRecord`, the cache the reconciler keeps in the ConfigMap so that it
    re-plans only when the spec or a planned node changes.
 """
@@ -27,8 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from adaptis.api.job import JobSpec, resolve_precision
 from adaptis.api.plan import Plan
-from adaptis.api.problem import DeviceList, DeviceSpec, Link, Network, Problem
+from adaptis.api.problem import DeviceList, Link, Network, Problem
 from adaptis.operator.errors import Unsatisfiable
+from adaptis.operator.mesh import Mesh, pipeline_devices, replicas_share_nodes
 from adaptis.operator.profiling import NodeProfile, parse_quantity
 from adaptis.planner.estimate import device_speed, estimate_layers
 from adaptis.planner.strategies import compare, plan_strategy
@@ -63,13 +66,19 @@ class PlanRecord(BaseModel):
 
     spec_hash: str = Field(description="spec_hash() of the job spec the plan was made for.")
     plan: Plan
-    nodes: list[str] = Field(description="nodes[rank]: the node the rank runs on.")
-    hostnames: list[str] = Field(description="kubernetes.io/hostname of nodes[rank].")
-    gpus: list[str | None] = Field(description="GPU product of nodes[rank].")
+    nodes: list[str] = Field(description="nodes[w]: the node worker pod w runs on (its "
+                             "ranks_per_pod ranks: w*N .. w*N + N - 1).")
+    hostnames: list[str] = Field(description="kubernetes.io/hostname of nodes[w].")
+    gpus: list[str | None] = Field(description="GPU product of nodes[w].")
+    ranks_per_pod: int = Field(default=1, ge=1, description="N: ranks (GPUs) of each pod.")
+    data_parallel: int = Field(default=1, ge=1, description="R: replicas of the plan's pipeline.")
     node_fingerprints: dict[str, str] = Field(description="NodeProfile.fingerprint() per node.")
     strategy: str
     predicted_iteration_seconds: float
     predicted_bubble_ratio: float
+    predicted_step_seconds: float | None = Field(
+        default=None, description="The whole step: the pipeline, then the gradient all-reduce "
+        "across replicas and the optimizer (Predicted.step_time).")
     predicted_speedup_over_i1f1b: float | None = None
     budget_reason: str | None = Field(
         default=None, description="Set when the plan is not the full search's: TimeLimitReached "
@@ -83,9 +92,16 @@ class PlanRecord(BaseModel):
             out[node] = out.get(node, 0) + gpus_per_worker
         return out
 
-    def still_valid(self, *, spec_hash_now: str, candidates: Mapping[str, NodeProfile]) -> bool:
-        """True while the spec is the same and every planned node is there, unchanged."""
-        if spec_hash_now != self.spec_hash:
+    @property
+    def mesh(self) -> Mesh:
+        return Mesh(pods=len(self.nodes), per_pod=self.ranks_per_pod, replicas=self.data_parallel)
+
+    def still_valid(self, *, spec_hash_now: str, candidates: Mapping[str, NodeProfile],
+                    ranks_per_pod: int = 1) -> bool:
+        """True while the spec is the same, the record has the pods' ranks the spec asks
+        (a record from before one rank per GPU has 1), and every planned node is there,
+        unchanged."""
+        if spec_hash_now != self.spec_hash or ranks_per_pod != self.ranks_per_pod:
             return False
         return all(
             name in candidates and candidates[name].fingerprint() == fp
@@ -95,7 +111,8 @@ class PlanRecord(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class Slot:
-    """``gpusPerWorker`` GPUs (or CPU cores) of one node: room for one rank."""
+    """``gpusPerWorker`` GPUs (or CPU cores) of one node: room for one worker pod, which runs
+    one rank per GPU (one on CPU). ``speed`` and ``memory_bytes`` are one rank's: one GPU's."""
 
     node: NodeProfile
     index: int
@@ -121,14 +138,14 @@ def _cpu_request(resources: Mapping[str, Any] | None) -> float:
 
 
 def node_slots(node: NodeProfile, *, spec: JobSpec, free_gpus: int | None = None) -> list[Slot]:
-    """The ranks one node can hold (on its ``free_gpus`` when given), with their speed and
-    usable memory."""
+    """The worker pods one node can hold (on its ``free_gpus`` when given), with the speed and
+    usable memory of one of their ranks (one GPU: a pod of N GPUs runs N ranks)."""
     gpw = spec.parallelism.gpus_per_worker
     headroom = 1.0 - spec.planner.memory_headroom
     if gpw > 0:
         count = (node.gpus if free_gpus is None else min(node.gpus, free_gpus)) // gpw
-        speed = device_speed(node.gpu_tflops * gpw)
-        memory = None if node.gpu_memory_bytes is None else node.gpu_memory_bytes * gpw * headroom
+        speed = device_speed(node.gpu_tflops)
+        memory = None if node.gpu_memory_bytes is None else node.gpu_memory_bytes * headroom
     else:
         cores = _cpu_request(spec.worker.resources)
         count = max(1, int(node.cpus // cores)) if node.cpus else 1
@@ -207,26 +224,32 @@ def job_precision(spec: JobSpec) -> str:
 def build_problem(
     spec: JobSpec, slots: Sequence[Slot], *, inter_node: Link = DEFAULT_INTER_NODE, name: str
 ) -> Problem:
-    """The planning problem of a job on the chosen slots (device d is rank d)."""
+    """The planning problem of a job on the chosen slots (slot w is worker pod w): device p is
+    pipeline rank p, one GPU, the slowest of the replicas' at p (adaptis.operator.mesh)."""
     # Activations of 2 bytes an element in bf16, 4 in fp32: the precision the ranks will run.
     layers = estimate_layers(spec.model, spec.training,
                              element_bytes=2 if job_precision(spec) == "bf16" else 4)
-    devices = [
-        DeviceSpec(name=f"rank{r}", node=s.node.name, speed=s.speed, memory_bytes=s.memory_bytes)
-        for r, s in enumerate(slots)
-    ]
+    mesh = Mesh.of(spec)
+    if len(slots) != mesh.pods:
+        raise Unsatisfiable(f"spec.parallelism.workers: {mesh.pods} worker pods, "
+                            f"{len(slots)} slots chosen")
+    nodes = [s.node.name for s in slots]
+    devices = pipeline_devices(mesh, nodes=nodes, speeds=[s.speed for s in slots],
+                               memory=[s.memory_bytes for s in slots])
     # One intra-node link for the whole problem: the slowest one of the nodes used.
-    intra = min(s.node.intra_node_bandwidth for s in slots)
+    intra = Link(bandwidth_bytes_per_s=min(s.node.intra_node_bandwidth for s in slots),
+                 latency_s=_INTRA_LATENCY_S)
+    replica_link = None
+    if mesh.replicas > 1:
+        replica_link = intra if replicas_share_nodes(mesh, nodes=nodes) else inter_node
     return Problem(
         name=name,
         time_unit="ms",
         microbatches=spec.training.microbatches,
         layers=layers,
         devices=DeviceList(list=devices),
-        network=Network(
-            intra_node=Link(bandwidth_bytes_per_s=intra, latency_s=_INTRA_LATENCY_S),
-            inter_node=inter_node,
-        ),
+        data_parallel=mesh.replicas,
+        network=Network(intra_node=intra, inter_node=inter_node, data_parallel=replica_link),
     )
 
 
@@ -265,9 +288,10 @@ def plan_job(
             reason = reason[:_MAX_REASON].rsplit(";", 1)[0] + "; ..."
         raise Unsatisfiable(
             f"spec.planner.strategy: {strategy} finds no feasible plan on "
-            f"{len(slots)} device(s): {reason}"
+            f"{Mesh.of(spec).pipeline} device(s): {reason}"
         )
     iteration = float(outcome.result.iteration_time or 0.0)
+    step = outcome.result.step_time
     speedup: float | None = None
     if strategy != "i1f1b":
         if baseline is None and not fallback:  # a fallback has no time left for a yardstick
@@ -282,18 +306,23 @@ def plan_job(
     if plan.strategy is None:
         plan = plan.model_copy(update={"strategy": strategy})
     used = {s.node.name: s.node for s in slots}
-    log.info("%s: planned %s on %d ranks over %d nodes: %d stages, %.4g s/iteration",
-             name, strategy, len(slots), len(used), len(plan.stages), iteration / 1e3)
+    mesh = Mesh.of(spec)
+    log.info("%s: planned %s on %d ranks (%d replicas x %d) in %d pods over %d nodes: %d stages, "
+             "%.4g s/iteration", name, strategy, mesh.world, mesh.replicas, mesh.pipeline,
+             len(slots), len(used), len(plan.stages), iteration / 1e3)
     return PlanRecord(
         spec_hash=spec_hash(spec),
         plan=plan,
         nodes=[s.node.name for s in slots],
         hostnames=[s.node.hostname for s in slots],
         gpus=[s.node.gpu_product for s in slots],
+        ranks_per_pod=mesh.per_pod,
+        data_parallel=mesh.replicas,
         node_fingerprints={n: p.fingerprint() for n, p in sorted(used.items())},
         strategy=strategy,
         predicted_iteration_seconds=iteration / 1e3,
         predicted_bubble_ratio=float(outcome.result.bubble_ratio or 0.0),
+        predicted_step_seconds=None if step is None else step / 1e3,
         predicted_speedup_over_i1f1b=None if speedup is None or not math.isfinite(speedup)
         else round(speedup, 4),
         budget_reason=None if outcome.result.cut_short is None else "TimeLimitReached",

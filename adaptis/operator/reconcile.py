@@ -186,7 +186,7 @@ class Reconciler:
         stale = [pod for pod in pods if not is_current_pod(pod, plan=phash, attempt=attempt)]
         self._delete_pods(p, stale)
         if not p.status.placement:
-            p.update(**plan_summary(record))
+            p.update(**plan_summary(record, job=p.job.name))
         c = census(current, total=workers)
         have = {str(((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_RANK))
                 for pod in current if not (pod.get("metadata") or {}).get("deletionTimestamp")}

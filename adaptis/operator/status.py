@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from adaptis.api.job import Condition, JobStatus, RankAssignment
+from adaptis.api.rules import pod_name
 from adaptis.operator.planning import PlanRecord
 
 __all__ = [
@@ -178,21 +179,30 @@ def census(pods: Iterable[Mapping[str, Any]], *, total: int) -> PodCensus:
     )
 
 
-def plan_summary(record: PlanRecord) -> dict[str, Any]:
-    """The status fields that describe a plan (snake_case keys of :class:`JobStatus`)."""
+def plan_summary(record: PlanRecord, *, job: str | None = None) -> dict[str, Any]:
+    """The status fields that describe a plan (snake_case keys of :class:`JobStatus`):
+    placement lists every rank of every replica, with its pod when ``job`` names the job."""
     placement = record.plan.placement
-    return {
+    mesh = record.mesh
+    out: dict[str, Any] = {
         "stages": len(record.plan.stages),
         "strategy": record.strategy,
         "predicted_iteration_seconds": round(record.predicted_iteration_seconds, 6),
         "predicted_bubble_ratio": round(record.predicted_bubble_ratio, 4),
         "predicted_speedup_over_i1f1b": record.predicted_speedup_over_i1f1b,
         "placement": [
-            RankAssignment(rank=r, node=node, gpu=record.gpus[r],
-                           stages=list(placement[r]) if r < len(placement) else [])
-            for r, node in enumerate(record.nodes)
+            RankAssignment(
+                rank=r, node=record.nodes[mesh.pod(r)], gpu=record.gpus[mesh.pod(r)],
+                stages=list(placement[p]) if (p := mesh.pipeline_rank(r)) < len(placement)
+                else [],
+                replica=mesh.replica(r),
+                pod=None if job is None else pod_name(job, mesh.pod(r)))
+            for r in range(mesh.world)
         ],
     }
+    if record.predicted_step_seconds is not None:
+        out["predicted_step_seconds"] = round(record.predicted_step_seconds, 6)
+    return out
 
 
 def status_payload(status: JobStatus) -> dict[str, Any]:

@@ -55,6 +55,13 @@ class Costs:
     # each layer's autograd graph (empty: none; see stage_costs).
     groups: tuple[float, ...] = ()
     walk: tuple[float, ...] = ()
+    # Data parallel: replicas of the pipeline, the link of their gradient all-reduce ((latency,
+    # time per byte) in time_unit; None: free), and per layer its gradient bytes and the
+    # optimizer step's time on a device of speed 1 (empty: none).
+    replicas: int = 1
+    replica_link: tuple[float, float] | None = None
+    grad_bytes: tuple[float, ...] = ()
+    optimizer: tuple[float, ...] = ()
 
     @classmethod
     def from_problem(cls, problem: Problem) -> Costs:
@@ -91,6 +98,10 @@ class Costs:
             overhead=problem.action_overhead_s / unit,
             groups=tuple(float(lay.weight_groups or 0) for lay in layers),
             walk=tuple(lay.graph_walk or 0.0 for lay in layers),
+            replicas=problem.data_parallel,
+            replica_link=link(problem.network.replica_link),
+            grad_bytes=tuple(lay.grad_bytes for lay in layers),
+            optimizer=tuple(lay.optimizer or 0.0 for lay in layers),
         )
 
     @property
@@ -182,6 +193,25 @@ class Costs:
         pre_g = [0.0, *accumulate(self.groups)]
         pre_gp = [0.0, *accumulate(g * p for g, p in zip(self.groups, pre_walk))]
         return tuple((pre_gp[hi] - pre_gp[lo]) - pre_walk[lo] * (pre_g[hi] - pre_g[lo]) for lo, hi in stages)
+
+    def allreduce_time(self, nbytes: float) -> float:
+        """Ring all-reduce of ``nbytes`` across the replicas: 2(R-1) steps, each one latency and
+        nbytes / R over the replica link, so 2(R-1) latency + 2(R-1)/R nbytes / bandwidth; 0
+        with one replica or a free link."""
+        r = self.replicas
+        if r <= 1 or self.replica_link is None or nbytes <= 0:
+            return 0.0
+        latency, per_byte = self.replica_link
+        return 2 * (r - 1) * latency + 2 * (r - 1) / r * nbytes * per_byte
+
+    def stage_sums(
+        self, values: tuple[float, ...], stages: list[tuple[int, int]]
+    ) -> tuple[float, ...]:
+        """``values`` (per layer; empty: zeros) summed over each ``[lo, hi)`` stage."""
+        if not values:
+            return tuple(0.0 for _ in stages)
+        pre = [0.0, *accumulate(values)]
+        return tuple(pre[hi] - pre[lo] for lo, hi in stages)
 
     def layer_work(self) -> tuple[float, ...]:
         """F + B + W of each layer: the balancing weight of partitions."""

@@ -18,6 +18,13 @@ its FLOPs and bytes are linear in the sequence. Activation bytes follow method.m
 e.g. 4 for an fp32 CPU run); parameters
 hold 16 bytes each with AdamW (weights, gradients, two moments, master copy in mixed
 precision), 8 with SGD.
+
+Data parallel and the step after the pipeline: a layer's ``gradient_bytes`` are 4 a parameter
+(fp32 gradients, what the replicas all-reduce), and its ``optimizer`` time is memory-bandwidth
+bound: AdamW reads weights, gradients and two moments and writes weights and moments, 28 bytes
+a parameter in fp32 (SGD with momentum 12), over ``memory_bytes_per_s``; by default the device
+moves one byte per :data:`FLOPS_PER_BYTE` FLOPs it sustains (an H100 sustains about 400 TFLOP/s
+in training on 3.35 TB/s).
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from adaptis.api.job import BlockSpec, ModelSpec, TrainingSpec
 from adaptis.api.problem import Layer
 
 __all__ = [
-    "MAMBA_CHUNK", "MAMBA_STATE", "MFU", "REFERENCE_TFLOPS", "device_speed", "estimate_layers",
+    "FLOPS_PER_BYTE", "MAMBA_CHUNK", "MAMBA_STATE", "MFU", "REFERENCE_TFLOPS", "device_speed",
+    "estimate_layers",
 ]
 
 #: Sustained TFLOP/s of a device of speed 1.
@@ -39,6 +47,11 @@ MFU = 0.4
 #: (:mod:`adaptis.worker.ssm`) uses these very numbers, so the estimate counts what runs.
 MAMBA_CHUNK = 64
 MAMBA_STATE = 16
+#: Sustained FLOPs per byte of memory traffic of a training device (sets the default bandwidth).
+FLOPS_PER_BYTE = 100.0
+#: Bytes of memory traffic a parameter costs in one optimizer step, and gradient bytes per one.
+_OPTIMIZER_TRAFFIC = {"adamw": 28.0, "sgd": 12.0}
+_GRADIENT_BYTES = 4.0
 
 _MS = 1e3
 # No layer is free: the smallest time keeps Layer.forward > 0 for tiny models.
@@ -126,10 +139,19 @@ def _sum(a: _Flops, b: _Flops) -> _Flops:
                   a.params + b.params, a.activation_bytes + b.activation_bytes)
 
 
-def _layer(name: str, *, kind: str, f: _Flops, state_bytes: float, output_bytes: float,
-           flops_per_s: float) -> Layer:
+@dataclass(frozen=True, slots=True)
+class _Rates:
+    """What a layer's figures scale by: the device's rates and the optimizer's bytes."""
+
+    flops_per_s: float
+    memory_bytes_per_s: float
+    state_bytes: float  # held per parameter
+    optimizer_traffic: float  # moved per parameter in one optimizer step
+
+
+def _layer(name: str, *, kind: str, f: _Flops, rates: _Rates, output_bytes: float) -> Layer:
     def ms(flops: float) -> float:
-        return flops / flops_per_s * _MS
+        return flops / rates.flops_per_s * _MS
 
     return Layer(
         name=name,
@@ -138,37 +160,44 @@ def _layer(name: str, *, kind: str, f: _Flops, state_bytes: float, output_bytes:
         backward=ms(f.backward),
         weight=ms(f.weight),
         activation_bytes=f.activation_bytes,
-        param_bytes=f.params * state_bytes,
+        param_bytes=f.params * rates.state_bytes,
         output_bytes=output_bytes,
+        gradient_bytes=f.params * _GRADIENT_BYTES,
+        optimizer=f.params * rates.optimizer_traffic / rates.memory_bytes_per_s * _MS,
     )
 
 
 def estimate_layers(model: ModelSpec, training: TrainingSpec, *, element_bytes: int = 2,
-                    flops_per_s: float = REFERENCE_TFLOPS * 1e12) -> list[Layer]:
+                    flops_per_s: float = REFERENCE_TFLOPS * 1e12,
+                    memory_bytes_per_s: float | None = None) -> list[Layer]:
     """Embedding, every block, head (named as the worker's models name them): estimated costs
-    in ms on a device sustaining ``flops_per_s``, activations of ``element_bytes`` each."""
+    in ms on a device sustaining ``flops_per_s`` and ``memory_bytes_per_s`` (default
+    ``flops_per_s / FLOPS_PER_BYTE``), activations of ``element_bytes`` each."""
     batch, seq, h, vocab = (training.microbatch_size, training.sequence_length,
                             model.hidden, model.vocab_size)
     tokens = float(batch * seq)
     elem = float(element_bytes)
     state = 16.0 if training.optimizer.name == "adamw" else 8.0
+    rates = _Rates(flops_per_s=flops_per_s,
+                   memory_bytes_per_s=memory_bytes_per_s or flops_per_s / FLOPS_PER_BYTE,
+                   state_bytes=state,
+                   optimizer_traffic=_OPTIMIZER_TRAFFIC.get(training.optimizer.name, 28.0))
     hidden_bytes = tokens * h * elem
     # The embedding is a gather (memory bound): count it as touching every output element.
     embedding = _Flops(2 * tokens * h, 0.0, 2 * tokens * h, float(vocab * h), elem * tokens * h)
-    layers = [_layer("embedding", kind="embedding", f=embedding, state_bytes=state,
-                     output_bytes=hidden_bytes, flops_per_s=flops_per_s)]
+    layers = [_layer("embedding", kind="embedding", f=embedding, rates=rates,
+                     output_bytes=hidden_bytes)]
     index = 0
     for block in model.blocks:
         cost = _block(block, model=model, training=training, elem=elem)
         for _ in range(block.count):
-            layers.append(_layer(f"{block.kind}_{index}", kind=block.kind, f=cost, state_bytes=state,
-                                 output_bytes=hidden_bytes, flops_per_s=flops_per_s))
+            layers.append(_layer(f"{block.kind}_{index}", kind=block.kind, f=cost, rates=rates,
+                                 output_bytes=hidden_bytes))
             index += 1
     # Head: projection to the vocabulary plus softmax cross-entropy over fp32 logits.
     proj = 2.0 * tokens * h * vocab
     softmax = 5.0 * tokens * vocab
     head_params = 0.0 if model.tie_embeddings else float(vocab * h)
     head = _Flops(proj + softmax, proj + softmax, proj, head_params, tokens * vocab * (elem + 4))
-    layers.append(_layer("head", kind="head", f=head, state_bytes=state, output_bytes=0.0,
-                         flops_per_s=flops_per_s))
+    layers.append(_layer("head", kind="head", f=head, rates=rates, output_bytes=0.0))
     return layers

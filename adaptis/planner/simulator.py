@@ -13,6 +13,9 @@ same whoever produced it. The model, per method.md:
 - a device of speed ``v`` runs an action in ``time / v``, plus the problem's fixed
   ``action_overhead_s`` (runtime bookkeeping, measured by ``adaptis profile``);
 - the first stage has no input gradient: its B time counts in its W (as torch runs it);
+- after the pipeline, data-parallel gradient all-reduces and the optimizer step
+  (:mod:`adaptis.planner.post_pipeline`) give ``step_time``; ``iteration_time`` stays the
+  pipeline's end, which the search optimises;
 - memory of a device = parameters of its stages + activations held from each F's start until
   the matching W (or BW) ends. torch's pipelining runtime keeps a microbatch's saved tensors
   until W even on its B/W split, so this rule is the executor's too;
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from adaptis.api.plan import Plan
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import DeadlockError, PlannerError
+from adaptis.planner.post_pipeline import PostPipeline, post_pipeline
 
 __all__ = ["Simulation", "TimedAction", "simulate"]
 
@@ -57,6 +61,16 @@ class Simulation:
     feasible: bool
     reason: str | None
     timeline: tuple[tuple[TimedAction, ...], ...]
+    post: PostPipeline | None = None  # the reductions and optimizer step after the pipeline
+
+    @property
+    def step_time(self) -> float:
+        """The whole step: the pipeline, then what :attr:`post` adds."""
+        return self.iteration_time if self.post is None else self.post.step_time
+
+    @property
+    def post_pipeline_time(self) -> float:
+        return 0.0 if self.post is None else self.post.post_pipeline_time
 
 
 def simulate(costs: Costs, plan: Plan) -> Simulation:
@@ -205,4 +219,5 @@ def _summarise(
         feasible=not reasons,
         reason="; ".join(reasons) or None,
         timeline=tuple(tuple(t) for t in timeline),
+        post=post_pipeline(costs=costs, plan=plan, timeline=timeline),
     )

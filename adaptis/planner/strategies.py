@@ -80,6 +80,8 @@ def _outcome(name: str, costs: Costs, plan: Plan, seconds: float) -> Outcome:
         iteration_time=sim.iteration_time,
         bubble_ratio=sim.bubble_ratio,
         peak_memory_bytes=list(sim.peak_memory),
+        post_pipeline_time=sim.post_pipeline_time,
+        step_time=sim.step_time,
         stages=len(plan.stages),
         placement=[list(p) for p in plan.placement],
         search_seconds=seconds,
@@ -89,6 +91,8 @@ def _outcome(name: str, costs: Costs, plan: Plan, seconds: float) -> Outcome:
         bubble_ratio=min(1.0, sim.bubble_ratio),
         time_unit=costs.time_unit,
         peak_memory_bytes=list(sim.peak_memory),
+        post_pipeline_time=sim.post_pipeline_time,
+        step_time=sim.step_time,
     )
     plan = plan.model_copy(update={"strategy": name, "microbatches": costs.microbatches,
                                    "predicted": predicted})

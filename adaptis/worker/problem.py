@@ -27,20 +27,22 @@ __all__ = ["estimate_problem", "measure_problem"]
 
 _CPU_FLOPS = 2.0e10  # sustained FLOP/s of one CPU core thread in float32 matmuls (rough)
 _GPU_FLOPS = 2.0e14  # one modern accelerator, mixed precision (rough)
+_CPU_BYTES = 1.0e10  # memory bandwidth one process sees on a CPU (rough; the optimizer's bound)
 
 
 def estimate_problem(spec: JobSpec, *, devices: int, precision: str = "fp32") -> Problem:
     """Layer costs from FLOPs and bytes alone (no torch work): ms on a rough device speed,
     activations of 2 bytes an element in bf16 and 4 in fp32 (``precision``: the ranks' resolved
     precision, bf16 or fp32)."""
-    flops = _GPU_FLOPS if spec.parallelism.gpus_per_worker > 0 else _CPU_FLOPS
+    gpu = spec.parallelism.gpus_per_worker > 0
+    flops = _GPU_FLOPS if gpu else _CPU_FLOPS
     return Problem(
         name=f"{spec.model.blocks[0].kind}-model",
         time_unit="ms",
         microbatches=spec.training.microbatches,
         layers=estimate_layers(spec.model, spec.training,
-                               element_bytes=2 if precision == "bf16" else 4,
-                               flops_per_s=flops),
+                               element_bytes=2 if precision == "bf16" else 4, flops_per_s=flops,
+                               memory_bytes_per_s=None if gpu else _CPU_BYTES),
         devices=IdenticalDevices(count=devices, per_node=max(devices, 1)),
     )
 

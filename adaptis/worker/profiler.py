@@ -39,6 +39,9 @@ bf16 activations between layers; docs/precision.md):
   grad, two moments in fp32; with bf16 weights+grads plus an fp32 master copy it is also
   2 + 2 + 4 + 8 = 16), SGD 8 (weight and grad; fp32 or bf16 plus master).
 - **output bytes**: the layer's output (0 for the head: only the scalar loss leaves it).
+- **optimizer** and **gradient bytes**: one step of the job's optimizer over the layer's
+  parameters, and their gradient's bytes (:mod:`adaptis.worker.optimizer_timing`): the step
+  after the pipeline, and what data-parallel replicas all-reduce.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ from adaptis.worker.module_timing import (
     measure_graph_visit,
     profile_module,
 )
+from adaptis.worker.optimizer_timing import gradient_bytes, time_optimizer_step
 from adaptis.worker.precision import wrap_stage
 
 __all__ = [
@@ -107,6 +111,9 @@ class LayerProfile:
     # the split weight pass's view of the layer: autograd nodes and parameter groups.
     graph_nodes: int = 0
     weight_groups: int = 0
+    # the step after the pipeline: one optimizer step over the layer, its gradient's bytes.
+    optimizer_s: float = 0.0
+    gradient_bytes: int = 0
 
     def to_layer(self, *, unit_seconds: float, graph_visit_s: float = 0.0) -> Layer:
         # F must be > 0 in the contract: a layer too fast for the clock still costs a tick.
@@ -123,6 +130,8 @@ class LayerProfile:
             weight_groups=self.weight_groups or None,
             graph_walk=(r(self.graph_nodes * graph_visit_s / unit_seconds)
                         if self.graph_nodes and graph_visit_s else None),
+            optimizer=r(self.optimizer_s / unit_seconds) if self.optimizer_s else None,
+            gradient_bytes=float(self.gradient_bytes) if self.gradient_bytes else None,
         )
 
 
@@ -157,7 +166,7 @@ def profile_layers(spec: JobSpec, *, settings: ProfileSettings) -> list[LayerPro
             for i, first in enumerate(passes[0])]
 
 
-_TIMES = ("forward_s", "backward_s", "weight_s", "fused_backward_s")
+_TIMES = ("forward_s", "backward_s", "weight_s", "fused_backward_s", "optimizer_s")
 
 
 def _profile_pass(spec: JobSpec, *, settings: ProfileSettings) -> list[LayerProfile]:
@@ -169,7 +178,7 @@ def _profile_pass(spec: JobSpec, *, settings: ProfileSettings) -> list[LayerProf
     tokens = torch.randint(model.vocab_size, (b, s), generator=gen, device=dev)
     hidden = torch.randn(b, s, h, generator=gen, device=dev, dtype=dtype)
     per_param = bytes_per_param(train.optimizer.name)
-    cache: dict[tuple[str, str], tuple[ModuleProfile, int]] = {}
+    cache: dict[tuple[str, str], tuple[ModuleProfile, int, float, int]] = {}
     out: list[LayerProfile] = []
     last = len(infos) - 1
     for index, info in enumerate(infos):
@@ -184,18 +193,21 @@ def _profile_pass(spec: JobSpec, *, settings: ProfileSettings) -> list[LayerProf
                 loss=(lambda o: token_loss(o, tokens)) if index == last else None,
             )
             n_params = sum(p.numel() for p in module.parameters())
-            cache[key] = (m, n_params * per_param)
+            # Last: the step changes the weights (adaptis.worker.optimizer_timing).
+            step_s = time_optimizer_step(module, optimizer=train.optimizer, settings=settings)
+            cache[key] = (m, n_params * per_param, step_s, gradient_bytes(module))
             log.info("profiled %-10s F %.3f ms  B %.3f ms  W %.3f ms  fused %.3f ms  act %.3g B", info.kind,
                      m.forward_s * 1e3, m.backward_s * 1e3, m.weight_s * 1e3, m.fused_backward_s * 1e3,
                      m.activation_bytes)
             del module
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-        m, pb = cache[key]
+        m, pb, step_s, grad_b = cache[key]
         out.append(LayerProfile(name=info.name, kind=info.kind, forward_s=m.forward_s, backward_s=m.backward_s,
                                 weight_s=m.weight_s, activation_bytes=m.activation_bytes, param_bytes=pb,
                                 output_bytes=m.output_bytes, fused_backward_s=m.fused_backward_s,
-                                graph_nodes=m.graph_nodes, weight_groups=m.weight_groups))
+                                graph_nodes=m.graph_nodes, weight_groups=m.weight_groups,
+                                optimizer_s=step_s, gradient_bytes=grad_b))
     return out
 
 

@@ -70,6 +70,17 @@ class RankEnv:
             raise ValueError(f"bad rank environment (RANK, WORLD_SIZE, MASTER_PORT): {err}") from None
 
 
+def metrics_port(config: WorkerConfig, *, env: RankEnv) -> int | None:
+    """The port this rank serves metrics on: the environment's (``adaptis run`` gives each
+    local rank its own), else the config's base + LOCAL_RANK, since the ranks of one pod share
+    its network (the operator declares ports base .. base + N - 1); 0: any, None: off."""
+    if env.metrics_port is not None:
+        return env.metrics_port
+    if not config.metrics_port:
+        return config.metrics_port
+    return config.metrics_port + env.local_rank
+
+
 def print_events(stream: TextIO = sys.stdout) -> Emit:
     def emit(event: dict[str, Any]) -> None:
         stream.write(EVENT_PREFIX + json.dumps(event) + "\n")
@@ -106,7 +117,7 @@ def run_worker(config: WorkerConfig, *, env: RankEnv, emit: Emit, linger_s: floa
         pred_bubble = predicted.bubble_ratio if predicted else None
         pred_iter = predicted.iteration_time * TIME_UNIT_SECONDS[predicted.time_unit] if predicted else None
         metrics.set_prediction(**predictions(predicted))
-        want = env.metrics_port if env.metrics_port is not None else config.metrics_port
+        want = metrics_port(config, env=env)
         port = metrics.serve(port=want) if want is not None else None
         done = _loop(config, env=env, executor=executor, metrics=metrics, emit=emit, port=port,
                      predicted=(pred_bubble, pred_iter))

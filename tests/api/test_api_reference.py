@@ -68,7 +68,8 @@ def test_every_key_of_every_model_is_documented_with_its_bounds() -> None:
     assert job["gpusPerWorker"][1:3] == ["`1`", "≥ 0, ≤ 16"]
     assert job["gradClip"][0] == "number or null" and job["gradClip"][2] == "> 0"
     assert "At `spec.training.optimizer`." in job_reference()
-    assert "At `network.intra_node`, `network.inter_node`." in problem_reference()
+    assert ("At `network.intra_node`, `network.inter_node`, `network.data_parallel`."
+            in problem_reference())
 
 
 def test_every_cel_rule_of_the_crd_is_in_the_job_reference() -> None:

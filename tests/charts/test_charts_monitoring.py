@@ -37,11 +37,15 @@ def test_pod_monitor_scrapes_the_workers_metrics_port(full_objects: list[dict[st
     assert spec["selector"]["matchLabels"] == {"app.kubernetes.io/managed-by": "adaptis"}
     assert spec["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
     (endpoint,) = spec["podMetricsEndpoints"]
-    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == ("metrics", "/metrics",
-                                                                         "10s")
+    assert (endpoint["path"], endpoint["interval"]) == ("/metrics", "10s")
+    # Every rank of a pod: the ports named metrics and metrics-<LOCAL_RANK> (manifests.py).
+    assert "port" not in endpoint
+    keep = endpoint["relabelings"][0]
+    assert (keep["sourceLabels"], keep["regex"], keep["action"]) == (
+        ["__meta_kubernetes_pod_container_port_name"], "metrics(-[0-9]+)?", "keep")
     assert endpoint["honorLabels"] is True
-    targets = {r["targetLabel"] for r in endpoint["relabelings"]}
-    assert {"adaptis_job", "rank"} <= targets
+    targets = {r.get("targetLabel") for r in endpoint["relabelings"]}
+    assert {"adaptis_job", "rank", "local_rank"} <= targets
     everywhere = chartkit.render(home=helm_home, sets={"monitoring.podMonitor.enabled": True})
     assert one(everywhere, "PodMonitor")["spec"]["namespaceSelector"] == {"any": True}
 

@@ -39,8 +39,9 @@ def test_gpus_per_worker_sets_slots_speed_and_memory(make_node: Any, make_job: A
                  planner={"strategy": "1f1b", "memoryHeadroom": 0.5})
     slots = choose_slots(nodes, spec=spec)
     one = choose_slots(nodes, spec=_spec(make_job, parallelism={"workers": 4}))
-    assert len(slots) == 4 and slots[0].speed == pytest.approx(2 * one[0].speed)
-    assert slots[0].memory_bytes == pytest.approx(81559 * 2**20 * 2 * 0.5)
+    # A pod of 2 GPUs runs 2 ranks: a slot's speed and memory are one rank's, one GPU's.
+    assert len(slots) == 4 and slots[0].speed == pytest.approx(one[0].speed)
+    assert slots[0].memory_bytes == pytest.approx(81559 * 2**20 * 0.5)
 
 
 def test_too_few_slots_is_unsatisfiable_naming_the_field(make_node: Any, make_job: Any) -> None:

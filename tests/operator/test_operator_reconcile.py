@@ -138,7 +138,9 @@ def test_invalid_spec_fails_with_field_condition_and_event(cluster: Any, make_jo
 
 
 def test_unsatisfiable_placement_shows_in_status(cluster: Any, make_job: Any) -> None:
-    cluster.add_job(make_job(spec={"parallelism": {"workers": 4, "gpusPerWorker": 4}}))
+    # 16 ranks, 4 replicas of a 4-rank pipeline (the model has too few layers for 16).
+    cluster.add_job(make_job(spec={"parallelism": {"workers": 4, "gpusPerWorker": 4,
+                                                   "dataParallel": 4}}))
     rec = Reconciler(cluster)
     result = rec.reconcile("ns", "demo")
     job = cluster.job()

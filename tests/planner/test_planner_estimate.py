@@ -124,3 +124,16 @@ def test_chunked_mamba_is_linear_in_the_sequence() -> None:
     a_short = _block_cost(TrainingSpec(sequence_length=4096), blocks=attn)
     a_long = _block_cost(TrainingSpec(sequence_length=8192), blocks=attn)
     assert a_long.activation_bytes > 3 * a_short.activation_bytes
+
+
+def test_gradient_bytes_and_optimizer_time_follow_the_parameters() -> None:
+    # A dense block of hidden 1536 holds 8 h^2 parameters: 4 gradient bytes each, and AdamW
+    # moves 28 bytes each over the default bandwidth (flops / 100 = 1e12 B/s on 100 TFLOP/s).
+    layers = estimate_layers(_model(), TrainingSpec())
+    params = 8.0 * 1536 * 1536
+    block = layers[1]
+    assert block.gradient_bytes == pytest.approx(4 * params)
+    assert block.optimizer == pytest.approx(28 * params / 1e12 * 1e3)
+    sgd = estimate_layers(_model(), TrainingSpec.model_validate({"optimizer": {"name": "sgd"}}),
+                          memory_bytes_per_s=2e12)
+    assert sgd[1].optimizer == pytest.approx(12 * params / 2e12 * 1e3)

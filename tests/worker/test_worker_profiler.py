@@ -247,3 +247,25 @@ def test_rounds_take_the_estimator_across_passes() -> None:
     three = profile_layers(spec, settings=ProfileSettings(warmup=0, repeats=1, estimator="min", rounds=3))
     assert [p.activation_bytes for p in three] == [p.activation_bytes for p in one]
     assert all(p.forward_s > 0 and p.fused_backward_s > 0 for p in three)
+
+
+def test_optimizer_step_and_gradient_bytes_are_measured_per_layer() -> None:
+    layers = profile_layers(_spec(optimizer="adamw"), settings=ProfileSettings(warmup=0, repeats=1))
+    for lay in layers:
+        # fp32 gradients: 4 bytes a parameter, a quarter of AdamW's 16 (Layer's default rule).
+        assert lay.gradient_bytes * 4 == lay.param_bytes, lay.name
+        assert (lay.optimizer_s > 0) == (lay.param_bytes > 0), lay.name
+    layer = layers[0].to_layer(unit_seconds=1e-3)
+    assert layer.gradient_bytes == layers[0].gradient_bytes
+    assert layer.optimizer == pytest.approx(layers[0].optimizer_s * 1e3, rel=1e-4)
+
+
+def test_the_optimizer_step_grows_with_the_parameters() -> None:
+    from adaptis.api.job import OptimizerSpec as Opt
+    from adaptis.worker.optimizer_timing import time_optimizer_step
+
+    settings = ProfileSettings(warmup=1, repeats=3, estimator="min")
+    small = time_optimizer_step(torch.nn.Linear(32, 32), optimizer=Opt(), settings=settings)
+    large = time_optimizer_step(torch.nn.Linear(1024, 1024), optimizer=Opt(), settings=settings)
+    assert 0 < small < large  # 1K vs 1M parameters: bandwidth-bound, far apart
+    assert time_optimizer_step(torch.nn.ReLU(), optimizer=Opt(), settings=settings) == 0.0

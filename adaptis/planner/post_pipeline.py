@@ -1,0 +1,94 @@
+"""The step after the pipeline: data-parallel gradient all-reduce and the optimizer step.
+
+Sits in the planner beside :mod:`adaptis.planner.simulator`, which calls it on the timeline it
+has replayed. The pipeline's figures (``iteration_time``, bubbles, memory) stay what they were;
+this module adds what a training step does after them, so the prediction covers a whole step:
+
+- with ``R = problem.data_parallel`` replicas, every stage all-reduces its weight gradient
+  (the sum of its layers' ``gradient_bytes``) with its R - 1 replicas: a ring all-reduce,
+  ``2(R-1) latency + 2(R-1)/R bytes / bandwidth`` over ``network.data_parallel``
+  (:meth:`adaptis.planner.costs.Costs.allreduce_time`);
+- a stage's reduction starts when its last W (or fused BW) of the step ends, and runs on its
+  device's communication channel: it overlaps the device's remaining compute, and a device's
+  reductions run one at a time, in the order their gradients are ready (stage index breaks
+  ties). Replicas run the same plan, so one replica's timeline stands for all of them;
+- a device's gradients are final when its last action and its last reduction have ended.
+  The global gradient norm (clipping) needs every device's, so the optimizer step starts
+  everywhere at the latest of those, and takes the sum of its stages' ``optimizer`` times
+  divided by the device's speed; the step ends when the slowest device's optimizer ends.
+
+``post_pipeline_time`` is the step's end minus the pipeline's; with one replica and no
+optimizer times it is 0 and the step is the pipeline. Not modelled: the tied-embedding
+gradient exchange and the clipping norm's own all-reduce (one scalar: latency only), the
+problem carries neither whether weights are tied nor the world's latency tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from adaptis.api.plan import Plan
+from adaptis.planner.costs import Costs
+
+if TYPE_CHECKING:  # the simulator imports this module; its TimedAction only types here
+    from adaptis.planner.simulator import TimedAction
+
+__all__ = ["PostPipeline", "Reduction", "post_pipeline"]
+
+
+@dataclass(frozen=True, slots=True)
+class Reduction:
+    """One stage's gradient all-reduce on its device's communication channel."""
+
+    stage: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class PostPipeline:
+    """What a step does after the pipeline, in the problem's ``time_unit``."""
+
+    reductions: tuple[tuple[Reduction, ...], ...]  # per device, in channel order
+    gradients_ready: float  # every device's gradients final: the optimizer may start
+    optimizer: tuple[float, ...]  # per device, speed applied
+    step_time: float
+    post_pipeline_time: float
+
+
+def post_pipeline(*, costs: Costs, plan: Plan, timeline: list[list[TimedAction]]) -> PostPipeline:
+    """The reductions and optimizer step after ``timeline`` (the simulator's, per device)."""
+    stages = [tuple(st) for st in plan.stages]
+    grad = costs.stage_sums(costs.grad_bytes, stages)
+    opt = costs.stage_sums(costs.optimizer, stages)
+    pipeline_end = max((t[-1].end for t in timeline if t), default=0.0)
+    last_w = [0.0] * len(stages)
+    for acts in timeline:
+        for a in acts:
+            if a.kind in ("W", "BW"):
+                last_w[a.stage] = max(last_w[a.stage], a.end)
+    reductions: list[tuple[Reduction, ...]] = []
+    ready = 0.0
+    optimizer: list[float] = []
+    for d, acts in enumerate(timeline):
+        free = 0.0
+        done: list[Reduction] = []
+        for s in sorted(plan.placement[d], key=lambda s: (last_w[s], s)):
+            dur = costs.allreduce_time(grad[s])
+            if dur <= 0:
+                continue
+            start = max(free, last_w[s])
+            free = start + dur
+            done.append(Reduction(s, start, free))
+        reductions.append(tuple(done))
+        ready = max(ready, acts[-1].end if acts else 0.0, free)
+        optimizer.append(sum(opt[s] for s in plan.placement[d]) / costs.speed[d])
+    step = ready + max(optimizer, default=0.0)
+    return PostPipeline(
+        reductions=tuple(reductions),
+        gradients_ready=ready,
+        optimizer=tuple(optimizer),
+        step_time=step,
+        post_pipeline_time=max(0.0, step - pipeline_end),
+    )
