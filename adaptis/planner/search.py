@@ -15,7 +15,15 @@ marked ``cut_short``; the structures most likely to win are tried first.
 Placement patterns (device sequences over the stages, in model order):
 ``looped`` (Megatron: s mod p), ``vshape`` (rounds alternate direction, as ZB-V), and
 ``isolated`` variants whose last stage (the head) has a device of its own, the fastest, while
-the other devices loop over the rest — what a model with a huge vocabulary head needs.
+the other devices loop over the rest (``isolated-head``) or go over it in V-shape rounds
+(``isolated-vshape``) — what a model with a huge vocabulary head needs. A family stops
+growing its stage count after two counts in a row that did not beat its best (one bad count
+is often the pipeline's depth and the stage sizes not dividing; the next can win).
+
+Admission (:class:`adaptis.planner.scheduler.Policy` ``admit_per_device``): a structure whose
+devices hold fewer microbatches than it has stages under the global admission rule (the
+global rule then starves the pipeline) is also scheduled with per-device admission, and phase
+2 tries each of the best structures in the other mode too.
 """
 
 from __future__ import annotations
@@ -25,19 +33,23 @@ import math
 import time
 from itertools import accumulate
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import OutOfTime
 from adaptis.planner.partition import balanced_partition
-from adaptis.planner.scheduler import Policy, Schedule, list_schedule
+from adaptis.planner.scheduler import Policy, Schedule, inflight_caps, list_schedule
 
 __all__ = ["SearchResult", "joint_search"]
 
 log = logging.getLogger(__name__)
 
+# Scheduling policies phase 2 tries on the best structures (each in the admission mode the
+# structure was scheduled with; see _admission_modes for the other mode).
 POLICIES = (Policy(), Policy(fill_with_w=False), Policy(split_backward=False))
+# Phase 2 tries the other policies on this many of the best structures.
+_TUNED_STRUCTURES = 4
 # Refinement: non-bottleneck boundary moves tried per round after the bottleneck's own two.
 _OTHER_MOVES = 3
 
@@ -83,7 +95,14 @@ def _patterns(costs: Costs) -> list[tuple[str, list[int]]]:
         if p >= 2 and (p - 1) * v + 1 <= n:
             seq = [rest[s % (p - 1)] for s in range((p - 1) * v)] + [fastest]
             out.append((f"isolated-head-v{v}", seq))
-    return out
+        if p >= 3 and v >= 2 and (p - 1) * v + 1 <= n:
+            # The head alone on the fastest device, the rest in V-shape rounds over the others.
+            q = p - 1
+            seq = [rest[i] if r % 2 == 0 else rest[q - 1 - i] for r in range(v) for i in range(q)]
+            out.append((f"isolated-vshape-v{v}", [*seq, fastest]))
+    # Drop repeats (isolated-head-v1 is looped-v1 when the fastest device is the last one).
+    seen: set[tuple[int, ...]] = set()
+    return [(name, o) for name, o in out if not (tuple(o) in seen or seen.add(tuple(o)))]
 
 
 def _balanced_cuts(costs: Costs, owner: list[int]) -> list[tuple[int, int]]:
@@ -190,6 +209,29 @@ def _pack_cost(costs: Costs, d: int, *, s: int, work: float, load: list[float], 
     return ((load[d] + work) / costs.speed[d], 0 if near else 1)
 
 
+def _throttled(costs: Costs, *, owner: list[int], stages: list[tuple[int, int]]) -> bool:
+    """Whether the global admission rule keeps fewer microbatches in flight than the
+    structure has stages (some device's memory holds fewer): then the pipeline never fills."""
+    caps = inflight_caps(costs, sc=costs.stage_costs(stages), owner=owner, policy=POLICIES[0])
+    return not isinstance(caps, str) and min(caps) < min(len(stages), costs.microbatches)
+
+
+def _scheduled(costs: Costs, *, ev: _Evaluator, name: str, owner: list[int],
+               stages: list[tuple[int, int]], extra: bool = False) -> _Candidate:
+    """One structure under the default policy; also with per-device admission (an extra
+    evaluation, not taken from the budget) where the global rule throttles it. ``extra``:
+    the first schedule is not taken from the budget either."""
+    if extra:
+        ev.budget += 1
+    cand = ev.run(name, owner, stages, POLICIES[0])
+    if _throttled(costs, owner=owner, stages=stages):
+        ev.budget += 1
+        other = ev.run(name, owner, stages, replace(POLICIES[0], admit_per_device=True))
+        if other.time < cand.time:
+            cand = other
+    return cand
+
+
 class _Evaluator:
     """Schedules the search's candidates and keeps its accounts: evaluations against the
     budget, the deadline, progress reports and the champion (the best candidate scheduled so
@@ -268,8 +310,9 @@ def _phases(costs: Costs, *, ev: _Evaluator, patterns: list[tuple[str, list[int]
     # Phase 1: structure (placement pattern x stage count) with balanced partitions.
     ranked: list[_Candidate] = []
     pre = _prefix_work(costs)
-    stalled: set[str] = set()  # pattern families whose last stage count did not help
-    last: dict[str, float] = {}
+    stalled: set[str] = set()  # pattern families whose last two stage counts did not help
+    fam_best: dict[str, float] = {}
+    misses: dict[str, int] = {}
     for name, owner in patterns:
         family = name.rsplit("-v", 1)[0]
         if family in stalled:
@@ -286,7 +329,7 @@ def _phases(costs: Costs, *, ev: _Evaluator, patterns: list[tuple[str, list[int]
         if best is not None and bound >= best.time:
             stalled.add(family)
             continue
-        cand = ev.run(name, owner, stages, POLICIES[0])
+        cand = _scheduled(costs, ev=ev, name=name, owner=owner, stages=stages)
         if len(set(owner)) == len(owner):
             # The same bottleneck with the slack spread over every stage (no idle tail): a
             # different schedule, so both are simulated; it costs no other candidate its turn.
@@ -294,14 +337,16 @@ def _phases(costs: Costs, *, ev: _Evaluator, patterns: list[tuple[str, list[int]
                 costs, stages_count=len(owner), speeds=[costs.speed[d] for d in owner], spread=True
             )
             if even != stages:
-                ev.budget += 1
-                other = ev.run(name, owner, even, POLICIES[0])
+                other = _scheduled(costs, ev=ev, name=name, owner=owner, stages=even, extra=True)
                 if other.time < cand.time:
                     cand = other
         ranked.append(cand)
-        if cand.time >= last.get(family, math.inf):
-            stalled.add(family)  # more stages per device only adds hops from here on
-        last[family] = cand.time
+        if cand.time >= fam_best.get(family, math.inf):
+            misses[family] = misses.get(family, 0) + 1
+            if misses[family] >= 2:
+                stalled.add(family)  # more stages per device only adds hops from here on
+        else:
+            fam_best[family], misses[family] = cand.time, 0
         if best is None or cand.time < best.time:
             best = cand
     # Packed structures: balanced stages first, then any placement (longest stage first onto
@@ -316,9 +361,12 @@ def _phases(costs: Costs, *, ev: _Evaluator, patterns: list[tuple[str, list[int]
         if best is None or cand.time < best.time:
             best = cand
     ranked.sort(key=lambda c: c.time)
-    # Phase 2: scheduling policies on the three best structures.
-    for cand in ranked[:3]:
-        for policy in POLICIES[1:]:
+    # Phase 2: scheduling policies on the best structures, in both admission modes.
+    for cand in ranked[:_TUNED_STRUCTURES]:
+        mode = cand.policy.admit_per_device
+        policies = [replace(pol, admit_per_device=mode) for pol in POLICIES[1:]]
+        policies.append(replace(cand.policy, admit_per_device=not mode))
+        for policy in policies:
             if ev.spent:
                 break
             trial = ev.run(cand.pattern, cand.owner, cand.stages, policy)
