@@ -218,18 +218,13 @@ def _throttled(costs: Costs, *, owner: list[int], stages: list[tuple[int, int]])
 
 def _scheduled(costs: Costs, *, ev: _Evaluator, name: str, owner: list[int],
                stages: list[tuple[int, int]], extra: bool = False) -> _Candidate:
-    """One structure under the default policy; also with per-device admission (an extra
-    evaluation, not taken from the budget) where the global rule throttles it. ``extra``:
-    the first schedule is not taken from the budget either."""
+    """One structure under the default policy, with per-device admission where the global
+    rule throttles it (phase 2 tries the other mode on the best structures). ``extra``: not
+    taken from the budget."""
     if extra:
         ev.budget += 1
-    cand = ev.run(name, owner, stages, POLICIES[0])
-    if _throttled(costs, owner=owner, stages=stages):
-        ev.budget += 1
-        other = ev.run(name, owner, stages, replace(POLICIES[0], admit_per_device=True))
-        if other.time < cand.time:
-            cand = other
-    return cand
+    per_device = _throttled(costs, owner=owner, stages=stages)
+    return ev.run(name, owner, stages, replace(POLICIES[0], admit_per_device=per_device))
 
 
 class _Evaluator:
