@@ -252,7 +252,7 @@ def test_search_admits_per_device_where_the_global_rule_starves_the_pipeline() -
 def test_patterns_include_isolated_vshape_and_no_repeated_placement() -> None:
     """The head alone on the fastest device and V-shape rounds over the others (the issue's
     gemma-L structure); a placement that two families share is tried once."""
-    from adaptis.planner.search import _patterns
+    from adaptis.planner.structures import patterns as _patterns
 
     devices = {"list": [{"name": f"d{d}", "node": "n", "speed": 2.0 if d == 1 else 1.0}
                         for d in range(4)]}
