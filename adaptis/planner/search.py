@@ -188,28 +188,27 @@ def _phases(costs: Costs, *, ev: _Evaluator,
         if family in stalled:
             continue
         if len(set(owner)) == len(owner):  # one stage per device: the exact min-max cut
-            stages = balanced_partition(
-                costs, stages_count=len(owner), speeds=[costs.speed[d] for d in owner]
-            )
+            speeds = [costs.speed[d] for d in owner]
+            cut_sets = [balanced_partition(costs, stages_count=len(owner), speeds=speeds)]
+            # The same bottleneck with the slack spread over every stage (no idle tail).
+            even = balanced_partition(costs, stages_count=len(owner), speeds=speeds, spread=True)
+            if even != cut_sets[0]:
+                cut_sets.append(even)
         else:
-            stages = balanced_cuts(costs, owner)
-        cuts = [lo for lo, _ in stages] + [stages[-1][1]]
+            cut_sets = balanced_cuts(costs, owner)
+        cuts = [lo for lo, _ in cut_sets[0]] + [cut_sets[0][-1][1]]
         # Busiest device's own work is a bound on the iteration: skip hopeless structures.
         bound = max(loads(costs, owner, cuts, pre)) * costs.microbatches
         if best is not None and bound >= best.time:
             stalled.add(family)
             continue
-        cand = _scheduled(costs, ev=ev, name=name, owner=owner, stages=stages)
-        if len(set(owner)) == len(owner):
-            # The same bottleneck with the slack spread over every stage (no idle tail): a
-            # different schedule, so both are simulated; it costs no other candidate its turn.
-            even = balanced_partition(
-                costs, stages_count=len(owner), speeds=[costs.speed[d] for d in owner], spread=True
-            )
-            if even != stages:
-                other = _scheduled(costs, ev=ev, name=name, owner=owner, stages=even, extra=True)
-                if other.time < cand.time:
-                    cand = other
+        # Each set of cuts is a different schedule, so each is simulated; the ones after
+        # the first cost no other candidate its turn.
+        cand = _scheduled(costs, ev=ev, name=name, owner=owner, stages=cut_sets[0])
+        for stages in cut_sets[1:]:
+            other = _scheduled(costs, ev=ev, name=name, owner=owner, stages=stages, extra=True)
+            if other.time < cand.time:
+                cand = other
         ranked.append(cand)
         if cand.time >= fam_best.get(family, math.inf):
             misses[family] = misses.get(family, 0) + 1
