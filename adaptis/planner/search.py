@@ -90,6 +90,13 @@ def _throttled(costs: Costs, *, owner: list[int], stages: list[tuple[int, int]])
     return not isinstance(caps, str) and min(caps) < min(len(stages), costs.microbatches)
 
 
+def _busiest(costs: Costs, *, owner: list[int], stages: list[tuple[int, int]],
+             pre: list[float]) -> float:
+    """The busiest device's work over the iteration: no schedule of these cuts is faster."""
+    cuts = [lo for lo, _ in stages] + [stages[-1][1]]
+    return max(loads(costs, owner, cuts, pre)) * costs.microbatches
+
+
 def _scheduled(costs: Costs, *, ev: _Evaluator, name: str, owner: list[int],
                stages: list[tuple[int, int]], extra: bool = False) -> _Candidate:
     """One structure under the default policy, with per-device admission where the global
@@ -196,16 +203,18 @@ def _phases(costs: Costs, *, ev: _Evaluator,
                 cut_sets.append(even)
         else:
             cut_sets = balanced_cuts(costs, owner)
-        cuts = [lo for lo, _ in cut_sets[0]] + [cut_sets[0][-1][1]]
         # Busiest device's own work is a bound on the iteration: skip hopeless structures.
-        bound = max(loads(costs, owner, cuts, pre)) * costs.microbatches
-        if best is not None and bound >= best.time:
+        first = _busiest(costs, owner=owner, stages=cut_sets[0], pre=pre)
+        if best is not None and first >= best.time:
             stalled.add(family)
             continue
-        # Each set of cuts is a different schedule, so each is simulated; the ones after
-        # the first cost no other candidate its turn.
+        # Each set of cuts is a different schedule, so each is simulated unless its busiest
+        # device alone cannot beat the first; the ones after the first cost no other
+        # candidate its turn.
         cand = _scheduled(costs, ev=ev, name=name, owner=owner, stages=cut_sets[0])
         for stages in cut_sets[1:]:
+            if _busiest(costs, owner=owner, stages=stages, pre=pre) >= cand.time:
+                continue
             other = _scheduled(costs, ev=ev, name=name, owner=owner, stages=stages, extra=True)
             if other.time < cand.time:
                 cand = other
