@@ -176,13 +176,15 @@ def loads(costs: Costs, owner: list[int], cuts: list[int], pre: list[float]) -> 
     return load
 
 
-def evenness(costs: Costs, *, owner: list[int], cuts: list[int], pre: list[float]) -> tuple[float, float]:
+def evenness(costs: Costs, *, owner: list[int], cuts: list[int],
+             pre: list[float]) -> tuple[float, float]:
     """How even the device loads of ``cuts`` are: (max load, sum of squared loads), lower first."""
     ld = loads(costs, owner, cuts, pre)
     return (max(ld), sum(x * x for x in ld))
 
 
-def evenness_of(costs: Costs, cuts: list[int], *, owner: list[int], pre: list[float]) -> tuple[float, float]:
+def evenness_of(costs: Costs, cuts: list[int], *, owner: list[int],
+                pre: list[float]) -> tuple[float, float]:
     """:func:`evenness` with ``cuts`` positional: a sort key once the rest is bound."""
     return evenness(costs, owner=owner, cuts=cuts, pre=pre)
 
@@ -192,7 +194,8 @@ def max_load(costs: Costs, cuts: list[int], *, owner: list[int], pre: list[float
     return max(loads(costs, owner, cuts, pre))
 
 
-def _polish(costs: Costs, *, owner: list[int], cuts: list[int], pre: list[float]) -> list[tuple[int, int]]:
+def _polish(costs: Costs, *, owner: list[int], cuts: list[int],
+            pre: list[float]) -> list[tuple[int, int]]:
     best = evenness(costs, owner=owner, cuts=cuts, pre=pre)
     for _ in range(4 * len(cuts)):
         improved = False
@@ -223,7 +226,8 @@ def pack(costs: Costs, *, stages: list[tuple[int, int]], pre: list[float]) -> li
     return owner
 
 
-def _pack_cost(costs: Costs, d: int, *, s: int, work: float, load: list[float], owner: list[int]) -> tuple[float, int]:
+def _pack_cost(costs: Costs, d: int, *, s: int, work: float, load: list[float],
+               owner: list[int]) -> tuple[float, int]:
     """Device ``d``'s time with stage ``s`` added, then 0 if it holds a neighbour of ``s``."""
     near = (s > 0 and owner[s - 1] == d) or (s + 1 < len(owner) and owner[s + 1] == d)
     return ((load[d] + work) / costs.speed[d], 0 if near else 1)
