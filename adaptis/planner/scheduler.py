@@ -12,7 +12,11 @@ and free memory soonest), then F (oldest microbatch first, deeper stage on ties:
 towards the loss), and W last, to fill the gaps that nothing else can. A new microbatch is
 admitted into the pipeline (F of stage 0) only if every device can hold the activations of
 every in-flight microbatch plus the new one, so the schedule can never run out of memory or
-deadlock on it.
+deadlock on it. With ``Policy.admit_per_device`` each device admits on its own instead: a
+device runs the F of its first stage for a microbatch only while it can hold one more. That
+cannot deadlock either: F runs in microbatch order on every stage, so wherever a newer
+microbatch was admitted the oldest unfinished one was admitted before it, and what a full
+device holds that is older is waiting only for its own W, which it runs first.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from heapq import heapify, heappop, heappush
 from adaptis.planner.costs import Costs, StageCosts
 from adaptis.planner.errors import OutOfTime, PlannerError
 
-__all__ = ["Policy", "Schedule", "list_schedule"]
+__all__ = ["Policy", "Schedule", "inflight_caps", "list_schedule"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +40,11 @@ class Policy:
     split_backward: bool = True  # B/W split (zero-bubble style) or fused BW
     max_inflight: int | None = None  # cap on microbatches in flight (None: memory decides)
     fill_with_w: bool = True  # run a W whenever nothing else is ready (else only where it fits)
+    # Admission per device: a device takes a new microbatch (the F of its first stage) while it
+    # has room for it, instead of stage 0 waiting until *every* device has room. The global
+    # rule reserves a microbatch's memory on devices it has not reached yet, so one device
+    # with room for few (a huge head) throttles the whole pipeline to that many in flight.
+    admit_per_device: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +82,8 @@ def _durations(costs: Costs, *, sc: StageCosts, owner: list[int]) -> _Durations:
     )
 
 
-def _inflight_caps(costs: Costs, *, sc: StageCosts, owner: list[int], policy: Policy) -> list[int] | str:
+def inflight_caps(costs: Costs, *, sc: StageCosts, owner: list[int],
+                  policy: Policy) -> list[int] | str:
     """How many admitted microbatches each device can hold at once: parameters plus that many
     microbatches' activations of its stages fit its memory. A reason (str) if not even one fits."""
     m = costs.microbatches
@@ -101,9 +111,10 @@ class _Pipeline:
     ``f_end`` / ``b_end`` hold each (stage, microbatch)'s F / B end (-1: not run yet).
     """
 
-    __slots__ = ("m", "n_st", "owner", "dur", "caps", "split", "fill_w", "stage0_dev", "dev_stages",
-                 "held", "owed", "mem_devs", "tight", "f_end", "b_end", "next_f", "next_b", "w_queue",
-                 "free", "replay_f", "replay_b", "replay_free", "left", "out")
+    __slots__ = ("m", "n_st", "owner", "dur", "caps", "split", "fill_w", "stage0_dev",
+                 "dev_stages", "held", "owed", "mem_devs", "tight", "f_end", "b_end", "next_f",
+                 "next_b", "w_queue", "free", "replay_f", "replay_b", "replay_free", "left", "out",
+                 "first")
 
     def __init__(self, costs: Costs, *, owner: list[int], dur: _Durations, caps: list[int],
                  policy: Policy) -> None:
@@ -121,6 +132,13 @@ class _Pipeline:
         # owed[d*m + mb]: stages of d that still owe a W (or BW) for mb. A microbatch is admitted
         # only if every device can hold one more: the future of everything admitted always fits.
         self.held = [0] * n_dev
+        # first[s]: stage s is its device's first (where that device admits, per device); -1
+        # everywhere under the global rule, where only stage 0 admits, for every device.
+        self.first = [-1] * n_st
+        if policy.admit_per_device:
+            for lst in self.dev_stages:
+                if lst:
+                    self.first[min(lst)] = owner[min(lst)]
         self.owed = [len(self.dev_stages[d]) for d in range(n_dev) for _ in range(m)]
         self.mem_devs = [d for d in range(n_dev) if self.dev_stages[d]]
         self.tight = [False] * n_dev  # a device that blocked admission: it runs W before F
@@ -159,7 +177,8 @@ class _Pipeline:
         m, n_st, f_end, b_end, hop = self.m, self.n_st, self.f_end, self.b_end, self.dur.hop
         next_f, next_b, w_queue = self.next_f, self.next_b, self.w_queue
         admitted = True
-        if d == self.stage0_dev and next_f[0] < m:
+        first = self.first
+        if first[0] < 0 and d == self.stage0_dev and next_f[0] < m:
             admitted = self.admission_open()
         best_kind, best_key, best_s, best_mb = "", (9, 0), -1, -1
         soonest = math.inf
@@ -186,6 +205,9 @@ class _Pipeline:
                     r = f_end[s * m + mb - m]
                     if r >= 0:
                         r += hop[s]
+                if first[s] >= 0 and self.held[d] >= self.caps[d]:
+                    self.tight[d] = True  # full: nothing new until a W frees a microbatch
+                    r = -1.0
                 if r >= 0:
                     if r > t:
                         if r < soonest:
@@ -239,7 +261,9 @@ class _Pipeline:
         if kind == "F":
             self.f_end[i] = end
             self.next_f[s] += 1
-            if s == 0:
+            if self.first[s] >= 0:
+                self.held[d] += 1
+            elif s == 0:
                 for e in self.mem_devs:
                     self.held[e] += 1
             # The next stage's device gets the activation; the last stage's own B is ready now.
@@ -280,7 +304,7 @@ def list_schedule(
     one schedule of a 64-device x 4096-microbatch problem alone can take minutes.
     """
     sc = costs.stage_costs(stages)
-    caps = _inflight_caps(costs, sc=sc, owner=owner, policy=policy)
+    caps = inflight_caps(costs, sc=sc, owner=owner, policy=policy)
     if isinstance(caps, str):
         return Schedule((), math.inf, False, caps)
     pipe = _Pipeline(costs, owner=owner, dur=_durations(costs, sc=sc, owner=owner), caps=caps, policy=policy)

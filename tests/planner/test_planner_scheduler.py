@@ -2,7 +2,8 @@
 emits (the search ranks candidates by that time, the executor runs the order).
 
 Random problems with slow links between nodes (transfers matter), per-action overhead,
-mixed device speeds and tight memory (admission holds stage 0 back), random partitions and
+mixed device speeds and tight memory (admission holds stage 0 back, or each device on its
+own), random partitions and
 placements (several stages a device, in any order) and every policy the search tries.
 """
 
@@ -20,7 +21,10 @@ from adaptis.planner.costs import Costs
 from adaptis.planner.scheduler import Policy, Schedule, list_schedule
 from adaptis.planner.simulator import simulate
 
-POLICIES = (Policy(), Policy(fill_with_w=False), Policy(split_backward=False), Policy(max_inflight=2))
+POLICIES = (Policy(), Policy(fill_with_w=False), Policy(split_backward=False),
+            Policy(max_inflight=2), Policy(admit_per_device=True),
+            Policy(split_backward=False, admit_per_device=True),
+            Policy(fill_with_w=False, max_inflight=2, admit_per_device=True))
 
 
 def _plan(schedule: Schedule, *, stages: list[tuple[int, int]], owner: list[int], devices: int) -> Plan:
@@ -115,3 +119,25 @@ def test_transfers_are_on_the_critical_path_of_the_reported_time() -> None:
     sched = _replays(costs, stages=[(0, 1), (1, 2)], owner=[0, 1], policy=Policy())
     # F0 1, hop 2.5, F1 1, B1 1, hop 2.5, B0 0, W0 2 (stage 0's whole backward): 10.
     assert sched.iteration_time == 10.0
+
+
+def test_per_device_admission_fills_a_pipeline_the_global_rule_starves() -> None:
+    """Four stages; the last device holds one microbatch's activations, the others eight.
+    The global rule admits a microbatch only when every device has room, so the whole
+    pipeline runs about one microbatch at a time. Per device, the first three keep it full
+    while the last takes one at a time, within its memory (``_replays`` checks it): its F of
+    microbatch 0 starts at 3, then F+B of 2 a microbatch back to back (16), the backward
+    crosses stages 2 and 1 (2), and stage 0's backward, all W, takes 1: 22."""
+    layers = [{"name": f"l{i}", "forward": 1.0, "backward": 1.0, "weight": 0.0,
+               "activation_bytes": 4.0 if i == 3 else 1.0} for i in range(4)]
+    devices = [{"name": f"d{d}", "node": "n", "memory_bytes": 4.0 if d == 3 else 8.0}
+               for d in range(4)]
+    costs = Costs.from_problem(parse_problem(
+        {"name": "t", "microbatches": 8, "layers": layers, "devices": {"list": devices}}))
+    stages, owner = [(i, i + 1) for i in range(4)], [0, 1, 2, 3]
+    starved = _replays(costs, stages=stages, owner=owner, policy=Policy())
+    full = _replays(costs, stages=stages, owner=owner, policy=Policy(admit_per_device=True))
+    assert full.iteration_time == 22.0
+    assert starved.iteration_time > 2 * full.iteration_time
+    # Device 0 ran ahead: seven forwards before its first backward.
+    assert [a[0] for a in full.actions[0][:8]] == ["F"] * 7 + ["B"]

@@ -229,3 +229,41 @@ def test_refinement_moves_boundaries_off_the_busiest_device_too() -> None:
     _refine(costs, best=start, ev=Recording(costs, budget=100))
     moved = [next(i for i, (a, b) in enumerate(zip(t, stages)) if a != b) for t in tried]
     assert any(i >= 2 for i in moved), tried  # a boundary between devices 1..3 was moved
+
+
+def test_search_admits_per_device_where_the_global_rule_starves_the_pipeline() -> None:
+    """The last device holds one microbatch, the others eight (see the scheduler's test of
+    the same problem): even on a budget of one candidate the search also schedules the
+    structure with per-device admission, not taken from the budget, and keeps it."""
+    from adaptis.planner.search import joint_search
+
+    layers = [{"name": f"l{i}", "forward": 1.0, "backward": 1.0, "weight": 0.0,
+               "activation_bytes": 4.0 if i == 3 else 1.0} for i in range(4)]
+    devices = [{"name": f"d{d}", "node": "n", "memory_bytes": 4.0 if d == 3 else 8.0}
+               for d in range(4)]
+    doc = _problem(layers=layers, devices={"list": devices}, m=8)
+    costs = Costs.from_problem(parse_problem(doc))
+    found = joint_search(costs, max_evaluations=1)
+    assert found is not None
+    assert found.policy.admit_per_device
+    assert found.schedule.iteration_time == 22.0
+
+
+def test_patterns_include_isolated_vshape_and_no_repeated_placement() -> None:
+    """The head alone on the fastest device and V-shape rounds over the others (the issue's
+    gemma-L structure); a placement that two families share is tried once."""
+    from adaptis.planner.structures import patterns as _patterns
+
+    devices = {"list": [{"name": f"d{d}", "node": "n", "speed": 2.0 if d == 1 else 1.0}
+                        for d in range(4)]}
+    costs = Costs.from_problem(parse_problem(_problem(layers=_heavy_head(20), devices=devices,
+                                                      m=4)))
+    pats = dict(_patterns(costs))
+    assert pats["isolated-vshape-v3"] == [0, 2, 3, 3, 2, 0, 0, 2, 3, 1]
+    owners = [tuple(o) for o in pats.values()]
+    assert len(owners) == len(set(owners))
+    # On equal devices the fastest is the last: isolated-head-v1 is looped-v1, tried once.
+    same = Costs.from_problem(parse_problem(_problem(layers=_heavy_head(20), devices={"count": 4},
+                                                     m=4)))
+    names = [name for name, _ in _patterns(same)]
+    assert "looped-v1" in names and "isolated-head-v1" not in names
