@@ -56,11 +56,11 @@ def _problem(args: argparse.Namespace, job: AdaPtisJob, *, workers: int) -> Prob
     from adaptis.worker.problem import estimate_problem, measure_problem
 
     from adaptis.cli import CLIError
-    from adaptis.worker.models import model_layers
+    from adaptis.api.rules import layer_count
 
     if args.problem:
         problem = load_problem(args.problem)
-        want, got = len(model_layers(job.spec.model)), len(problem.expanded_layers())
+        want, got = layer_count(job.spec.model), len(problem.expanded_layers())
         if want != got:
             raise CLIError(f"{args.problem} profiles {got} layers; the job's model has {want} "
                            f"(embedding, {want - 2} blocks, head)")

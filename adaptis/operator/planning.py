@@ -30,7 +30,8 @@ from adaptis.api.plan import Plan
 from adaptis.api.problem import DeviceList, DeviceSpec, Link, Network, Problem
 from adaptis.operator.errors import Unsatisfiable
 from adaptis.operator.profiling import NodeProfile, parse_quantity
-from adaptis.planner.estimate import device_speed, estimate_layers
+from adaptis.planner.estimate import device_speed
+from adaptis.planner.hf_estimate import estimate_model_layers
 from adaptis.planner.strategies import compare, plan_strategy
 
 __all__ = [
@@ -202,7 +203,7 @@ def build_problem(
     spec: JobSpec, slots: Sequence[Slot], *, inter_node: Link = DEFAULT_INTER_NODE, name: str
 ) -> Problem:
     """The planning problem of a job on the chosen slots (device d is rank d)."""
-    layers = estimate_layers(spec.model, spec.training)
+    layers = estimate_model_layers(spec.model, spec.training)
     devices = [
         DeviceSpec(name=f"rank{r}", node=s.node.name, speed=s.speed, memory_bytes=s.memory_bytes)
         for r, s in enumerate(slots)

@@ -22,17 +22,19 @@ import torch.distributed as dist
 from torch import nn
 
 from adaptis.api.errors import SpecError
+from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import WorkerConfig
 from adaptis.api.plan import Plan
+from adaptis.api.rules import layer_count
 from adaptis.worker.data import Batch
 from adaptis.worker.errors import PlanMismatchError
+from adaptis.worker.hf_stages import HFStage, build_hf_stages
 from adaptis.worker.layers import Embedding, Head
 from adaptis.worker.models import (
     StageModule,
     build_stages,
     find_layer,
     layer_parameters,
-    model_layers,
     token_loss,
 )
 from adaptis.worker.pipelining import (
@@ -82,7 +84,7 @@ def parse_plan(config: WorkerConfig, *, world_size: int) -> Plan:
     """The config's plan, checked against the model's layer count and the world size."""
     try:
         plan = config.plan if isinstance(config.plan, Plan) else Plan.model_validate(config.plan)
-        plan.check(layers=len(model_layers(config.model)),
+        plan.check(layers=layer_count(config.model),
                    microbatches=config.training.microbatches, devices=world_size)
     except SpecError as err:
         raise PlanMismatchError(str(err)) from None
@@ -121,23 +123,26 @@ class Executor:
         spec, train = config.model, config.training
         self.stage_ids = sorted(self.plan.placement[rank])
         ranges = [tuple(self.plan.stages[s]) for s in self.stage_ids]
+        # A Hugging Face model's stages come from its own modules (adaptis.worker.hf_stages).
+        build = build_hf_stages if spec.huggingface is not None else build_stages
         self.modules: list[nn.Module] = [
-            m.to(device) for m in build_stages(spec, stages=ranges, seed=train.seed)  # type: ignore[arg-type]
+            m.to(device) for m in build(spec, stages=ranges, seed=train.seed)  # type: ignore[arg-type]
         ]
+        hidden, vocab, self._tied = _dims(config)
         self.params = _unique_params(self.modules)
         self._tied_peer, self._count_in_norm = self._tie_embeddings()
         self.optimizer = _optimizer(self.params, config)
         self.timer: ActionTimer = CudaActionTimer() if device.type == "cuda" else WallActionTimer()
         m = train.microbatches
         shapes = StageShapes(microbatch_size=train.microbatch_size, sequence_length=train.sequence_length,
-                             hidden=spec.hidden, vocab_size=spec.vocab_size, device=device)
+                             hidden=hidden, vocab_size=vocab, device=device)
         self.runtime = PipelineRuntime(
             modules=self.modules, stage_ids=self.stage_ids, num_stages=len(self.plan.stages),
             actions=[[(k, s, mb) for k, s, mb in acts] for acts in self.plan.actions],
             microbatches=m, shapes=shapes, timer=self.timer,
             loss_fn=lambda out, tgt: token_loss(out, tgt, scale=1.0 / m),
         )
-        act = train.microbatch_size * train.sequence_length * spec.hidden * 4
+        act = train.microbatch_size * train.sequence_length * hidden * 4
         self.sent_bytes, self.received_bytes = transfer_bytes(self.plan, rank=rank, activation_bytes=act)
 
     @property
@@ -155,19 +160,19 @@ class Executor:
         A point-to-point exchange on the world group, not a 2-rank ``new_group``: subgroups
         created next to torch pipelining's own peer warm-up broke gloo on torch 2.11."""
         count = [True] * len(self.params)
-        if not self.config.model.tie_embeddings:
+        if not self._tied:
             return None, count
         owner = self.plan.stage_device()
-        n_layers = len(model_layers(self.config.model))
+        n_layers = layer_count(self.config.model)
         first = next(s for s, (lo, _hi) in enumerate(self.plan.stages) if lo == 0)
         last = next(s for s, (_lo, hi) in enumerate(self.plan.stages) if hi == n_layers)
         emb_rank, head_rank = owner[first], owner[last]
         if emb_rank == head_rank or self.rank not in (emb_rank, head_rank):
             return None, count  # same rank: one Parameter, shared by build_stages
         if self.rank == head_rank:
-            head = find_layer(self.modules, Head)
+            head = self._head_weight()
             if head is not None:
-                count = [p is not head.weight for p in self.params]
+                count = [p is not head for p in self.params]
         return (head_rank if self.rank == emb_rank else emb_rank), count
 
     def _sync_tied(self, peer: int) -> None:
@@ -188,9 +193,16 @@ class Executor:
         weight.grad.add_(other)
 
     def _tied_weight(self) -> torch.Tensor | None:
+        for m in self.modules:
+            if isinstance(m, HFStage) and m.embed_tokens is not None:
+                return m.embed_tokens.weight
         emb = find_layer(self.modules, Embedding)
-        if emb is not None:
-            return emb.weight
+        return emb.weight if emb is not None else self._head_weight()
+
+    def _head_weight(self) -> torch.Tensor | None:
+        for m in self.modules:
+            if isinstance(m, HFStage) and m.lm_head is not None:
+                return m.lm_head.weight
         head = find_layer(self.modules, Head)
         return head.weight if head is not None else None
 
@@ -259,7 +271,19 @@ class Executor:
         for module in self.modules:
             if isinstance(module, StageModule):
                 out.update(layer_parameters(module))
+            elif isinstance(module, HFStage):  # by transformers' names; a shared tie once
+                seen = {id(p) for p in out.values()}
+                out.update({k: p for k, p in module.hf_parameters().items() if id(p) not in seen})
         return out
+
+
+def _dims(config: WorkerConfig) -> tuple[int, int, bool]:
+    """Hidden size, vocabulary and tied embeddings of the zoo model or the Hugging Face one."""
+    spec = config.model
+    if spec.huggingface is not None:
+        layout = hf_layout(spec.huggingface)
+        return layout.hidden, layout.vocab_size, layout.tied
+    return spec.hidden, spec.vocab_size, spec.tie_embeddings  # type: ignore[return-value]
 
 
 def _unique_params(modules: list[nn.Module]) -> list[nn.Parameter]:

@@ -10,9 +10,10 @@ and is what ``adaptis run`` uses.
 
 from __future__ import annotations
 
+from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import JobSpec
 from adaptis.api.problem import IdenticalDevices, Problem
-from adaptis.planner.estimate import estimate_layers
+from adaptis.planner.hf_estimate import estimate_model_layers
 from adaptis.worker.profiler import (
     ProfileSettings,
     measure_action_overhead,
@@ -32,12 +33,19 @@ def estimate_problem(spec: JobSpec, *, devices: int) -> Problem:
     the executor's precision (fp32)."""
     flops = _GPU_FLOPS if spec.parallelism.gpus_per_worker > 0 else _CPU_FLOPS
     return Problem(
-        name=f"{spec.model.blocks[0].kind}-model",
+        name=_problem_name(spec),
         time_unit="ms",
         microbatches=spec.training.microbatches,
-        layers=estimate_layers(spec.model, spec.training, element_bytes=4, flops_per_s=flops),
+        layers=estimate_model_layers(spec.model, spec.training, element_bytes=4, flops_per_s=flops),
         devices=IdenticalDevices(count=devices, per_node=max(devices, 1)),
     )
+
+
+def _problem_name(spec: JobSpec) -> str:
+    hf = spec.model.huggingface
+    if hf is not None:
+        return f"{hf_layout(hf).model_type}-model"
+    return f"{spec.model.blocks[0].kind}-model"  # type: ignore[index]
 
 
 def measure_problem(spec: JobSpec, *, devices: int, repeats: int = 3) -> Problem:
@@ -45,7 +53,7 @@ def measure_problem(spec: JobSpec, *, devices: int, repeats: int = 3) -> Problem
     layer profiler, as ``adaptis profile`` does, few repeats; no memory limit is set."""
     settings = ProfileSettings(warmup=1, repeats=repeats)
     profiles = profile_layers(spec, settings=settings)
-    return problem_from_profiles(profiles, name=f"{spec.model.blocks[0].kind}-model",
+    return problem_from_profiles(profiles, name=_problem_name(spec),
                                  microbatches=spec.training.microbatches, devices=devices, memory_bytes=None,
                                  action_overhead_s=measure_action_overhead(settings=settings),
                                  graph_visit_s=measure_graph_visit(settings=settings, spec=spec))
