@@ -49,6 +49,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--metrics-port", type=int,
                    help="first rank's metrics port (rank r: +r); default: spec.metrics.port, 0: off")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="plan the job's pipeline ranks (estimate unless --problem or --profile "
+                        "measure) and print the plan; start nothing (adaptis.cli.dry_run)")
+    p.add_argument("--timeline", metavar="OUT.png|OUT.svg", type=Path,
+                   help="with --dry-run: draw the plan's timeline")
     p.set_defaults(func=run)
 
 
@@ -115,6 +120,10 @@ def run(args: argparse.Namespace) -> int:
         "parallelism": spec.parallelism.model_copy(update={"workers": workers}),
         "training": training, "planner": spec.planner.model_copy(update={"strategy": strategy}),
         "checkpoint": spec.checkpoint.model_copy(update={"every_steps": ckpt_every})}))
+    if args.dry_run:
+        from adaptis.cli.dry_run import dry_run
+
+        return dry_run(args, job, strategy=strategy)
     ckpt_dir = workdir / "checkpoints"
     resume_from = _checkpoints(args, ckpt_dir, model=spec.model, workers=workers)
     if resume_from is not None and resume_from >= training.steps:

@@ -51,6 +51,10 @@ def _problem_name(spec: JobSpec) -> str:
 def measure_problem(spec: JobSpec, *, devices: int, repeats: int = 3) -> Problem:
     """Time each distinct layer kind once on this process (current thread count) with the
     layer profiler, as ``adaptis profile`` does, few repeats; no memory limit is set."""
+    if spec.model.huggingface is not None:
+        from adaptis.worker.hf_profile import measure_hf_problem
+
+        return measure_hf_problem(spec, devices=devices, repeats=repeats)
     settings = ProfileSettings(warmup=1, repeats=repeats)
     profiles = profile_layers(spec, settings=settings)
     return problem_from_profiles(profiles, name=_problem_name(spec),
