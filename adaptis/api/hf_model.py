@@ -16,6 +16,7 @@ error naming ``model_type``. Nothing is ever downloaded: the config is inline or
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,11 +113,26 @@ class HFLayout:
         return ["embedding", *(f"{k}_{i}" for i, k in enumerate(self.kinds)), "head"]
 
 
+_YAML_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+def _floats(value: Any) -> Any:
+    """YAML 1.1 (PyYAML, the API server's manifests) reads ``1e-6`` as a string: the config
+    means the number, as config.json's JSON does."""
+    if isinstance(value, str) and _YAML_FLOAT.match(value):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_floats(v) for v in value]
+    return value
+
+
 def resolve_config(spec: HuggingFaceSpec) -> dict[str, Any]:
     """The config.json as a dict: the inline one, or read from ``path`` (a file or a directory
     holding config.json)."""
     if spec.config is not None:
-        return dict(spec.config)
+        return _floats(dict(spec.config))  # type: ignore[no-any-return]
     assert spec.path is not None  # the model validator guarantees one of the two
     p = Path(spec.path)
     if p.is_dir():

@@ -186,14 +186,22 @@ def init_hf_model(causal_lm: nn.Module, *, layout: HFLayout, owned: set[int], se
 
 def build_hf_stages(model: ModelSpec, *, stages: Sequence[tuple[int, int]],
                     seed: int) -> list[HFStage]:
-    """This process's stages (``[lo, hi)`` ranges): only their layers are materialised."""
+    """This process's stages (``[lo, hi)`` ranges): only their layers are materialised, then
+    overwritten with the local weights when the spec names them (only these layers' tensors
+    are read)."""
     causal_lm, config, layout = _skeleton(model)
     n = layout.layer_count
     owned = {i for lo, hi in stages for i in range(lo, hi)}
     if not owned or max(owned) >= n:
         raise WorkerError(f"stages {list(stages)} outside the model's {n} layers")
     init_hf_model(causal_lm, layout=layout, owned=owned, seed=seed)
-    return [HFStage(causal_lm, config=config, lo=lo, hi=hi, n_layers=n) for lo, hi in stages]
+    built = [HFStage(causal_lm, config=config, lo=lo, hi=hi, n_layers=n) for lo, hi in stages]
+    assert model.huggingface is not None
+    if model.huggingface.weights is not None:
+        from adaptis.worker.hf_weights import load_stage_weights  # it imports this module
+
+        load_stage_weights(built, directory=model.huggingface.weights)
+    return built
 
 
 def build_hf_model(model: ModelSpec, *, seed: int) -> nn.Module:

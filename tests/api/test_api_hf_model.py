@@ -94,3 +94,12 @@ def test_rules_count_the_decoder_layers_plus_embedding_and_head() -> None:
     assert field == "spec.parallelism.workers" and "6 layers" in message
     ok = spec.model_copy(update={"parallelism": spec.parallelism.model_copy(update={"workers": 3})})
     assert job_violations(name="hf", spec=ok) == []
+
+
+def test_yaml_exponents_in_an_inline_config_are_numbers() -> None:
+    from adaptis.api.hf_model import resolve_config
+
+    job = parse_job(_job({"huggingface": {"config": {**_config("tiny-llama"),
+                                                     "rms_norm_eps": "1e-6"}}}))
+    config = resolve_config(job.spec.model.huggingface)
+    assert config["rms_norm_eps"] == 1e-6 and config["model_type"] == "llama"

@@ -102,3 +102,25 @@ def hf_reference(model: ModelSpec, training: TrainingSpec = HF_TRAINING) -> dict
         optim.step()
     params = {k: p.detach().clone() for k, p in net.named_parameters()}
     return {"losses": losses, "grads": grads, "params": params}
+
+
+def hf_checkpoint_ranks(rank: int, world: int, port: int, cases_file: str, ckpt_dir: str) -> None:
+    """The first case: ``training.steps`` steps through the executor, then each rank's
+    checkpoint (adaptis.worker.checkpoint) as the runner writes it."""
+    from adaptis.worker.checkpoint import save_checkpoint
+    from adaptis.worker.data import SyntheticTokens
+    from adaptis.worker.executor import Executor
+
+    init_gloo(rank, world, port)
+    case = json.loads(Path(cases_file).read_text())[0]
+    cfg = WorkerConfig.model_validate(case["config"])
+    t = cfg.training
+    ex = Executor(cfg, rank=rank, world_size=world, device=torch.device("cpu"))
+    data = SyntheticTokens(vocab_size=_vocab(cfg.model), sequence_length=t.sequence_length,
+                           seed=t.seed)
+    per_step = t.microbatches * t.microbatch_size
+    for s in range(t.steps):
+        ex.step(data.batch(position=s * per_step, sequences=per_step))
+    save_checkpoint(ckpt_dir, executor=ex, step=t.steps, position=t.steps * per_step,
+                    tokens=0, samples=0)
+    dist.destroy_process_group()
