@@ -2,13 +2,14 @@
 
 For the tiny configs of examples/models/ (Llama, Qwen2-MoE, the Bamba Mamba/attention hybrid,
 Gemma with tied embeddings), three AdamW steps of pipelined training on 2 real gloo ranks,
-under the planner's adaptis, 1f1b and zb-v plans (zb-v: two chunks a rank, so the embedding and
-the head share a rank and the tied weight one Parameter; the others split them across ranks),
-equal a plain ``AutoModelForCausalLM`` trained in one process on the same batches from the same
-initial weights: every step's loss within 1e-5 relative, the last step's gradients and the
-final parameters within rtol 1e-4 / atol 1e-6 (as tests/worker/test_worker_parity.py; float32,
-the only differences are summation order). The MoE auxiliary loss is off in both
-(``output_router_logits`` false), so the loss is the language-model loss alone.
+under the planner's adaptis or 1f1b plan, its zb-v plan and (Llama) its i1f1b plan (for tied
+Gemma: 1f1b puts embedding and head on two ranks, zb-v's V puts them on one, sharing one
+Parameter; both are checked), equal a plain ``AutoModelForCausalLM`` trained in one process on
+the same batches from the same initial weights: every step's loss within 1e-5 relative, the
+last step's gradients and the final parameters within rtol 1e-4 / atol 1e-6 (as
+tests/worker/test_worker_parity.py; float32, the only differences are summation order). The MoE
+auxiliary loss is off in both (``output_router_logits`` false): the loss is the language-model
+loss alone.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from adaptis.worker.problem import estimate_problem
 pytest.importorskip("transformers")
 
 CASES = {
-    "tiny-llama": ("adaptis", "zb-v"),
+    "tiny-llama": ("adaptis", "i1f1b", "zb-v"),
     "tiny-qwen2-moe": ("1f1b", "zb-v"),
     "tiny-bamba": ("adaptis", "zb-v"),
     "tiny-gemma": ("1f1b", "zb-v"),
@@ -39,6 +40,9 @@ def _results(name: str, tmp_path) -> dict[str, list[dict]]:
         outcome = plan_strategy(estimate_problem(spec, devices=2), strategy)
         assert outcome.plan is not None, f"{strategy}: {outcome.result.reason}"
         plans[strategy] = outcome.plan
+    if name == "tiny-gemma":  # the tied weight both across ranks and within one
+        owner = {s: [p.stage_device()[0], p.stage_device()[-1]] for s, p in plans.items()}
+        assert owner["1f1b"][0] != owner["1f1b"][1] and owner["zb-v"][0] == owner["zb-v"][1]
     write_hf_cases(tmp_path / "cases.json", plans, model=model)
     run_ranks(hf_ranks, world=2, args=(str(tmp_path / "cases.json"), str(tmp_path)), timeout_s=300)
     return {s: [torch.load(tmp_path / f"{s}-{r}.pt") for r in range(2)] for s in plans}
