@@ -42,3 +42,18 @@ def test_measured_profile_times_each_real_layer_kind_once() -> None:
     assert profiles[1].forward_s == profiles[3].forward_s  # one measurement per kind
     assert profiles[1].param_bytes != profiles[2].param_bytes  # Mamba vs attention modules
     assert profiles[-1].backward_s > 0 and profiles[0].backward_s == 0  # tokens take no grad
+
+
+@pytest.mark.parametrize("name", ["hf-llama-8b", "hf-qwen3-moe-30b-a3b"])
+def test_estimated_parameters_match_the_real_model(name: str) -> None:
+    """The estimate's parameter bytes (16 a parameter with AdamW) add up to the parameters of
+    the real model transformers builds from the config (on the meta device: no memory)."""
+    from adaptis.api.job import load_job
+    from adaptis.planner.hf_estimate import estimate_model_layers
+    from adaptis.worker.hf_stages import _skeleton
+
+    spec = load_job(REPO / "examples" / f"{name}.yaml").spec
+    estimated = sum(layer.param_bytes for layer in estimate_model_layers(spec.model,
+                                                                         spec.training)) / 16
+    real = sum(p.numel() for p in _skeleton(spec.model)[0].parameters())
+    assert estimated == pytest.approx(real, rel=0.002)  # norms are all it leaves out
