@@ -25,6 +25,7 @@ from pydantic.alias_generators import to_camel, to_snake
 from pydantic_core import PydanticCustomError
 
 from adaptis.api.errors import SpecError, from_validation_error
+from adaptis.api.hf_model import HuggingFaceSpec
 from adaptis.api.pod_fields import (
     EnvVar,
     LabelKey,
@@ -123,25 +124,33 @@ class BlockSpec(_Spec):
 
 
 class ModelSpec(_Spec):
-    """A small but real heterogeneous model: embedding, blocks, large-vocabulary head."""
+    """The model: the built-in zoo (vocabSize, hidden, heads, blocks: a small but real
+    heterogeneous model), or a Hugging Face transformers model (huggingface), one or the other."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                {"rule": "!has(self.heads) || self.hidden % self.heads == 0",
+                {"rule": "!has(self.heads) || !has(self.hidden) || self.hidden % self.heads == 0",
                  "message": "heads must divide hidden", "fieldPath": ".heads"},
                 {"rule": "!has(self.kvHeads) || !has(self.heads) || self.heads % self.kvHeads == 0",
                  "message": "kvHeads must divide heads", "fieldPath": ".kvHeads"},
                 {"rule": "!has(self.positions) || self.positions != 'rope' || !has(self.heads) || "
+                         "!has(self.hidden) || "
                          "(self.hidden / self.heads) % 2 == 0",
                  "message": "rope needs an even head size (hidden / heads)",
                  "fieldPath": ".positions"},
+                {"rule": "has(self.huggingface) ? !has(self.blocks) && !has(self.vocabSize) && "
+                         "!has(self.hidden) : has(self.blocks) && has(self.vocabSize) && "
+                         "has(self.hidden)",
+                 "message": "give either huggingface or the zoo's vocabSize, hidden and blocks"},
             ]
         }
     )
 
-    vocab_size: int = Field(ge=2, le=4_194_304, description="Vocabulary of embedding and head.")
-    hidden: int = Field(ge=8, le=65_536, description="Hidden size.")
+    # Optional only so that huggingface can stand in for them (_zoo_or_huggingface).
+    vocab_size: int | None = Field(
+        default=None, ge=2, le=4_194_304, description="Vocabulary of embedding and head.")
+    hidden: int | None = Field(default=None, ge=8, le=65_536, description="Hidden size.")
     heads: int = Field(default=4, ge=1, le=512, description="Attention heads; divides hidden.")
     kv_heads: int | None = Field(
         default=None, ge=1, le=512,
@@ -159,10 +168,13 @@ class ModelSpec(_Spec):
         "only) or rope (rotary embedding of queries and keys).")
     rope_theta: float = Field(default=10_000.0, gt=1, le=1e9,
                               description="rope only: base of the rotary frequencies.")
-    blocks: list[BlockSpec] = Field(
-        min_length=1, max_length=1024, description="The layers between embedding and head."
-    )
+    blocks: list[BlockSpec] | None = Field(
+        default=None, min_length=1, max_length=1024,
+        description="The layers between embedding and head.")
     tie_embeddings: bool = Field(default=False, description="Share embedding and head weights.")
+    huggingface: HuggingFaceSpec | None = Field(
+        default=None, description="A transformers decoder model instead of the zoo "
+        "(docs/huggingface.md): its config.json inline or a local path, optional local weights.")
 
     @field_validator("kv_heads")
     @classmethod
@@ -177,8 +189,23 @@ class ModelSpec(_Spec):
         return kv_heads
 
     @model_validator(mode="after")
-    def _heads_divide_hidden(self) -> ModelSpec:
-        if self.hidden % self.heads:
+    def _zoo_or_huggingface(self) -> ModelSpec:
+        if self.huggingface is not None:
+            for name in ("vocab_size", "hidden", "blocks"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"model.{to_camel(name)} does not go with model.huggingface "
+                                     "(the config gives it): remove one of the two")
+            # heads and tieEmbeddings get defaults from the API server: only a change is wrong.
+            for name in ("heads", "tie_embeddings"):
+                if getattr(self, name) != type(self).model_fields[name].default:
+                    raise ValueError(f"model.{to_camel(name)} does not go with model.huggingface "
+                                     "(the config gives it): remove it")
+            return self
+        for name in ("vocab_size", "hidden", "blocks"):
+            if getattr(self, name) is None:
+                raise ValueError(f"model.{to_camel(name)} is required (or name a Hugging Face "
+                                 "model with model.huggingface)")
+        if self.hidden % self.heads:  # type: ignore[operator]
             raise ValueError(f"model.heads ({self.heads}) must divide model.hidden ({self.hidden})")
         if self.positions == "rope" and (self.hidden // self.heads) % 2:
             raise ValueError(f"model.positions rope rotates pairs of features: the head size "
@@ -202,7 +229,7 @@ class ModelSpec(_Spec):
 
     @property
     def block_kinds(self) -> list[str]:
-        return [b.kind for b in self.blocks for _ in range(b.count)]
+        return [b.kind for b in self.blocks or [] for _ in range(b.count)]
 
 
 class OptimizerSpec(_Spec):
@@ -430,20 +457,22 @@ def _job_cel_rules() -> list[dict[str, str]]:
     workers = f"({ranks} / {par('dataParallel')})"
     # blocks has maxItems 1024, which bounds the map's cost well within the per-rule limit.
     layers = "(2 + self.model.blocks.map(b, has(b.count) ? b.count : 1).sum())"
+    # A huggingface model's layers are in its config, which CEL cannot read: rules.py checks.
+    zoo = "!has(self.model.blocks) || "
     steps = ("(has(self.training) && has(self.training.steps) "
              f"? self.training.steps : {steps_default})")
     chunked = ", ".join(f"'{name}'" for name in CHUNKED_STRATEGIES)
     chunks = CHUNKS_PER_RANK
     return [
-        {"rule": f"{layers} <= {MAX_BLOCKS + 2}", "fieldPath": ".model.blocks",
+        {"rule": f"{zoo}{layers} <= {MAX_BLOCKS + 2}", "fieldPath": ".model.blocks",
          "message": f"the blocks' counts must add up to at most {MAX_BLOCKS}"},
         {"rule": f"{ranks} % {par('dataParallel')} == 0", "fieldPath": ".parallelism.dataParallel",
          "message": "dataParallel must divide the ranks (workers x max(1, gpusPerWorker))"},
-        {"rule": f"{workers} <= {layers}", "fieldPath": ".parallelism.workers",
+        {"rule": f"{zoo}{workers} <= {layers}", "fieldPath": ".parallelism.workers",
          "message": "pipeline ranks (workers x max(1, gpusPerWorker) / dataParallel) must not "
                     "exceed the model's layers (2 + the sum of block counts)"},
         {"rule": "!has(self.planner) || !has(self.planner.strategy) || "
-                 f"!(self.planner.strategy in [{chunked}]) || {chunks} * {workers} <= {layers}",
+                 f"!(self.planner.strategy in [{chunked}]) || {zoo}{chunks} * {workers} <= {layers}",
          "fieldPath": ".planner.strategy",
          "message": f"{'/'.join(CHUNKED_STRATEGIES)} need {chunks} layers per worker"},
         {"rule": "!has(self.checkpoint) || !has(self.checkpoint.everySteps) || "

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from adaptis.api.errors import SpecError
+from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import (
     CHUNKED_STRATEGIES,
     CHUNKS_PER_RANK,
@@ -67,8 +68,11 @@ def pod_name(job: str, rank: int) -> str:
 
 
 def layer_count(model: ModelSpec) -> int:
-    """Pipeline layers: embedding, every block, head."""
-    return 2 + sum(b.count for b in model.blocks)
+    """Pipeline layers: embedding, every block (a Hugging Face model: every decoder layer,
+    from its config), head."""
+    if model.huggingface is not None:
+        return hf_layout(model.huggingface).layer_count
+    return 2 + sum(b.count for b in model.blocks or [])
 
 
 def _name_violations(name: str, *, workers: int) -> list[Violation]:
@@ -94,9 +98,15 @@ def job_violations(*, name: str, spec: JobSpec) -> list[Violation]:
     """Every job-level rule ``spec`` (named ``name``) breaks; empty when it follows them all."""
     out = _name_violations(name, workers=spec.parallelism.workers)
     par = spec.parallelism
-    layers = layer_count(spec.model)
+    try:
+        layers = layer_count(spec.model)
+    except SpecError as err:  # a Hugging Face config that names no supported model
+        field = err.fields[0] if err.fields else "spec.model.huggingface"
+        return [*out, (field, str(err).removeprefix(f"{field}: "))]
     if layers - 2 > MAX_BLOCKS:
-        out.append(("spec.model.blocks", f"the blocks' counts add up to {layers - 2}; at most "
+        field = ("spec.model.huggingface.config.num_hidden_layers"
+                 if spec.model.huggingface is not None else "spec.model.blocks")
+        out.append((field, f"the model has {layers - 2} blocks; at most "
                     f"{MAX_BLOCKS} can be planned (docs/planning-budget.md): use fewer blocks"))
     if par.ranks % par.data_parallel:
         out.append(("spec.parallelism.dataParallel", f"{par.data_parallel} replicas do not "

@@ -21,6 +21,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "run": ("adaptis.cli.run", "train an AdaPtisJob manifest locally (the embedded default)"),
     "worker": ("adaptis.cli.worker", "run one pipeline rank (the worker pods' entry point)"),
     "profile": ("adaptis.cli.profile", "profile layers or hardware into a planning problem"),
+    "export": ("adaptis.cli.export", "write a Hugging Face job's checkpoint for from_pretrained"),
     "crd": ("adaptis.cli.crd", "print the AdaPtisJob CustomResourceDefinition"),
     "docs": ("adaptis.cli.docs", "write the problem and AdaPtisJob references (docs/)"),
     "operator": ("adaptis.cli.operator", "run the operator (kopf) against the current cluster"),

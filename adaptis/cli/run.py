@@ -51,6 +51,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--metrics-port", type=int,
                    help="first rank's metrics port (rank r: +r); default: spec.metrics.port, 0: off")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="plan the job's pipeline ranks (estimate unless --problem or --profile "
+                        "measure) and print the plan; start nothing (adaptis.cli.dry_run)")
+    p.add_argument("--timeline", metavar="OUT.png|OUT.svg", type=Path,
+                   help="with --dry-run: draw the plan's timeline")
     p.set_defaults(func=run)
 
 
@@ -58,11 +63,11 @@ def _problem(args: argparse.Namespace, job: AdaPtisJob, *, workers: int, precisi
     from adaptis.worker.problem import estimate_problem, measure_problem
 
     from adaptis.cli import CLIError
-    from adaptis.worker.models import model_layers
+    from adaptis.api.rules import layer_count
 
     if args.problem:
         problem = load_problem(args.problem)
-        want, got = len(model_layers(job.spec.model)), len(problem.expanded_layers())
+        want, got = layer_count(job.spec.model), len(problem.expanded_layers())
         if want != got:
             raise CLIError(f"{args.problem} profiles {got} layers; the job's model has {want} "
                            f"(embedding, {want - 2} blocks, head)")
@@ -119,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
         "parallelism": parallelism,
         "training": training, "planner": spec.planner.model_copy(update={"strategy": strategy}),
         "checkpoint": spec.checkpoint.model_copy(update={"every_steps": ckpt_every})}))
+    if args.dry_run:
+        from adaptis.cli.dry_run import dry_run
+
+        return dry_run(args, job, strategy=strategy)
     # The mesh: R replicas of a P-rank pipeline; the plan is made for P devices.
     ranks, replicas, pipeline = parallelism.ranks, parallelism.data_parallel, parallelism.pipeline_ranks
     zero = parallelism.zero_stage if replicas > 1 else 0

@@ -40,6 +40,7 @@ from pydantic import ValidationError
 
 from adaptis.api.job import JobSpec
 from adaptis.api.problem import Link
+from adaptis.api.rules import layer_count
 from adaptis.operator.errors import Unsatisfiable
 from adaptis.operator.planning import PlanRecord, Slot, plan_job
 from adaptis.operator.profiling import NodeProfile
@@ -146,7 +147,7 @@ class InlinePlanner:
 
 def plan_size(spec: JobSpec) -> int:
     """workers x layers (blocks, embedding, head) x microbatches: what planning time grows with."""
-    layers = sum(b.count for b in spec.model.blocks) + 2
+    layers = layer_count(spec.model)
     return spec.parallelism.workers * layers * spec.training.microbatches
 
 
@@ -259,7 +260,7 @@ class PlanRunner:
                                f"{FALLBACK_STRATEGY} baseline instead"})
         raise PlanningStopped(
             f"spec.planner.timeLimitSeconds: planning {spec.parallelism.workers} workers x "
-            f"{sum(b.count for b in spec.model.blocks) + 2} layers x {spec.training.microbatches} "
+            f"{layer_count(spec.model)} layers x {spec.training.microbatches} "
             f"microbatches was stopped ({stopped}), and so was the {FALLBACK_STRATEGY} "
             "fallback; shrink spec.training.microbatches, spec.parallelism.workers or "
             "spec.model.blocks, or raise spec.planner.timeLimitSeconds")

@@ -33,7 +33,8 @@ from adaptis.api.problem import DeviceList, Link, Network, Problem
 from adaptis.operator.errors import Unsatisfiable
 from adaptis.operator.mesh import Mesh, pipeline_devices, replicas_share_nodes
 from adaptis.operator.profiling import NodeProfile, parse_quantity
-from adaptis.planner.estimate import device_speed, estimate_layers
+from adaptis.planner.estimate import device_speed
+from adaptis.planner.hf_estimate import estimate_model_layers
 from adaptis.planner.strategies import compare, plan_strategy
 
 __all__ = [
@@ -227,7 +228,7 @@ def build_problem(
     """The planning problem of a job on the chosen slots (slot w is worker pod w): device p is
     pipeline rank p, one GPU, the slowest of the replicas' at p (adaptis.operator.mesh)."""
     # Activations of 2 bytes an element in bf16, 4 in fp32: the precision the ranks will run.
-    layers = estimate_layers(spec.model, spec.training,
+    layers = estimate_model_layers(spec.model, spec.training,
                              element_bytes=2 if job_precision(spec) == "bf16" else 4)
     mesh = Mesh.of(spec)
     if len(slots) != mesh.pods:

@@ -28,10 +28,13 @@ import torch.distributed as dist
 from torch import nn
 
 from adaptis.api.errors import SpecError
+from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import WorkerConfig
 from adaptis.api.plan import Plan
+from adaptis.api.rules import layer_count
 from adaptis.worker.data import Batch
 from adaptis.worker.errors import PlanMismatchError
+from adaptis.worker.hf_stages import HFStage, build_hf_stages
 from adaptis.worker.layers import Embedding, Head
 from adaptis.worker.models import (
     StageModule,
@@ -100,7 +103,7 @@ def parse_plan(config: WorkerConfig, *, world_size: int) -> Plan:
     """The config's plan, checked against the model's layer count and the world size."""
     try:
         plan = config.plan if isinstance(config.plan, Plan) else Plan.model_validate(config.plan)
-        plan.check(layers=len(model_layers(config.model)),
+        plan.check(layers=layer_count(config.model),
                    microbatches=config.training.microbatches, devices=world_size)
     except SpecError as err:
         raise PlanMismatchError(str(err)) from None
@@ -155,11 +158,14 @@ class Executor:
         recompute = self.plan.recompute or [False] * len(self.plan.stages)
         self.stage_ids = sorted(self.plan.placement[self.pipeline_rank])
         ranges = [tuple(self.plan.stages[s]) for s in self.stage_ids]
+        # A Hugging Face model's stages come from its own modules (adaptis.worker.hf_stages).
+        build = build_hf_stages if spec.huggingface is not None else build_stages
         self.modules: list[nn.Module] = [
-            m.to(device) for m in build_stages(spec, stages=ranges, seed=train.seed)  # type: ignore[arg-type]
+            m.to(device) for m in build(spec, stages=ranges, seed=train.seed)  # type: ignore[arg-type]
         ]
         # MoE load-balancing gradients scaled as each microbatch's token loss is (1/m).
         set_aux_loss_scale(self.modules, scale=1.0 / train.microbatches)
+        hidden, vocab, self._tied = _dims(config)
         self.params = _unique_params(self.modules)
         self._tied_peer, self._count_in_norm = self._tie_embeddings()
         self.reducer = self._reducer()
@@ -175,10 +181,9 @@ class Executor:
         m = train.microbatches
         dtype = PRECISION_DTYPE[self.precision]
         shapes = StageShapes(microbatch_size=train.microbatch_size, sequence_length=train.sequence_length,
-                             hidden=spec.hidden, vocab_size=spec.vocab_size, dtype=dtype,
-                             device=device)
+                             hidden=hidden, vocab_size=vocab, dtype=dtype, device=device)
         # The runtime runs the stages wrapped (precision, recompute); self.modules stay the bare
-        # StageModules, which checkpoints and the tied embedding look into.
+        # stages, which checkpoints and the tied embedding look into.
         runnable = [wrap_stage(mod, precision=self.precision, recompute=recompute[s], device=device)
                     for mod, s in zip(self.modules, self.stage_ids, strict=True)]
         self.runtime = PipelineRuntime(
@@ -189,7 +194,7 @@ class Executor:
             group=self.groups.pipeline,
             on_stage_grads=self.reducer.stage_ready if self.reducer is not None else None,
         )
-        act = train.microbatch_size * train.sequence_length * spec.hidden * dtype.itemsize
+        act = train.microbatch_size * train.sequence_length * hidden * dtype.itemsize
         self.sent_bytes, self.received_bytes = transfer_bytes(self.plan, rank=self.pipeline_rank,
                                                               activation_bytes=act)
 
@@ -250,10 +255,10 @@ class Executor:
         created next to torch pipelining's own peer warm-up broke gloo on torch 2.11. The peer
         is returned as a global rank, in this rank's replica."""
         count = [True] * len(self.params)
-        if not self.config.model.tie_embeddings:
+        if not self._tied:
             return None, count
         owner = self.plan.stage_device()
-        n_layers = len(model_layers(self.config.model))
+        n_layers = layer_count(self.config.model)
         first = next(s for s, (lo, _hi) in enumerate(self.plan.stages) if lo == 0)
         last = next(s for s, (_lo, hi) in enumerate(self.plan.stages) if hi == n_layers)
         emb_rank, head_rank = owner[first], owner[last]
@@ -261,9 +266,9 @@ class Executor:
         if emb_rank == head_rank or me not in (emb_rank, head_rank):
             return None, count  # same rank: one Parameter, shared by build_stages
         if me == head_rank:
-            head = find_layer(self.modules, Head)
+            head = self._head_weight()
             if head is not None:
-                count = [p is not head.weight for p in self.params]
+                count = [p is not head for p in self.params]
         peer = head_rank if me == emb_rank else emb_rank
         return self.mesh.global_rank(replica=self.replica, pipeline_rank=peer), count
 
@@ -285,9 +290,16 @@ class Executor:
         weight.grad.add_(other)
 
     def _tied_weight(self) -> torch.Tensor | None:
+        for m in self.modules:
+            if isinstance(m, HFStage) and m.embed_tokens is not None:
+                return m.embed_tokens.weight
         emb = find_layer(self.modules, Embedding)
-        if emb is not None:
-            return emb.weight
+        return emb.weight if emb is not None else self._head_weight()
+
+    def _head_weight(self) -> torch.Tensor | None:
+        for m in self.modules:
+            if isinstance(m, HFStage) and m.lm_head is not None:
+                return m.lm_head.weight
         head = find_layer(self.modules, Head)
         return head.weight if head is not None else None
 
@@ -366,7 +378,19 @@ class Executor:
         for module in self.modules:
             if isinstance(module, StageModule):
                 out.update(layer_parameters(module))
+            elif isinstance(module, HFStage):  # by transformers' names; a shared tie once
+                seen = {id(p) for p in out.values()}
+                out.update({k: p for k, p in module.hf_parameters().items() if id(p) not in seen})
         return out
+
+
+def _dims(config: WorkerConfig) -> tuple[int, int, bool]:
+    """Hidden size, vocabulary and tied embeddings of the zoo model or the Hugging Face one."""
+    spec = config.model
+    if spec.huggingface is not None:
+        layout = hf_layout(spec.huggingface)
+        return layout.hidden, layout.vocab_size, layout.tied
+    return spec.hidden, spec.vocab_size, spec.tie_embeddings  # type: ignore[return-value]
 
 
 def _unique_params(modules: list[nn.Module]) -> list[nn.Parameter]:

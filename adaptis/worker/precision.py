@@ -67,8 +67,11 @@ class StageRunner(nn.Module):
         return self._layers(x)
 
     def _layers(self, x: torch.Tensor) -> torch.Tensor:
+        # A zoo stage rounds after each of its layers; another stage (a Hugging Face model's
+        # own modules, adaptis.worker.hf_stages) runs whole under autocast, rounded at its end.
+        layers = getattr(self.stage, "layers", None)
         with compute_context(self.precision, device=self._device):
-            for layer in self.stage.layers:
+            for layer in layers if isinstance(layers, nn.ModuleList) else [self.stage]:
                 x = layer(x)
                 if x.is_floating_point() and x.dtype != self._dtype:
                     x = x.to(self._dtype)

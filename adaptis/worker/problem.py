@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import JobSpec
 from adaptis.api.problem import IdenticalDevices, Problem
-from adaptis.planner.estimate import estimate_layers
+from adaptis.planner.hf_estimate import estimate_model_layers
 from adaptis.worker.profiler import (
     ProfileSettings,
     measure_action_overhead,
@@ -37,14 +38,21 @@ def estimate_problem(spec: JobSpec, *, devices: int, precision: str = "fp32") ->
     gpu = spec.parallelism.gpus_per_worker > 0
     flops = _GPU_FLOPS if gpu else _CPU_FLOPS
     return Problem(
-        name=f"{spec.model.blocks[0].kind}-model",
+        name=_problem_name(spec),
         time_unit="ms",
         microbatches=spec.training.microbatches,
-        layers=estimate_layers(spec.model, spec.training,
-                               element_bytes=2 if precision == "bf16" else 4, flops_per_s=flops,
-                               memory_bytes_per_s=None if gpu else _CPU_BYTES),
+        layers=estimate_model_layers(spec.model, spec.training,
+                                     element_bytes=2 if precision == "bf16" else 4, flops_per_s=flops,
+                                     memory_bytes_per_s=None if gpu else _CPU_BYTES),
         devices=IdenticalDevices(count=devices, per_node=max(devices, 1)),
     )
+
+
+def _problem_name(spec: JobSpec) -> str:
+    hf = spec.model.huggingface
+    if hf is not None:
+        return f"{hf_layout(hf).model_type}-model"
+    return f"{spec.model.blocks[0].kind}-model"  # type: ignore[index]
 
 
 def measure_problem(spec: JobSpec, *, devices: int, repeats: int = 3,
@@ -52,10 +60,14 @@ def measure_problem(spec: JobSpec, *, devices: int, repeats: int = 3,
     """Time each distinct layer kind once on this process (current thread count) with the
     layer profiler, as ``adaptis profile`` does, few repeats, in ``precision`` (bf16: under
     autocast, as the ranks run); no memory limit is set."""
-    settings = ProfileSettings(warmup=1, repeats=repeats,
-                               dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    if spec.model.huggingface is not None:
+        from adaptis.worker.hf_profile import measure_hf_problem
+
+        return measure_hf_problem(spec, devices=devices, repeats=repeats)
+    settings = ProfileSettings(warmup=1, repeats=repeats, dtype=dtype)
     profiles = profile_layers(spec, settings=settings)
-    return problem_from_profiles(profiles, name=f"{spec.model.blocks[0].kind}-model",
+    return problem_from_profiles(profiles, name=_problem_name(spec),
                                  microbatches=spec.training.microbatches, devices=devices, memory_bytes=None,
                                  action_overhead_s=measure_action_overhead(settings=settings),
                                  graph_visit_s=measure_graph_visit(settings=settings, spec=spec))

@@ -250,9 +250,16 @@ def profile_job(spec: JobSpec, *, settings: ProfileSettings, devices: int, name:
     device's memory (on CPU shared by ``devices`` local ranks) and free links. Either way the
     problem's ``action_overhead_s`` is :func:`measure_action_overhead` here, and its layers'
     ``graph_walk`` come from :func:`measure_graph_visit` here."""
-    profiles = profile_layers(spec, settings=settings)
+    if spec.model.huggingface is not None:  # the real modules (hf_profile imports this module)
+        from adaptis.worker.hf_profile import profile_hf_layers
+
+        profiles = profile_hf_layers(spec, settings=settings)
+    else:
+        profiles = profile_layers(spec, settings=settings)
     overhead = measure_action_overhead(settings=settings)
-    visit = measure_graph_visit(settings=settings, spec=spec)
+    # The zoo's own blocks time the graph walks in context; a Hugging Face model's: the default.
+    visit = measure_graph_visit(settings=settings,
+                                spec=spec if spec.model.huggingface is None else None)
     dev = settings.device
     label = f"{name} ({device_name(dev)}, torch {torch.__version__}, {str(settings.dtype).removeprefix('torch.')})"
     if hardware is None:

@@ -26,6 +26,7 @@ from typing import Any, TextIO
 import torch
 import torch.distributed as dist
 
+from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import WorkerConfig
 from adaptis.api.plan import Predicted
 from adaptis.api.problem import TIME_UNIT_SECONDS
@@ -174,7 +175,7 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
             metrics.restore(steps=step, tokens=tokens, samples=samples)
             log.info("rank %d resumed from the checkpoint of step %d", env.rank, step)
     needs_data = executor.holds_first or executor.holds_last
-    source = open_source(t.data, vocab_size=config.model.vocab_size, sequence_length=t.sequence_length,
+    source = open_source(t.data, vocab_size=_vocab(config), sequence_length=t.sequence_length,
                          seed=t.seed) if needs_data else None
     emit({"event": "start", "rank": env.rank, "world_size": env.world_size, "pid": os.getpid(),
           "replica": executor.replica, "pipeline_rank": executor.pipeline_rank, "data_parallel": replicas,
@@ -223,3 +224,8 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
             "bubble_ratio": last.bubble_ratio if last else None}
     emit(done)
     return done
+
+
+def _vocab(config: WorkerConfig) -> int:
+    hf = config.model.huggingface
+    return hf_layout(hf).vocab_size if hf is not None else config.model.vocab_size  # type: ignore[return-value]

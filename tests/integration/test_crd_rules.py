@@ -44,6 +44,16 @@ def _with(name: str = "crd-rules", **spec: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+def _hf(**model: Any) -> dict[str, Any]:
+    """A Hugging Face model (issue 15): its config.json inline, free-form in the schema."""
+    doc = _job()
+    config = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64,
+              "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 128,
+              "rms_norm_eps": 1e-6, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+    doc["spec"]["model"] = {"huggingface": {"config": config}, **model}
+    return doc
+
+
 def _moe_top_k(top_k: int) -> dict[str, Any]:
     doc = _job()
     doc["spec"]["model"]["blocks"][1]["topK"] = top_k
@@ -74,7 +84,10 @@ def _dry_run_create(cp: ControlPlane, doc: dict[str, Any], *, namespace: str) ->
     (_with(checkpoint={"everySteps": 50}), "spec.checkpoint.everySteps"),
     (_moe_top_k(8), "spec.model.blocks[1].topK"),
     (_with("j" * 55), "metadata.name"),
-], ids=["workers>layers", "dp-divides", "gpu-ranks>layers", "zb-v", "i1f1b", "everySteps>steps", "topK>experts", "name-too-long"])
+    (_hf(blocks=[{"kind": "dense"}]), "spec.model"),
+    (_hf(huggingface={"config": {"model_type": "llama"}, "path": "/m"}), "spec.model.huggingface"),
+], ids=["workers>layers", "dp-divides", "gpu-ranks>layers", "zb-v", "i1f1b", "everySteps>steps", "topK>experts", "name-too-long",
+        "hf+blocks", "hf-config+path"])
 def test_api_server_refuses_with_422_naming_the_field(
         control_plane: ControlPlane, namespace: str, doc: dict[str, Any], field: str) -> None:
     result = _dry_run_create(control_plane, doc, namespace=namespace)
@@ -93,7 +106,9 @@ def test_api_server_refuses_with_422_naming_the_field(
     _with(checkpoint={"everySteps": 20}),
     _with("j" * 54),  # <name>-worker-1 is exactly 63 characters
     copy.deepcopy({**_job(), "spec": {"model": _job()["spec"]["model"]}}),  # defaults only
-], ids=["base", "workers=layers", "dp-exact", "gpu-ranks=layers", "zb-v-exact", "everySteps=steps", "name-63", "defaults"])
+    _hf(),  # the config kept as given (nested objects, floats), the zoo's defaults harmless
+], ids=["base", "workers=layers", "dp-exact", "gpu-ranks=layers", "zb-v-exact", "everySteps=steps", "name-63", "defaults",
+        "huggingface"])
 def test_api_server_admits_the_boundary_cases(
         control_plane: ControlPlane, namespace: str, doc: dict[str, Any]) -> None:
     result = _dry_run_create(control_plane, doc, namespace=namespace)

@@ -1,0 +1,126 @@
+"""Helpers of the Hugging Face parity tests: the model specs of examples/models/, the ranks'
+entry point (N pipelined training steps through the executor) and the one-process reference
+(a plain ``AutoModelForCausalLM`` given the same initial weights, trained on the same batches)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from worker_harness import init_gloo
+
+from adaptis.api.job import ModelSpec, TrainingSpec, WorkerConfig
+from adaptis.api.plan import Plan
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS = REPO / "examples" / "models"
+HF_TRAINING = TrainingSpec(microbatches=4, microbatch_size=2, sequence_length=16, grad_clip=None,
+                           seed=3, steps=3)
+
+
+def hf_model(name: str) -> ModelSpec:
+    """The example config ``name`` (examples/models/<name>.json), inline as a job carries it."""
+    return ModelSpec.model_validate(
+        {"huggingface": {"config": json.loads((MODELS / f"{name}.json").read_text())}})
+
+
+def write_hf_cases(path: Path, cases: dict[str, Plan], *, model: ModelSpec,
+                   training: TrainingSpec = HF_TRAINING) -> None:
+    docs = [{"name": name, "config": WorkerConfig(
+        model=model, training=training, plan=plan.model_dump(mode="json")).model_dump(mode="json")}
+        for name, plan in cases.items()]
+    path.write_text(json.dumps(docs))
+
+
+def _vocab(model: ModelSpec) -> int:
+    from adaptis.api.hf_model import hf_layout
+
+    assert model.huggingface is not None
+    return hf_layout(model.huggingface).vocab_size
+
+
+def hf_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: str) -> None:
+    """Every case: ``training.steps`` steps through the executor; per-step losses, the last
+    step's gradients and the final parameters dumped per rank."""
+    from adaptis.worker.data import SyntheticTokens
+    from adaptis.worker.executor import Executor
+
+    init_gloo(rank, world, port)
+    for case in json.loads(Path(cases_file).read_text()):
+        cfg = WorkerConfig.model_validate(case["config"])
+        t = cfg.training
+        ex = Executor(cfg, rank=rank, world_size=world, device=torch.device("cpu"))
+        data = SyntheticTokens(vocab_size=_vocab(cfg.model), sequence_length=t.sequence_length,
+                               seed=t.seed)
+        per_step = t.microbatches * t.microbatch_size
+        losses = [ex.step(data.batch(position=s * per_step, sequences=per_step)).loss
+                  for s in range(t.steps)]
+        named = ex.named_parameters()
+        torch.save({"losses": losses,
+                    "grads": {k: (p.grad if p.grad is not None else torch.zeros_like(p)).detach()
+                              .clone() for k, p in named.items()},
+                    "params": {k: p.detach().clone() for k, p in named.items()}},
+                   Path(out_dir) / f"{case['name']}-{rank}.pt")
+    dist.destroy_process_group()
+
+
+def hf_reference(model: ModelSpec, training: TrainingSpec = HF_TRAINING) -> dict[str, Any]:
+    """The unpartitioned model trained in one process: a plain AutoModelForCausalLM (made by
+    transformers' own constructor) loaded with the stages' seeded initial weights; the same
+    microbatches, per-microbatch loss scaling and optimizer as a pipeline step."""
+    from transformers import AutoModelForCausalLM
+
+    from adaptis.worker.data import SyntheticTokens
+    from adaptis.worker.hf_stages import build_hf_model, hf_config
+    from adaptis.worker.models import token_loss
+
+    torch.manual_seed(0)
+    net = AutoModelForCausalLM.from_config(hf_config(model))
+    net.load_state_dict(build_hf_model(model, seed=training.seed).state_dict())
+    opt = training.optimizer
+    optim = torch.optim.AdamW(net.parameters(), lr=opt.lr, weight_decay=opt.weight_decay)
+    data = SyntheticTokens(vocab_size=_vocab(model), sequence_length=training.sequence_length,
+                           seed=training.seed)
+    m, b = training.microbatches, training.microbatch_size
+    losses: list[float] = []
+    for step in range(training.steps):
+        optim.zero_grad(set_to_none=True)
+        batch = data.batch(position=step * m * b, sequences=m * b)
+        total = 0.0
+        for mb in range(m):
+            rows = slice(mb * b, (mb + 1) * b)
+            loss = token_loss(net(input_ids=batch.inputs[rows]).logits, batch.targets[rows],
+                              scale=1.0 / m)
+            loss.backward()
+            total += float(loss.detach())
+        losses.append(total)
+        grads = {k: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
+                 for k, p in net.named_parameters()}
+        optim.step()
+    params = {k: p.detach().clone() for k, p in net.named_parameters()}
+    return {"losses": losses, "grads": grads, "params": params}
+
+
+def hf_checkpoint_ranks(rank: int, world: int, port: int, cases_file: str, ckpt_dir: str) -> None:
+    """The first case: ``training.steps`` steps through the executor, then each rank's
+    checkpoint (adaptis.worker.checkpoint) as the runner writes it."""
+    from adaptis.worker.checkpoint import save_checkpoint
+    from adaptis.worker.data import SyntheticTokens
+    from adaptis.worker.executor import Executor
+
+    init_gloo(rank, world, port)
+    case = json.loads(Path(cases_file).read_text())[0]
+    cfg = WorkerConfig.model_validate(case["config"])
+    t = cfg.training
+    ex = Executor(cfg, rank=rank, world_size=world, device=torch.device("cpu"))
+    data = SyntheticTokens(vocab_size=_vocab(cfg.model), sequence_length=t.sequence_length,
+                           seed=t.seed)
+    per_step = t.microbatches * t.microbatch_size
+    for s in range(t.steps):
+        ex.step(data.batch(position=s * per_step, sequences=per_step))
+    save_checkpoint(ckpt_dir, executor=ex, step=t.steps, position=t.steps * per_step,
+                    tokens=0, samples=0)
+    dist.destroy_process_group()

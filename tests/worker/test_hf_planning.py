@@ -1,0 +1,59 @@
+"""Planning a Hugging Face job: ``adaptis run --dry-run`` on the realistic manifests (16 GPUs)
+and the measured profile of the real layer kinds of a tiny hybrid."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from adaptis.api.job import JobSpec, TrainingSpec
+from adaptis.cli import main
+from adaptis.worker.module_timing import ProfileSettings
+
+pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name,layers", [("hf-llama-8b", 34), ("hf-qwen3-moe-30b-a3b", 50)])
+def test_dry_run_plans_a_realistic_config_for_16_gpus(name: str, layers: int, capsys) -> None:
+    assert main(["run", str(REPO / "examples" / f"{name}.yaml"), "--dry-run", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["devices"], out["layers"]) == (16, layers)
+    covered = [i for st in out["stages"] for i in range(*st["layers"])]
+    assert sorted(covered) == list(range(layers))
+    assert {st["device"] for st in out["stages"]} == set(range(16))
+    assert 0 < out["predicted_bubble_ratio"] < 1 and out["predicted_iteration_seconds"] > 0
+
+
+def test_measured_profile_times_each_real_layer_kind_once() -> None:
+    from adaptis.worker.hf_profile import profile_hf_layers
+
+    config = json.loads((REPO / "examples" / "models" / "tiny-bamba.json").read_text())
+    spec = JobSpec.model_validate({"model": {"huggingface": {"config": config}},
+                                   "training": TrainingSpec(microbatch_size=1,
+                                                            sequence_length=16).model_dump()})
+    profiles = profile_hf_layers(spec, settings=ProfileSettings(warmup=0, repeats=1))
+    assert [p.kind for p in profiles] == ["embedding", "mamba", "attention", "mamba",
+                                          "attention", "head"]
+    assert all(p.forward_s > 0 for p in profiles)
+    assert profiles[1].forward_s == profiles[3].forward_s  # one measurement per kind
+    assert profiles[1].param_bytes != profiles[2].param_bytes  # Mamba vs attention modules
+    assert profiles[-1].backward_s > 0 and profiles[0].backward_s == 0  # tokens take no grad
+
+
+@pytest.mark.parametrize("name", ["hf-llama-8b", "hf-qwen3-moe-30b-a3b"])
+def test_estimated_parameters_match_the_real_model(name: str) -> None:
+    """The estimate's parameter bytes (16 a parameter with AdamW) add up to the parameters of
+    the real model transformers builds from the config (on the meta device: no memory)."""
+    from adaptis.api.job import load_job
+    from adaptis.planner.hf_estimate import estimate_model_layers
+    from adaptis.worker.hf_stages import _skeleton
+
+    spec = load_job(REPO / "examples" / f"{name}.yaml").spec
+    estimated = sum(layer.param_bytes for layer in estimate_model_layers(spec.model,
+                                                                         spec.training)) / 16
+    real = sum(p.numel() for p in _skeleton(spec.model)[0].parameters())
+    assert estimated == pytest.approx(real, rel=0.002)  # norms are all it leaves out
