@@ -17,9 +17,9 @@ CUDA GPU; ``--cpu-dry-run`` runs the same steps at toy sizes on the CPU to test 
 2. **Stage depth** (``bench/stage_depth.py`` on the GPU): split W of 1-8 stacked Nemotron-H S
    blocks, measured against the planner with and without the graph walks, to see how much of
    that host-side cost the GPU's kernels hide.
-3. **Executor**: a small model profiled in the executor's precision (fp32), planned for one
-   rank (every stage on the GPU, as one GPU allows), trained a few steps through the worker's
-   launcher; predicted vs measured iteration time.
+3. **Executor**: a small model profiled in bf16 and in fp32 (each the precision it then runs),
+   planned for one rank (every stage on the GPU, as one GPU allows: NCCL with one rank), trained
+   a few steps through the worker's launcher; predicted vs measured iteration and whole step.
 
 4. **CPU accuracy** (what time is left before ``--total-s``): ``bench/accuracy.py`` on the
    machine's otherwise idle CPU cores (2 gloo ranks, one thread each), its log streamed to
@@ -154,35 +154,49 @@ def stage_depth(*, device: torch.device, dtype: torch.dtype, dry: bool, report: 
 
 
 def executor_check(*, device: torch.device, dry: bool, report: dict[str, Any]) -> None:
-    """A small model in fp32 (the executor's precision) on one rank: predicted vs measured."""
-    spec = JobSpec(
-        model=ModelSpec(vocab_size=1024 if dry else 32768, hidden=32 if dry else 512, heads=4 if dry else 8,
-                        blocks=[BlockSpec(kind="mamba", count=2), BlockSpec(kind="attention", count=2),
-                                BlockSpec(kind="moe", count=2, experts=4, top_k=2)]),
-        training=TrainingSpec(microbatches=8, microbatch_size=2 if dry else 4, sequence_length=64 if dry else 1024,
-                              steps=6, grad_clip=None),
-        parallelism=ParallelismSpec(workers=1, gpus_per_worker=0 if device.type == "cpu" else 1))
-    problem = profile_job(spec, settings=ProfileSettings(device=device, dtype=torch.float32, repeats=5),
-                          devices=1, name="gpu-check-executor")
+    """A small model on one rank (NCCL on a GPU, gloo on the CPU) in bf16 and in fp32, each
+    profiled in the precision it runs: predicted vs measured iteration and whole step."""
     rows = []
-    for strategy in ("1f1b", "adaptis"):
-        outcome = plan_strategy(problem, strategy)
-        if outcome.plan is None or outcome.simulation is None:
-            rows.append({"strategy": strategy, "error": outcome.result.reason})
-            continue
-        config = WorkerConfig(job_name="gpu-check", model=spec.model, training=spec.training,
-                              plan=outcome.plan.model_dump(mode="json", exclude_none=True))
-        steps: list[dict[str, Any]] = []
-        with tempfile.TemporaryDirectory() as work:
-            LocalLauncher(config, world_size=1, workdir=Path(work), device=device.type).run(
-                lambda e: steps.append(e) if e.get("event") == "step" else None)
-        steady = [e["iteration_seconds"] for e in steps[2:]] or [e["iteration_seconds"] for e in steps]
-        measured = statistics.median(steady) * 1e3
-        predicted = outcome.simulation.iteration_time
-        rows.append({"strategy": strategy, "stages": len(outcome.plan.stages), "predicted_ms": round(predicted, 3),
-                     "measured_ms": round(measured, 3), "error": round((predicted - measured) / measured, 4)})
-        print(f"executor {strategy:<8} stages {len(outcome.plan.stages)}: predicted {predicted:.2f} ms, "
-              f"measured {measured:.2f} ms, error {100 * (predicted - measured) / measured:+.1f}%", flush=True)
+    for precision in ("bf16", "fp32"):
+        spec = JobSpec(
+            model=ModelSpec(vocab_size=1024 if dry else 32768, hidden=32 if dry else 512, heads=4 if dry else 8,
+                            blocks=[BlockSpec(kind="mamba", count=2), BlockSpec(kind="attention", count=2),
+                                    BlockSpec(kind="moe", count=2, experts=4, top_k=2)]),
+            training=TrainingSpec(microbatches=8, microbatch_size=2 if dry else 4,
+                                  sequence_length=64 if dry else 1024, steps=6, grad_clip=None,
+                                  precision=precision),
+            parallelism=ParallelismSpec(workers=1, gpus_per_worker=0 if device.type == "cpu" else 1))
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        problem = profile_job(spec, settings=ProfileSettings(device=device, dtype=dtype, repeats=5),
+                              devices=1, name=f"gpu-check-executor-{precision}")
+        for strategy in ("1f1b", "adaptis"):
+            outcome = plan_strategy(problem, strategy)
+            if outcome.plan is None or outcome.simulation is None:
+                rows.append({"precision": precision, "strategy": strategy, "error": outcome.result.reason})
+                continue
+            plan = outcome.plan.model_copy(update={"precision": precision})
+            config = WorkerConfig(job_name="gpu-check", model=spec.model, training=spec.training,
+                                  plan=plan.model_dump(mode="json", exclude_none=True))
+            steps: list[dict[str, Any]] = []
+            with tempfile.TemporaryDirectory() as work:
+                LocalLauncher(config, world_size=1, workdir=Path(work), device=device.type).run(
+                    lambda e: steps.append(e) if e.get("event") == "step" else None)
+            steady = steps[2:] or steps
+            measured = statistics.median(e["iteration_seconds"] for e in steady) * 1e3
+            measured_step = statistics.median(e["step_seconds"] for e in steady) * 1e3
+            predicted = outcome.simulation.iteration_time
+            pred = plan.predicted
+            predicted_step = pred.step_time if pred is not None and pred.step_time is not None else None
+            rows.append({"precision": precision, "strategy": strategy, "stages": len(plan.stages),
+                         "predicted_ms": round(predicted, 3), "measured_ms": round(measured, 3),
+                         "error": round((predicted - measured) / measured, 4),
+                         "predicted_step_ms": predicted_step, "measured_step_ms": round(measured_step, 3),
+                         "peak_memory_bytes": steady[-1].get("peak_memory_bytes")})
+            step_txt = f"{predicted_step:.2f}" if predicted_step is not None else "n/a"
+            print(f"executor {precision} {strategy:<8} stages {len(plan.stages)}: iteration predicted "
+                  f"{predicted:.2f} ms, measured {measured:.2f} ms, error "
+                  f"{100 * (predicted - measured) / measured:+.1f}%; step predicted {step_txt} ms, "
+                  f"measured {measured_step:.2f} ms", flush=True)
     report["executor"] = rows
 
 

@@ -41,7 +41,6 @@ from adaptis.worker.models import (
     build_stages,
     find_layer,
     layer_parameters,
-    model_layers,
     set_aux_loss_scale,
     token_loss,
 )

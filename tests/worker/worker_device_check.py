@@ -64,7 +64,6 @@ def check_gloo_parity() -> dict:
 
 
 def check_cuda_step() -> dict:
-    import os
     import socket
 
     from worker_harness import PARITY_MODEL, PARITY_TRAINING
@@ -73,7 +72,6 @@ def check_cuda_step() -> dict:
     from adaptis.api.plan import Plan
     from adaptis.worker.data import SyntheticTokens
     from adaptis.worker.models import build_model, layer_parameters, token_loss
-    from adaptis.worker.runner import RankEnv
     import torch.distributed as dist
     from datetime import timedelta
 
