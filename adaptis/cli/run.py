@@ -24,7 +24,7 @@ from typing import Any
 
 from adaptis.api.job import AdaPtisJob, ModelSpec, WorkerConfig, load_job, resolve_precision
 from adaptis.api.plan import STRATEGY_NAMES, Plan
-from adaptis.api.problem import TIME_UNIT_SECONDS, Problem, load_problem
+from adaptis.api.problem import TIME_UNIT_SECONDS, Link, Problem, load_problem
 from adaptis.api.rules import check_job
 
 
@@ -83,6 +83,23 @@ def _problem(args: argparse.Namespace, job: AdaPtisJob, *, workers: int, precisi
 
     configure_host(threads=args.threads)  # profile as the ranks will run
     return measure_problem(job.spec, devices=workers, precision=precision)
+
+
+#: Gloo between local processes over loopback, as bench/accuracy.py measured it on a 2-core
+#: host (6.14 GB/s, 43 us): the replicas' all-reduce link of a local run unless the problem
+#: file gives one.
+_LOCAL_LINK = Link(bandwidth_bytes_per_s=6.0e9, latency_s=43e-6)
+
+
+def _local_replicas(problem: Problem, *, replicas: int) -> Problem:
+    """The problem of R local replicas: the planner charges each stage's gradient all-reduce
+    over loopback (a problem file's own data_parallel and link stand)."""
+    if replicas == 1 or problem.data_parallel > 1:
+        return problem
+    network = problem.network
+    if network.data_parallel is None:
+        network = network.model_copy(update={"data_parallel": _LOCAL_LINK})
+    return problem.model_copy(update={"data_parallel": replicas, "network": network})
 
 
 def _plan(problem: Problem, strategy: str, *, time_limit_s: float | None = None) -> Plan:
@@ -151,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
     device = _device(spec.parallelism.gpus_per_worker, workers=ranks)
     # The precision the ranks will run: profiled in, and recorded in the plan (they check it).
     precision = resolve_precision(training.precision, cuda=device == "cuda")
-    problem = _problem(args, job, workers=pipeline, precision=precision)
+    problem = _local_replicas(_problem(args, job, workers=pipeline, precision=precision),
+                              replicas=replicas)
     plan = _plan(problem, strategy, time_limit_s=float(spec.planner.time_limit_seconds))
     plan = plan.model_copy(update={"precision": precision})
     pred = plan.predicted
@@ -313,9 +331,9 @@ def _print_summary(s: dict[str, Any]) -> None:
     print(f"  tokens/s        {s['tokens_per_second'] or 0:.0f}")
     if s["data_parallel"] > 1:
         zero = ", ZeRO-1" if s["zero_stage"] else ""
-        print(f"  data parallel   {s['data_parallel']} replicas x {s['pipeline_ranks']} pipeline ranks{zero}; "
-              f"loss of the combined batch; step {_fmt(s['measured_step_seconds'], 's')}, "
-              f"{_pct(s['reduce_wait_share'])} of it waiting on the gradient all-reduce")
+        print(f"  data parallel   {s['data_parallel']} replicas x {s['pipeline_ranks']} pipeline ranks"
+              f"{zero}; loss of the combined batch; {_pct(s['reduce_wait_share'])} of the step "
+              "waiting on the gradient all-reduce")
     print(f"  bubble ratio    measured {_pct(s['measured_bubble_ratio'])}, predicted {_pct(s['predicted_bubble_ratio'])}")
     print(f"  iteration       measured {_fmt(s['measured_iteration_seconds'], 's')}, "
           f"predicted {_fmt(s['predicted_iteration_seconds'], 's')}")
