@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -24,7 +25,14 @@ from typing import Any
 
 from adaptis.api.job import AdaPtisJob, ModelSpec, WorkerConfig, load_job, resolve_precision
 from adaptis.api.plan import STRATEGY_NAMES, Plan
-from adaptis.api.problem import TIME_UNIT_SECONDS, Link, Problem, load_problem
+from adaptis.api.problem import (
+    TIME_UNIT_SECONDS,
+    DeviceList,
+    IdenticalDevices,
+    Link,
+    Problem,
+    load_problem,
+)
 from adaptis.api.rules import check_job
 
 
@@ -102,6 +110,20 @@ def _local_replicas(problem: Problem, *, replicas: int) -> Problem:
     return problem.model_copy(update={"data_parallel": replicas, "network": network})
 
 
+def _shared_cores(problem: Problem, *, threads: int, cores: int) -> Problem:
+    """Local CPU ranks with more threads than the host has cores share them: each runs at
+    cores / threads of the speed its layers were profiled at (one rank alone on a core)."""
+    if threads <= cores:
+        return problem
+    share = cores / threads
+    d = problem.devices
+    if isinstance(d, IdenticalDevices):
+        devices: IdenticalDevices | DeviceList = d.model_copy(update={"speed": d.speed * share})
+    else:
+        devices = DeviceList(list=[x.model_copy(update={"speed": x.speed * share}) for x in d.list])
+    return problem.model_copy(update={"devices": devices})
+
+
 def _plan(problem: Problem, strategy: str, *, time_limit_s: float | None = None) -> Plan:
     from adaptis.cli import CLIError
     from adaptis.planner.strategies import plan_strategy
@@ -170,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
     precision = resolve_precision(training.precision, cuda=device == "cuda")
     problem = _local_replicas(_problem(args, job, workers=pipeline, precision=precision),
                               replicas=replicas)
+    if device == "cpu":
+        problem = _shared_cores(problem, threads=ranks * args.threads, cores=os.cpu_count() or 1)
     plan = _plan(problem, strategy, time_limit_s=float(spec.planner.time_limit_seconds))
     plan = plan.model_copy(update={"precision": precision})
     pred = plan.predicted

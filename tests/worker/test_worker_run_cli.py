@@ -229,3 +229,21 @@ def test_local_replicas_charge_the_all_reduce_over_loopback() -> None:
     own = parse_problem({**doc, "data_parallel": 2,
                          "network": {"data_parallel": {"bandwidth_bytes_per_s": 1e9}}})
     assert _local_replicas(own, replicas=2).network.data_parallel == Link(bandwidth_bytes_per_s=1e9)
+
+
+def test_local_ranks_sharing_cores_are_planned_slower() -> None:
+    """More local rank threads than cores: each device runs at cores / threads of its profiled
+    speed, so the predicted step doubles with twice the ranks on the same cores."""
+    from adaptis.api.problem import parse_problem
+    from adaptis.cli.run import _shared_cores
+    from adaptis.planner.strategies import plan_strategy
+
+    doc = {"microbatches": 4, "layers": [{"name": f"l{i}", "forward": 1.0, "backward": 2.0}
+                                         for i in range(4)]}
+    for devices in ({"count": 2}, {"list": [{"node": "a"}, {"node": "a", "speed": 2.0}]}):
+        problem = parse_problem({**doc, "devices": devices})
+        assert _shared_cores(problem, threads=2, cores=2) is problem
+        shared = _shared_cores(problem, threads=4, cores=2)
+        assert [d.speed for d in shared.device_specs()] == [d.speed / 2 for d in problem.device_specs()]
+        alone, halved = (plan_strategy(p, "1f1b").plan.predicted.iteration_time for p in (problem, shared))
+        assert halved == pytest.approx(2 * alone)
