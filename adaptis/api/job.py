@@ -312,11 +312,12 @@ def resolve_precision(precision: str, *, cuda: bool) -> Literal["bf16", "fp32"]:
 
 
 class ParallelismSpec(_Spec):
-    """How many pipeline ranks, and what each one gets."""
+    """Worker pods, GPUs per pod (one rank each), and the replicas x pipeline mesh of the ranks."""
 
     workers: int = Field(
         default=2, ge=1, le=128,
-        description="Pipeline ranks (pods). At most 128: every rank adds a pipeline hop per "
+        description="Worker pods; each runs max(1, gpusPerWorker) ranks, and with dataParallel 1 "
+        "every rank is a pipeline rank. At most 128: every pipeline rank adds a hop per "
         "microbatch, and the plan (ranks x microbatches x F/B/W) grows past what the planner "
         "can search and store; 64 ranks x 4096 microbatches plan in 0.84 GiB "
         "(docs/planning-budget.md).")
@@ -490,7 +491,7 @@ class JobSpec(_Spec):
     model: ModelSpec = Field(description="The model to train.")
     training: TrainingSpec = Field(default=TrainingSpec(), description="The training run.")
     parallelism: ParallelismSpec = Field(
-        default=ParallelismSpec(), description="Pipeline ranks and GPUs per rank."
+        default=ParallelismSpec(), description="Worker pods, GPUs per pod and data-parallel replicas."
     )
     planner: PlannerSpec = Field(default=PlannerSpec(), description="The planner's choices.")
     worker: WorkerTemplate = Field(
