@@ -107,7 +107,7 @@ def test_liveness_endpoint_answers(operator: Operator) -> None:
 
 def test_crd_installs_and_kubectl_explain_teaches_the_spec(operator: Operator) -> None:
     out = operator.cp.kubectl("explain", "adaptisjobs.spec.parallelism.workers").stdout
-    assert "Pipeline ranks (pods)" in out
+    assert "Worker pods" in out
     out = operator.cp.kubectl("explain", "apj.spec.planner.strategy").stdout
     assert "adaptis" in out and "i1f1b" in out
 
