@@ -15,7 +15,7 @@ does not model, so expect R=2 to be measured slower than predicted here.
 from __future__ import annotations
 
 import argparse
-import json
+import copy
 import statistics
 import sys
 import tempfile
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from measured_speedup import _adaptis, _busy_cpu_seconds, _children_cpu_seconds, profile, workload
+from measured_speedup import profile, timed_run, workload
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "R=1": {"workers": 2},
@@ -33,23 +33,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 
 def run(manifest: Path, *, problem: Path, steps: int, workdir: Path) -> dict[str, Any]:
-    import os
-    import time
-
-    busy0, ours0, t0 = _busy_cpu_seconds(), _children_cpu_seconds(), time.perf_counter()
-    done = _adaptis("run", str(manifest), "--problem", str(problem), "--steps", str(steps), "--json",
-                    "--fresh", "--workdir", str(workdir), "--metrics-port", "0",
-                    "--checkpoint-every", "0", timeout_s=1800)
-    wall = time.perf_counter() - t0
-    others = (_busy_cpu_seconds() - busy0 - (_children_cpu_seconds() - ours0)) / wall
-    row: dict[str, Any] = {"others_cores": max(0.0, others), "load": os.getloadavg()[0]}
-    if done.returncode != 0:
-        row["error"] = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return row
-    s = json.loads(done.stdout)
-    row.update(step=s["measured_step_seconds"], predicted_step=s["predicted_step_seconds"],
-               iteration=s["measured_iteration_seconds"], predicted_iteration=s["predicted_iteration_seconds"],
-               reduce_share=s["reduce_wait_share"], tokens_per_second=s["tokens_per_second"])
+    summary, row = timed_run(manifest, problem=problem, steps=steps, workdir=workdir)
+    if summary is not None:
+        row.update(step=summary["measured_step_seconds"], predicted_step=summary["predicted_step_seconds"],
+                   reduce_share=summary["reduce_wait_share"], tokens_per_second=summary["tokens_per_second"])
     return row
 
 
@@ -69,7 +56,7 @@ def main() -> None:
         profile(base_path, out=problem)  # 2 devices: the pipeline of every configuration
         for rep in range(args.reps):
             for name, parallelism in CONFIGS.items():
-                doc = json.loads(json.dumps(base))
+                doc = copy.deepcopy(base)
                 doc["spec"]["parallelism"].update(parallelism)
                 manifest = Path(tmp) / f"{name.replace(' ', '-').replace('=', '')}.yaml"
                 manifest.write_text(yaml.safe_dump(doc))
@@ -78,7 +65,7 @@ def main() -> None:
                 shown = (f"step {1e3 * row['step']:.0f} ms (predicted {1e3 * row['predicted_step']:.0f})"
                          if "step" in row else row["error"])
                 print(f"round {rep} {name:<10} {shown}  others {row['others_cores']:.2f} cores, "
-                      f"load {row['load']:.2f}", flush=True)
+                      f"load {row['load_after']:.2f}", flush=True)
     print("\n| configuration | ranks | measured step ms | predicted step ms | error | all-reduce wait "
           "share | tokens/s (job) | clean runs |\n|---|---|---|---|---|---|---|---|")
     for name, mine in rows.items():

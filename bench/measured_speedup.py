@@ -77,28 +77,37 @@ def _children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_once(manifest: Path, *, problem: Path, strategy: str, steps: int, workdir: Path) -> dict[str, Any]:
-    """One timed run. ``others`` is what the rest of the machine used meanwhile, in cores: the
+def timed_run(manifest: Path, *, problem: Path, steps: int, workdir: Path,
+              extra: tuple[str, ...] = ()) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """One timed ``adaptis run --problem``: its JSON summary (None when it failed) and how the
+    machine was meanwhile. ``others_cores`` is what the rest of the machine used, in cores: the
     machine's busy CPU time minus our run's own (its ranks are waited for, so they count as our
     children). The load average cannot tell: our own ranks load the machine by themselves."""
     load_before, busy0, ours0 = os.getloadavg()[0], _busy_cpu_seconds(), _children_cpu_seconds()
     started = time.perf_counter()
-    done = _adaptis("run", str(manifest), "--problem", str(problem), "--strategy", strategy,
-                    "--steps", str(steps), "--json", "--fresh", "--workdir", str(workdir),
-                    "--metrics-port", "0", "--checkpoint-every", "0", timeout_s=1800)
+    done = _adaptis("run", str(manifest), "--problem", str(problem), *extra, "--steps", str(steps),
+                    "--json", "--fresh", "--workdir", str(workdir), "--metrics-port", "0",
+                    "--checkpoint-every", "0", timeout_s=1800)
     wall = time.perf_counter() - started
     others = (_busy_cpu_seconds() - busy0 - (_children_cpu_seconds() - ours0)) / wall
-    row: dict[str, Any] = {"strategy": strategy, "load_before": load_before,
-                           "load_after": os.getloadavg()[0], "others_cores": max(0.0, others),
-                           "wall_s": wall}
+    row: dict[str, Any] = {"load_before": load_before, "load_after": os.getloadavg()[0],
+                           "others_cores": max(0.0, others), "wall_s": wall}
     if done.returncode != 0:
         row["error"] = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return row
-    summary = json.loads(done.stdout)
-    row.update(measured=summary["measured_iteration_seconds"],
-               predicted=summary["predicted_iteration_seconds"],
-               measured_bubble=summary["measured_bubble_ratio"],
-               predicted_bubble=summary["predicted_bubble_ratio"], stages=summary["stages"])
+        return None, row
+    return json.loads(done.stdout), row
+
+
+def run_once(manifest: Path, *, problem: Path, strategy: str, steps: int, workdir: Path) -> dict[str, Any]:
+    """One timed run of ``strategy``: its iteration and bubble, measured and predicted."""
+    summary, row = timed_run(manifest, problem=problem, steps=steps, workdir=workdir,
+                             extra=("--strategy", strategy))
+    row["strategy"] = strategy
+    if summary is not None:
+        row.update(measured=summary["measured_iteration_seconds"],
+                   predicted=summary["predicted_iteration_seconds"],
+                   measured_bubble=summary["measured_bubble_ratio"],
+                   predicted_bubble=summary["predicted_bubble_ratio"], stages=summary["stages"])
     return row
 
 
