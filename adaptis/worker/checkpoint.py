@@ -366,9 +366,10 @@ def scan_checkpoints(directory: str | Path, *, model: ModelSpec) -> Scan:
     if not complete:
         newest = steps[-1]
         seen, writers = view[newest]
-        expected = "unreadable files" if writers is None else f"of ranks {', '.join(map(str, writers))}"
+        expected = ("its files are unreadable" if writers is None
+                    else f"written by ranks {', '.join(map(str, writers))}")
         return Scan(root, files=files, steps=steps, resume_step=None, incompatible=(
-            f"no step has the files of every rank that wrote it (step {newest} has ranks "
+            f"no step has the files of every rank that wrote it (step {newest} has the files of ranks "
             f"{', '.join(map(str, seen))}, {expected})"))
     step = complete[-1]
     state = _read(_rank_file(root, step=step, rank=view[step][0][0]))
