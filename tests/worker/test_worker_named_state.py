@@ -12,7 +12,7 @@ from torch import nn
 from worker_harness import SMALL_MODEL
 
 from adaptis.worker.checkpoint import _complete, _recorded_savers, scan_checkpoints
-from adaptis.worker.named_state import export_state, held_names, import_state
+from adaptis.worker.named_state import export_state, held_names, held_optimizer, import_state
 
 NAMES = ("0.weight", "1.weight", "2.weight")
 
@@ -66,6 +66,7 @@ def test_a_state_found_only_in_part_is_not_loaded_at_all() -> None:
     saved = export_state(opt, named=params)
     other = _params()
     fresh = torch.optim.AdamW(list(other.values()), lr=0.05)
+    assert import_state(fresh, named=other, find={NAMES[0]: saved[NAMES[0]]}) == list(NAMES[1:])
     partial = {n: saved[n] for n in NAMES[:2]}
     assert import_state(fresh, named=other, find=partial) == ["2.weight"]
     assert not fresh.state  # nothing half-restored
@@ -73,6 +74,30 @@ def test_a_state_found_only_in_part_is_not_loaded_at_all() -> None:
     assert import_state(fresh, named=other, find={**partial, "2.weight": None}) == []
     assert set(fresh.state) == {other["0.weight"], other["1.weight"]}
     torch.testing.assert_close(fresh.state[other["1.weight"]]["exp_avg"], saved["1.weight"]["exp_avg"])
+
+
+def test_a_parameter_without_a_gradient_yet_has_no_state_and_the_others_still_do() -> None:
+    params = _params()
+    opt = torch.optim.AdamW(list(params.values()), lr=0.05)
+    params["1.weight"].grad = torch.ones(3, 2)
+    params["2.weight"].grad = torch.ones(3, 2)
+    opt.step()  # "0.weight" had no gradient: torch made no state for it
+    saved = export_state(opt, named=params)
+    assert set(saved) == {"1.weight", "2.weight"}
+    assert held_names(opt, named=params) == list(NAMES)  # covered all the same
+
+
+def test_a_zero_1_rank_holds_only_its_share() -> None:
+    from adaptis.worker.replicas import Mesh, ZeroOptimizer
+
+    params = _params()
+    # Two replicas of one pipeline rank: shares by size, in order (no collective until step()).
+    zero = ZeroOptimizer(list(params.values()), make=lambda ps: torch.optim.AdamW(ps, lr=0.05),
+                         mesh=Mesh(replicas=2, pipeline=1), rank=1, group=None)
+    assert held_optimizer(zero) is zero.local
+    assert held_names(held_optimizer(zero), named=params) == ["1.weight"]
+    plain = torch.optim.AdamW(list(params.values()), lr=0.05)
+    assert held_optimizer(plain) is plain
 
 
 def test_a_parameter_under_two_names_is_found_by_either() -> None:
