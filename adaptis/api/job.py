@@ -22,6 +22,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_snake
 
+from adaptis.api.adaptation import AdaptationSpec, AdaptationStatus
 from adaptis.api.errors import SpecError, from_validation_error
 from adaptis.api.model import MAX_BLOCKS, BlockSpec, ModelSpec  # re-exported
 from adaptis.api.model import Spec as _Spec
@@ -330,6 +331,9 @@ class JobSpec(_Spec):
         default=CheckpointSpec(), description="Checkpoints to restart the gang from."
     )
     metrics: MetricsSpec = Field(default=MetricsSpec(), description="Worker metrics.")
+    adaptation: AdaptationSpec = Field(
+        default=AdaptationSpec(), description="Re-plan the running job when its measured compute "
+        "drifts from the plan's prediction (docs/adaptation.md).")
     suspend: bool = Field(
         default=False, description="true: remove the worker pods; false again: recreate them."
     )
@@ -353,7 +357,8 @@ Phase = Literal[
     "Succeeded", "Failed",
 ]
 ConditionType = Literal[
-    "Queued", "Profiling", "Planned", "Running", "Restarting", "Suspended", "Succeeded", "Failed"
+    "Queued", "Profiling", "Planned", "Running", "Restarting", "Suspended", "Succeeded", "Failed",
+    "Replanned", "ReplanSuggested",
 ]
 
 
@@ -412,8 +417,10 @@ class JobStatus(_Spec):
     )
     restarts: int = Field(default=0, description="Gang restarts after failures.")
     replans: int = Field(
-        default=0, description="Re-plans after lost nodes, changed hardware or a placement that "
-        "stayed unschedulable.")
+        default=0, description="Re-plans after lost nodes, changed hardware, a placement that "
+        "stayed unschedulable, or drift (adaptation).")
+    adaptation: AdaptationStatus | None = Field(
+        default=None, description="Measured drift, a suggested plan and the re-plans it caused.")
     launched: str | None = Field(
         default=None, description="<plan hash>/<attempt> whose ranks all got a pod: a rank of "
         "it lost since (deleted, evicted) restarts the gang.")
