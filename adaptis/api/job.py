@@ -8,11 +8,9 @@ never sees this module.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -23,7 +21,7 @@ from pydantic import (
 from pydantic.alias_generators import to_snake
 
 from adaptis.api.adaptation import AdaptationSpec, AdaptationStatus
-from adaptis.api.errors import SpecError, from_validation_error
+from adaptis.api.errors import SpecError, from_validation_error, read_document
 from adaptis.api.model import MAX_BLOCKS, BlockSpec, ModelSpec  # re-exported
 from adaptis.api.model import Spec as _Spec
 from adaptis.api.pod_fields import (
@@ -457,16 +455,7 @@ def parse_job(data: Any) -> AdaPtisJob:
 
 
 def load_job(path: str | Path) -> AdaPtisJob:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as err:
-        raise SpecError(f"AdaPtisJob: cannot read {p}: {err.strerror}") from None
-    try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as err:
-        raise SpecError(f"AdaPtisJob: {p} is not valid YAML/JSON: {' '.join(str(err).split())}") from None
-    return parse_job(data)
+    return parse_job(read_document(path, what="AdaPtisJob"))
 
 
 class WorkerConfig(_Spec):
