@@ -101,9 +101,11 @@ def table(runs: dict[tuple[int, int], list[Run]]) -> list[str]:
         best = min(rs, key=lambda r: r.wall_s)
         ratio = "-" if best.adaptis is None else f"{best.adaptis / best.lower_bound:.3f}"
         goal = GOALS.get((p, m))
+        close = best.adaptis is not None and best.adaptis <= GOAL_LB * best.lower_bound
+        # Both readings: wall is what the goal says, CPU what an idle 2-core machine would show.
         verdict = "" if goal is None else (
-            f"{'PASS' if best.wall_s <= goal and best.adaptis is not None and best.adaptis <= GOAL_LB * best.lower_bound else 'MISS'}"
-            f" (<= {goal:g} s, <= {GOAL_LB}x)")
+            f"<= {goal:g} s, <= {GOAL_LB}x: wall {'PASS' if close and best.wall_s <= goal else 'MISS'}, "
+            f"CPU {'PASS' if close and best.cpu_s <= goal else 'MISS'}")
         out.append(f"| {p} x {m} | {best.wall_s:.2f} | {statistics.median(r.wall_s for r in rs):.2f} | "
                    f"{best.cpu_s:.2f} | {max(r.rss_mb for r in rs):.0f} | {ratio} | {verdict} | "
                    f"{', '.join(f'{r.load:.1f}' for r in rs)} |")
@@ -117,13 +119,15 @@ def plot(runs: dict[tuple[int, int], list[Run]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))
-    for p in sorted({p for p, _ in runs}):
+    for i, p in enumerate(sorted({p for p, _ in runs})):
         sizes = sorted((m, rs) for (q, m), rs in runs.items() if q == p)
         xs = [p * m for m, _ in sizes]
-        ax_t.plot(xs, [min(r.wall_s for r in rs) for _, rs in sizes], "o-", label=f"{p} devices, wall")
-        ax_t.plot(xs, [min(rs, key=lambda r: r.wall_s).cpu_s for _, rs in sizes], "x--",
+        color = f"C{i}"
+        ax_t.plot(xs, [min(r.wall_s for r in rs) for _, rs in sizes], "o-", color=color,
+                  label=f"{p} devices, wall")
+        ax_t.plot(xs, [min(rs, key=lambda r: r.wall_s).cpu_s for _, rs in sizes], "x--", color=color,
                   label=f"{p} devices, CPU")
-        ax_m.plot(xs, [max(r.rss_mb for r in rs) for _, rs in sizes], "o-", label=f"{p} devices")
+        ax_m.plot(xs, [max(r.rss_mb for r in rs) for _, rs in sizes], "o-", color=color, label=f"{p} devices")
     for (p, m), goal in GOALS.items():
         ax_t.plot([p * m], [goal], "r*", markersize=12)
     ax_t.set(xscale="log", yscale="log", xlabel="devices x microbatches", ylabel="seconds",
