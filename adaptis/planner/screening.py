@@ -13,9 +13,11 @@ device to reach its steady state) and its time extrapolated to ``m``:
 ``busiest`` being the busiest device's work per microbatch (no steady state is faster). On
 issue 13's scale workload (Nemotron-H, 6 layers a device, 32 x 256) every structure within
 10 % of the lower bound is estimated within 3.2 % of its full schedule, losing ones within
-8.7 %, and the best two are those of the full schedules (docs/planner-search.md). It is an estimate, not a bound: the search schedules in full every candidate it
-may return (the best few estimates, then the refinement), so a returned plan still replays
-at exactly the time it reports.
+8.7 %, and the best two are those of the full schedules (docs/planner-search.md).
+
+It is an estimate, not a bound: the search schedules in full every candidate it may return
+(the best few estimates, then the refinement), so a returned plan still replays at exactly
+the time it reports.
 
 A candidate whose ``p``-microbatch schedule plus ``(m - p)`` x ``busiest`` already reaches the
 time to beat skips its second schedule: its fill alone loses.

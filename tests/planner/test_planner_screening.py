@@ -5,7 +5,7 @@ paper-sized problems are never screened (their plans stay as they were); a scree
 returns only candidates it scheduled in full, so every plan replays at exactly the time it
 reports and within memory, on random problems with mixed speeds and tight memory (screening
 forced on by lowering ``SCREEN_ABOVE``); and ``plan_strategy(..., "adaptis")`` seeds from the
-one-order baselines only.
+one-order baselines only; ``adaptis plan`` has a default time limit (``none`` lifts it).
 """
 
 from __future__ import annotations
@@ -15,13 +15,16 @@ from typing import Any
 from unittest import mock
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import adaptis.planner.baselines as baselines
 import adaptis.planner.screening as screening
+import adaptis.planner.strategies as strategies
 from adaptis.api.plan import Plan
 from adaptis.api.problem import parse_problem
+from adaptis.cli import main
 from adaptis.planner.costs import Costs
 from adaptis.planner.partition import balanced_partition
 from adaptis.planner.scheduler import Policy, list_schedule
@@ -141,3 +144,21 @@ def test_adaptis_alone_seeds_from_the_one_order_baselines(monkeypatch: pytest.Mo
     out = plan_strategy(parse_problem(_scale_like(4, 16)), "adaptis")
     assert out.result.feasible
     assert sorted(ran) == sorted(SEEDS)
+
+
+@pytest.mark.parametrize(("flag", "want"), [([], 60.0), (["--time-limit", "none"], None),
+                                            (["--time-limit", "7.5"], 7.5)])
+def test_adaptis_plan_has_a_default_time_limit(monkeypatch: pytest.MonkeyPatch, flag: list[str],
+                                               want: float | None, tmp_path: Any) -> None:
+    seen: list[float | None] = []
+    real = strategies.plan_strategy
+
+    def spy(problem: Any, name: str, **kw: Any) -> Any:
+        seen.append(kw.get("time_limit_s"))
+        return real(problem, name, **kw)
+
+    monkeypatch.setattr(strategies, "plan_strategy", spy)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(_scale_like(2, 4)))
+    assert main(["plan", str(path), "--json", *flag]) == 0
+    assert seen == [want]
