@@ -5,8 +5,8 @@ contract's strategy names; ``compare(problem)`` runs them all. ``adaptis`` start
 baseline and never returns a plan slower than it or one that exceeds a device's memory; when
 neither the baselines nor the search fit, it tries :func:`adaptis.planner.feasibility.memory_fallback`.
 ``plan_strategy(problem, "adaptis")`` runs only the one-order baselines as seeds (:data:`SEEDS`:
-1F1B and balanced); the others (several orders or chunk counts each, a quarter of the time of
-a 32-device plan) are there for the comparison, and the joint search never lost to one of
+1F1B and balanced); the others (several orders or chunk counts each, a fifth of the time of
+a 32 x 256 plan before screening) are there for the comparison, and the joint search never lost to one of
 them on the paper's 36 workloads (bench/search_quality.py: the search alone is the result).
 
 ``time_limit_s`` bounds a call (baselines and search together; None: no limit): the
