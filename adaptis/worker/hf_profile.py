@@ -5,7 +5,9 @@ Sits beside :mod:`adaptis.worker.profiler` (the zoo's layer profiler) and uses i
 backward, as the executor runs them) on the real modules: one single-layer stage
 (:class:`adaptis.worker.hf_stages.HFStage`, so the rotary embedding and mask each decoder
 layer's stage computes are timed with it) per distinct kind, the embedding, a dense attention
-layer, an MoE layer, a Mamba layer, the head with the loss. ``adaptis run`` uses it when the job
+layer, an MoE layer, a Mamba layer, the head with the loss; in the job's precision as the
+ranks run it (fp32, or bf16: fp32 weights, the stage under autocast, its output rounded to
+bf16, docs/precision.md). ``adaptis run`` uses it when the job
 asks for ``planner.profile: measure``; the operator and ``--dry-run`` use the estimate
 (:mod:`adaptis.planner.hf_estimate`).
 """
@@ -19,7 +21,7 @@ import torch
 from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import JobSpec
 from adaptis.api.problem import Problem
-from adaptis.worker.hf_stages import build_hf_stages
+from adaptis.worker.hf_stages import HFStage, build_hf_stages
 from adaptis.worker.models import token_loss
 from adaptis.worker.module_timing import (
     ModuleProfile,
@@ -27,6 +29,7 @@ from adaptis.worker.module_timing import (
     measure_action_overhead,
     profile_module,
 )
+from adaptis.worker.precision import wrap_stage
 from adaptis.worker.profiler import LayerProfile, bytes_per_param, problem_from_profiles
 
 __all__ = ["measure_hf_problem", "profile_hf_layers"]
@@ -53,7 +56,7 @@ def profile_hf_layers(spec: JobSpec, *, settings: ProfileSettings) -> list[Layer
         if kind in measured:
             continue
         stage, = build_hf_stages(model, stages=[(index, index + 1)], seed=train.seed)
-        stage = stage.to(device=dev, dtype=dtype)
+        stage = _as_run(stage, settings=settings)
         first = index == 0
         m = profile_module(stage, example=tokens if first else hidden, settings=settings,
                            input_grad=not first,
@@ -72,10 +75,22 @@ def profile_hf_layers(spec: JobSpec, *, settings: ProfileSettings) -> list[Layer
     return out
 
 
-def measure_hf_problem(spec: JobSpec, *, devices: int, repeats: int = 3) -> Problem:
+def _as_run(stage: HFStage, *, settings: ProfileSettings) -> torch.nn.Module:
+    """The stage as the executor runs it: fp32 itself; bf16 with fp32 weights, the whole stage
+    under autocast and its output rounded to bf16 (:mod:`adaptis.worker.precision`), so the
+    timed region holds the casts the ranks pay and the bytes are bf16's."""
+    stage = stage.to(device=settings.device)
+    if settings.dtype != torch.bfloat16:
+        return stage.to(dtype=settings.dtype)
+    return wrap_stage(stage, precision="bf16", recompute=False, device=settings.device)
+
+
+def measure_hf_problem(spec: JobSpec, *, devices: int, repeats: int = 3,
+                       precision: str = "fp32") -> Problem:
     """The planning problem from this process's measurements, as ``measure_problem`` makes
-    the zoo's (no memory limit)."""
-    settings = ProfileSettings(warmup=1, repeats=repeats)
+    the zoo's (no memory limit), in ``precision`` (bf16: under autocast, as the ranks run)."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    settings = ProfileSettings(warmup=1, repeats=repeats, dtype=dtype)
     assert spec.model.huggingface is not None
     layout = hf_layout(spec.model.huggingface)
     return problem_from_profiles(
