@@ -7,8 +7,10 @@ backward, as the executor runs them) on the real modules: one single-layer stage
 layer's stage computes are timed with it) per distinct kind, the embedding, a dense attention
 layer, an MoE layer, a Mamba layer, the head with the loss; in the job's precision as the
 ranks run it (fp32, or bf16: fp32 weights, the stage under autocast, its output rounded to
-bf16, docs/precision.md). ``adaptis run`` uses it when the job
-asks for ``planner.profile: measure``; the operator and ``--dry-run`` use the estimate
+bf16, docs/precision.md); with the optimizer step over each kind's parameters and its gradient
+bytes (the step after the pipeline, what replicas all-reduce) and the split weight pass's graph
+walks, as the zoo's profiler. ``adaptis run`` uses it when the job asks for
+``planner.profile: measure``; the operator and ``--dry-run`` use the estimate
 (:mod:`adaptis.planner.hf_estimate`).
 """
 
@@ -27,8 +29,10 @@ from adaptis.worker.module_timing import (
     ModuleProfile,
     ProfileSettings,
     measure_action_overhead,
+    measure_graph_visit,
     profile_module,
 )
+from adaptis.worker.optimizer_timing import gradient_bytes, time_optimizer_step
 from adaptis.worker.precision import wrap_stage
 from adaptis.worker.profiler import LayerProfile, bytes_per_param, problem_from_profiles
 
@@ -50,7 +54,7 @@ def profile_hf_layers(spec: JobSpec, *, settings: ProfileSettings) -> list[Layer
     tokens = torch.randint(layout.vocab_size, (b, s), generator=gen, device=dev)
     hidden = torch.randn(b, s, layout.hidden, generator=gen, device=dev, dtype=dtype)
     per_param = bytes_per_param(train.optimizer.name)
-    measured: dict[str, tuple[ModuleProfile, int]] = {}
+    measured: dict[str, tuple[ModuleProfile, int, float, int]] = {}
     last = len(kinds) - 1
     for index, kind in enumerate(kinds):
         if kind in measured:
@@ -61,17 +65,23 @@ def profile_hf_layers(spec: JobSpec, *, settings: ProfileSettings) -> list[Layer
         m = profile_module(stage, example=tokens if first else hidden, settings=settings,
                            input_grad=not first,
                            loss=(lambda o: token_loss(o, tokens)) if index == last else None)
-        measured[kind] = (m, sum(p.numel() for p in stage.parameters()) * per_param)
-        log.info("profiled %-10s F %.3f ms  B %.3f ms  W %.3f ms", kind, m.forward_s * 1e3,
-                 m.backward_s * 1e3, m.weight_s * 1e3)
+        # The step after the pipeline, as the zoo's profiler times it: the job's optimizer over
+        # the layer's parameters, and the gradient bytes replicas all-reduce (last: the step
+        # changes the weights).
+        step_s = time_optimizer_step(stage, optimizer=train.optimizer, settings=settings)
+        measured[kind] = (m, sum(p.numel() for p in stage.parameters()) * per_param, step_s,
+                          gradient_bytes(stage))
+        log.info("profiled %-10s F %.3f ms  B %.3f ms  W %.3f ms  step %.3f ms", kind,
+                 m.forward_s * 1e3, m.backward_s * 1e3, m.weight_s * 1e3, step_s * 1e3)
     out: list[LayerProfile] = []
     for name, kind in zip(names, kinds, strict=True):
-        m, pb = measured[kind]
+        m, pb, step_s, grad_b = measured[kind]
         out.append(LayerProfile(
             name=name, kind=kind, forward_s=m.forward_s, backward_s=m.backward_s,
             weight_s=m.weight_s, activation_bytes=m.activation_bytes, param_bytes=pb,
             output_bytes=m.output_bytes, fused_backward_s=m.fused_backward_s,
-            graph_nodes=m.graph_nodes, weight_groups=m.weight_groups))
+            graph_nodes=m.graph_nodes, weight_groups=m.weight_groups, optimizer_s=step_s,
+            gradient_bytes=grad_b))
     return out
 
 
@@ -96,4 +106,7 @@ def measure_hf_problem(spec: JobSpec, *, devices: int, repeats: int = 3,
     return problem_from_profiles(
         profile_hf_layers(spec, settings=settings), name=f"{layout.model_type}-model",
         microbatches=spec.training.microbatches, devices=devices, memory_bytes=None,
-        action_overhead_s=measure_action_overhead(settings=settings))
+        action_overhead_s=measure_action_overhead(settings=settings),
+        # The split weight pass's graph walks, on the default blocks (the zoo's profiler times
+        # them on its own blocks; these decoder layers are not built by its model_layers).
+        graph_visit_s=measure_graph_visit(settings=settings))

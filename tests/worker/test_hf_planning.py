@@ -93,3 +93,21 @@ def test_measured_profile_times_the_real_modules_in_the_precision_the_ranks_run(
         assert 2 * h.output_bytes == f.output_bytes > 0, h.name
     for h, f in zip(bf16[1:-1], fp32[1:-1], strict=True):  # dense and MoE layers save less
         assert h.activation_bytes < f.activation_bytes, h.name
+
+
+def test_measured_profile_has_the_step_after_the_pipeline_and_the_gradient_bytes() -> None:
+    """Each layer's optimizer step (the post-pipeline step the planner predicts) and its
+    gradient bytes (what replicas all-reduce) are measured on the real modules, as the zoo's
+    profiler does: without them `adaptis run` predicted 0 ms of post-pipeline step."""
+    from adaptis.worker.hf_profile import measure_hf_problem
+
+    config = json.loads((REPO / "examples" / "models" / "tiny-llama.json").read_text())
+    spec = JobSpec.model_validate({"model": {"huggingface": {"config": config}},
+                                   "training": TrainingSpec(microbatch_size=1,
+                                                            sequence_length=16).model_dump()})
+    layers = measure_hf_problem(spec, devices=2, repeats=1).expanded_layers()
+    assert all(layer.optimizer is not None and layer.optimizer > 0 for layer in layers)
+    for layer in layers:  # fp32 gradients: 4 bytes a parameter; AdamW holds 16 a parameter
+        assert layer.gradient_bytes == layer.param_bytes / 4, layer.name
+    assert all(layer.graph_walk is not None and layer.graph_walk > 0
+               for layer in layers[1:-1])  # the split weight pass walks the decoder layers
