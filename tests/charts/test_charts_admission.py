@@ -87,6 +87,11 @@ def test_a_hugging_face_config_map_is_a_configmap_volume_power(
     assert ("variables.hfConfigMap == '' || 'configMap' in variables.allowedVolumeTypes ? [] : "
             "['spec.model.huggingface.configMap: a configMap volume of the workers ' + "
             "'(admission.allowedVolumeTypes)']") in powers
+    # The operator reads it for the job: its creator must be able to get it (no allow-list).
+    reads = [" ".join(v["expression"].split()) for v in policy["spec"]["validations"]]
+    assert ("variables.hfConfigMap == '' || variables.mayCreatePods || "
+            "authorizer.group('').resource('configmaps').namespace(object.metadata.namespace) "
+            ".name(variables.hfConfigMap).check('get').allowed()") in reads
 
 
 def test_policy_can_be_turned_off(helm_home: Path) -> None:
