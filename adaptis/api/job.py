@@ -253,31 +253,55 @@ class OptimizerSpec(_Spec):
 
 
 class DataSpec(_Spec):
-    """Synthetic tokens (seeded), or a flat file of uint16/uint32 token ids, memory-mapped."""
+    """Synthetic tokens (seeded), a flat file of uint16/uint32 token ids (memory-mapped), or a
+    local text corpus tokenized with the model's tokenizer (docs/data.md)."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                {"rule": "!has(self.source) || self.source != 'token-file' || has(self.path)",
-                 "message": "path is required when source is token-file", "fieldPath": ".path"}
+                {"rule": "!has(self.source) || self.source == 'synthetic' || has(self.path)",
+                 "message": "path is required when source is token-file or text", "fieldPath": ".path"},
+                {"rule": "(!has(self.tokenizer) && !has(self.cacheDir)) || "
+                         "(has(self.source) && self.source == 'text')",
+                 "message": "tokenizer and cacheDir go only with source text"},
             ]
         }
     )
 
-    source: Literal["synthetic", "token-file"] = Field(
-        default="synthetic", description="synthetic: seeded random tokens; token-file: a file."
+    source: Literal["synthetic", "token-file", "text"] = Field(
+        default="synthetic", description="synthetic: seeded random tokens; token-file: a file of "
+        "token ids; text: UTF-8 text or JSONL files, tokenized with the model's tokenizer."
     )
     path: str | None = Field(
-        default=None, max_length=4096, description="token-file only: path inside the pod."
+        default=None, max_length=4096, description="token-file: the file; text: a file, a "
+        "directory (its *.txt, *.md, *.jsonl, recursively) or a glob; a path inside the pod."
     )
     dtype: Literal["uint16", "uint32"] = Field(
         default="uint16", description="token-file only: integer type of the token ids."
     )
+    tokenizer: str | None = Field(
+        default=None, min_length=1, max_length=4096,
+        description="text only: a tokenizer.json, or a directory holding one (and optionally "
+        "tokenizer_config.json naming eos_token), inside the pod. Default: the Hugging Face "
+        "model's weights directory, then its config path's directory.")
+    cache_dir: str | None = Field(
+        default=None, min_length=1, max_length=4096,
+        description="text only: where the tokenized corpus is cached, keyed by a hash of the "
+        "files and the tokenizer. Default: <system temp dir>/adaptis-data.")
+    shuffle: bool = Field(
+        default=True, description="text only: visit the packed sequences in a fresh seeded "
+        "order each epoch (training.seed); false: in corpus order.")
 
     @model_validator(mode="after")
     def _path_for_file(self) -> DataSpec:
-        if self.source == "token-file" and not self.path:
-            raise ValueError("training.data.path is required when source is token-file")
+        if self.source != "synthetic" and not self.path:
+            raise ValueError(f"training.data.path is required when source is {self.source}: "
+                             "give the file (or, for text, a directory or glob) inside the pod")
+        if self.source != "text":
+            for name, value in (("tokenizer", self.tokenizer), ("cacheDir", self.cache_dir)):
+                if value is not None:
+                    raise ValueError(f"training.data.{name} goes only with source text "
+                                     f"(source is {self.source}): remove it or set source: text")
         return self
 
 
