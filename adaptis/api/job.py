@@ -261,9 +261,10 @@ class DataSpec(_Spec):
             "x-kubernetes-validations": [
                 {"rule": "!has(self.source) || self.source == 'synthetic' || has(self.path)",
                  "message": "path is required when source is token-file or text", "fieldPath": ".path"},
-                {"rule": "(!has(self.tokenizer) && !has(self.cacheDir)) || "
-                         "(has(self.source) && self.source == 'text')",
-                 "message": "tokenizer and cacheDir go only with source text"},
+                {"rule": "!has(self.tokenizer) || (has(self.source) && self.source == 'text')",
+                 "message": "tokenizer goes only with source text", "fieldPath": ".tokenizer"},
+                {"rule": "!has(self.cacheDir) || (has(self.source) && self.source == 'text')",
+                 "message": "cacheDir goes only with source text", "fieldPath": ".cacheDir"},
             ]
         }
     )
@@ -273,8 +274,9 @@ class DataSpec(_Spec):
         "token ids; text: UTF-8 text or JSONL files, tokenized with the model's tokenizer."
     )
     path: str | None = Field(
-        default=None, max_length=4096, description="token-file: the file; text: a file, a "
-        "directory (its *.txt, *.md, *.jsonl, recursively) or a glob; a path inside the pod."
+        default=None, max_length=4096, validate_default=True,
+        description="token-file: the file; text: a file, a directory (its *.txt, *.md, *.jsonl, "
+        "recursively) or a glob; a path inside the pod."
     )
     dtype: Literal["uint16", "uint32"] = Field(
         default="uint16", description="token-file only: integer type of the token ids."
@@ -292,17 +294,27 @@ class DataSpec(_Spec):
         default=True, description="text only: visit the packed sequences in a fresh seeded "
         "order each epoch (training.seed); false: in corpus order.")
 
-    @model_validator(mode="after")
-    def _path_for_file(self) -> DataSpec:
-        if self.source != "synthetic" and not self.path:
-            raise ValueError(f"training.data.path is required when source is {self.source}: "
-                             "give the file (or, for text, a directory or glob) inside the pod")
-        if self.source != "text":
-            for name, value in (("tokenizer", self.tokenizer), ("cacheDir", self.cache_dir)):
-                if value is not None:
-                    raise ValueError(f"training.data.{name} goes only with source text "
-                                     f"(source is {self.source}): remove it or set source: text")
-        return self
+    # Field validators (not a model validator) so the error's path ends in .path or .tokenizer;
+    # validate_default runs them on an absent path too; source is declared first.
+    @field_validator("path")
+    @classmethod
+    def _path_for_file(cls, path: str | None, info: ValidationInfo) -> str | None:
+        source = info.data.get("source")
+        if source in ("token-file", "text") and not path:
+            raise PydanticCustomError(
+                "path_required", "required when source is {source}: give the file (for text also "
+                "a directory or a glob) inside the pod", {"source": source})
+        return path
+
+    @field_validator("tokenizer", "cache_dir")
+    @classmethod
+    def _text_only(cls, value: str | None, info: ValidationInfo) -> str | None:
+        source = info.data.get("source")
+        if value is not None and source is not None and source != "text":
+            raise PydanticCustomError(
+                "text_only", "goes only with source text (source is {source}): remove it or set "
+                "source: text", {"source": source})
+        return value
 
 
 class TrainingSpec(_Spec):
@@ -316,7 +328,7 @@ class TrainingSpec(_Spec):
     )
     optimizer: OptimizerSpec = Field(default=OptimizerSpec(), description="The optimizer.")
     grad_clip: float | None = Field(default=1.0, gt=0, description="Max global grad norm; null: off.")
-    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of weights and synthetic data.")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of weights, synthetic data and the text order.")
     data: DataSpec = Field(default=DataSpec(), description="Where the tokens come from.")
     precision: Literal["auto", "bf16", "fp32"] = Field(
         default="auto",

@@ -59,6 +59,7 @@ class Tokenized:
     eos_id: int
     vocab_size: int
     key: str
+    built: bool  # this call tokenized the corpus (False: another process had, or an earlier run)
 
 
 def corpus_files(path: str) -> list[Path]:
@@ -163,12 +164,13 @@ def tokenized(*, path: str, tokenizer: str, cache_dir: str | None, model_eos: in
     index = root / f"{key}.json"
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # held until the with block: the others wait here
-        if not index.is_file():
+        built = not index.is_file()
+        if built:
             _tokenize(files, tok=tok, eos_id=eos_id, root=root, key=key)
     meta = json.loads(index.read_text())
     tokens = np.memmap(root / f"{key}.u32", dtype=np.uint32, mode="r")
     return Tokenized(tokens=tokens, document_starts=tuple(meta["document_starts"]), eos_id=eos_id,
-                     vocab_size=int(tok.get_vocab_size(with_added_tokens=True)), key=key)
+                     vocab_size=int(tok.get_vocab_size(with_added_tokens=True)), key=key, built=built)
 
 
 def _tokenize(files: list[Path], *, tok: Any, eos_id: int, root: Path, key: str) -> None:

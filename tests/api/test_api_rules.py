@@ -93,6 +93,11 @@ CASES = [
          (".spec.model", ".kvHeads")),
     Case("rope-with-an-odd-head-size", {"spec.model.heads": 64, "spec.model.positions": "rope"},
          "spec.model", (".spec.model", ".positions")),
+    Case("text-corpus-without-path", {"spec.training.data": {"source": "text"}},
+         "spec.training.data.path", (".spec.training.data", ".path")),
+    Case("tokenizer-without-text",
+         {"spec.training.data": {"source": "token-file", "path": "/t.bin", "tokenizer": "/tok"}},
+         "spec.training.data.tokenizer", (".spec.training.data", ".tokenizer")),
 ]
 IDS = [c.id for c in CASES]
 
