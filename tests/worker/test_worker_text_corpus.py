@@ -128,14 +128,15 @@ def test_a_resumed_stream_reads_exactly_the_uninterrupted_samples(tmp_path: Path
             position += samples
 
 
-def _race(path: str, tokenizer: str, cache: str, queue: mp.Queue) -> None:
+def _race(path: str, tokenizer: str, cache: str, queue: mp.Queue, start: mp.Barrier) -> None:
+    start.wait(timeout=120)  # all three reach the cache together: without the lock each would tokenize
     queue.put(tokenized(path=path, tokenizer=tokenizer, cache_dir=cache).built)
 
 
 def test_racing_processes_tokenize_once(tmp_path: Path) -> None:
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_race, args=(str(CORPUS), str(TOKENIZER), str(tmp_path / "c"), queue))
+    queue, start = ctx.Queue(), ctx.Barrier(3)
+    procs = [ctx.Process(target=_race, args=(str(CORPUS), str(TOKENIZER), str(tmp_path / "c"), queue, start))
              for _ in range(3)]
     for p in procs:
         p.start()
