@@ -31,13 +31,13 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from adaptis.api.hf_model import HuggingFaceSpec, resolve_config
-from adaptis.api.job import DataSpec
+from adaptis.api.hf_model import HuggingFaceSpec, hf_layout, resolve_config
+from adaptis.api.job import DataSpec, TrainingSpec
 from adaptis.worker.corpus import tokenized
 from adaptis.worker.errors import DataError
 
 __all__ = ["Batch", "DataSource", "SyntheticTokens", "TextCorpus", "TokenFile", "open_source",
-           "shard_position"]
+           "prepare_text", "shard_position"]
 
 _ACTIVE_VOCAB = 512
 _FOLLOW = 0.75
@@ -171,6 +171,16 @@ def open_source(spec: DataSpec, *, vocab_size: int, sequence_length: int, seed: 
         return TokenFile(path=spec.path, dtype=spec.dtype, vocab_size=vocab_size,
                          sequence_length=sequence_length)
     return SyntheticTokens(vocab_size=vocab_size, sequence_length=sequence_length, seed=seed)
+
+
+def prepare_text(training: TrainingSpec, *, huggingface: HuggingFaceSpec | None, vocab_size: int | None) -> None:
+    """Tokenize a job's text corpus into its cache before the ranks start (``adaptis run``):
+    the ranks then find it, and bad data fails here, naming the field, rather than in a rank.
+    ``vocab_size``: the zoo model's; a Hugging Face model's comes from its config."""
+    vocab = hf_layout(huggingface).vocab_size if huggingface is not None else vocab_size
+    assert vocab is not None  # a zoo model always has one
+    _text(training.data, vocab_size=vocab, sequence_length=training.sequence_length, seed=training.seed,
+          huggingface=huggingface)
 
 
 def _text(spec: DataSpec, *, vocab_size: int, sequence_length: int, seed: int,
