@@ -83,27 +83,44 @@ def corpus_files(path: str) -> list[Path]:
 
 
 def read_documents(files: list[Path]) -> Iterator[str]:
-    """The corpus's documents in order: a text file whole, a JSONL file's ``text`` per line."""
+    """The corpus's documents in order: a text file whole, a JSONL file's ``text`` per line (read
+    line by line: a JSONL corpus may be far bigger than memory)."""
     for f in files:
-        try:
-            text = f.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise DataError(f"{_FIELD}.path: {f} is not UTF-8 (byte {err.start}); convert it or "
-                            "leave it out of the corpus") from None
         if f.suffix.lower() != ".jsonl":
-            yield text
+            yield _utf8(f.read_bytes(), file=f, where="byte")
             continue
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{_FIELD}.path: {f} line {number} is not JSON: {err.msg}") from None
-            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise DataError(f"{_FIELD}.path: {f} line {number} has no string 'text' field; "
-                                'each JSONL line must be an object like {"text": "..."}')
-            yield record["text"]
+        with open(f, "rb") as lines:
+            for number, raw in enumerate(lines, start=1):
+                line = _utf8(raw, file=f, where=f"line {number}, byte")
+                if line.strip():
+                    yield _jsonl_text(line, file=f, number=number)
+
+
+def _utf8(raw: bytes, *, file: Path, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{_FIELD}.path: {file} is not UTF-8 ({where} {err.start}); convert it or "
+                        "leave it out of the corpus") from None
+
+
+def _jsonl_text(line: str, *, file: Path, number: int) -> str:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{_FIELD}.path: {file} line {number} is not JSON: {err.msg}") from None
+    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+        raise DataError(f"{_FIELD}.path: {file} line {number} has no string 'text' field; "
+                        'each JSONL line must be an object like {"text": "..."}')
+    return record["text"]
+
+
+def _file_digest(path: Path) -> bytes:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.digest()
 
 
 def load_tokenizer(path: str, *, model_eos: int | None = None) -> tuple[Any, int, bytes]:
@@ -152,7 +169,7 @@ def tokenized(*, path: str, tokenizer: str, cache_dir: str | None, model_eos: in
     digest = hashlib.sha256(f"adaptis-corpus-v{CACHE_VERSION} eos={eos_id}\n".encode())
     digest.update(hashlib.sha256(raw).digest())
     for f in files:
-        digest.update(hashlib.sha256(f.read_bytes()).digest())
+        digest.update(_file_digest(f))
         digest.update(f.suffix.lower().encode())  # JSONL and text read the same bytes differently
     key = digest.hexdigest()[:32]
     root = Path(cache_dir) if cache_dir else Path(tempfile.gettempdir()) / "adaptis-data"

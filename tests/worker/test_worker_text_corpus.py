@@ -168,6 +168,10 @@ def test_bad_input_names_the_field(tmp_path: Path) -> None:
     latin.write_bytes("café".encode("latin-1"))
     with pytest.raises(DataError, match=r"training\.data\.path: .*latin\.txt is not UTF-8"):
         tokenized(path=str(latin), tokenizer=str(TOKENIZER), cache_dir=cache)
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=r"training\.data\.path: .*mixed\.jsonl is not UTF-8 \(line 2, byte 14\)"):
+        tokenized(path=str(mixed), tokenizer=str(TOKENIZER), cache_dir=cache)
     short = tmp_path / "short.txt"
     short.write_text("tiny")
     with pytest.raises(DataError, match=r"need at least sequenceLength \+ 1"):
