@@ -170,7 +170,7 @@ def test_bad_input_names_the_field(tmp_path: Path) -> None:
         tokenized(path=str(latin), tokenizer=str(TOKENIZER), cache_dir=cache)
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
-    with pytest.raises(DataError, match=r"training\.data\.path: .*mixed\.jsonl is not UTF-8 \(line 2, byte 14\)"):
+    with pytest.raises(DataError, match=r"training\.data\.path: .*mixed\.jsonl is not UTF-8 \(line 2, byte 13\)"):
         tokenized(path=str(mixed), tokenizer=str(TOKENIZER), cache_dir=cache)
     short = tmp_path / "short.txt"
     short.write_text("tiny")
