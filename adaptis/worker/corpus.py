@@ -6,9 +6,10 @@ cache this module writes. The corpus is UTF-8 text files (one document each) or 
 (the ``tokenizers`` package; nothing is downloaded) and joined with the tokenizer's EOS id after
 each document.
 
-The cache is a flat uint32 token file plus a JSON index (documents, their start offsets, the
-EOS id, the tokenizer's vocabulary), named by a hash of the corpus files' bytes and of the
-tokenizer: editing a file or changing the tokenizer makes a new cache, never a stale read.
+The cache is a flat uint32 token file, the documents' start offsets (int64 ``.npy``) and a JSON
+index (files, documents, tokens, the EOS id), written last, all named by a hash of the corpus
+files' bytes and of the tokenizer: an edited file or another tokenizer makes a new cache entry,
+never a stale read.
 
 Who tokenizes: every rank that needs data calls :func:`tokenized`; the first one to take an
 exclusive ``flock`` on the cache's lock file tokenizes and publishes atomically (temporary files,
@@ -25,6 +26,7 @@ from __future__ import annotations
 import fcntl
 import glob
 import hashlib
+import io
 import json
 import logging
 import os
@@ -44,7 +46,7 @@ __all__ = ["CACHE_VERSION", "Tokenized", "corpus_files", "load_tokenizer", "read
 log = logging.getLogger(__name__)
 
 # Bump when the cache's layout or the tokenizing rules change: the key includes it.
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 _TEXT_SUFFIXES = (".txt", ".text", ".md", ".jsonl")
 _BATCH_DOCUMENTS = 256
 _FIELD = "training.data"
@@ -55,7 +57,7 @@ class Tokenized:
     """A published cache: ``tokens`` (uint32, memory-mapped) and what its index says."""
 
     tokens: np.ndarray
-    document_starts: tuple[int, ...]
+    document_starts: np.ndarray  # int64, one per document: its first token's offset
     eos_id: int
     vocab_size: int
     key: str
@@ -186,7 +188,9 @@ def tokenized(*, path: str, tokenizer: str, cache_dir: str | None, model_eos: in
             _tokenize(files, tok=tok, eos_id=eos_id, root=root, key=key)
     meta = json.loads(index.read_text())
     tokens = np.memmap(root / f"{key}.u32", dtype=np.uint32, mode="r")
-    return Tokenized(tokens=tokens, document_starts=tuple(meta["document_starts"]), eos_id=eos_id,
+    starts = np.load(root / f"{key}.docs.npy", mmap_mode="r")
+    assert len(starts) == meta["documents"]  # the index is written last: both files are whole
+    return Tokenized(tokens=tokens, document_starts=starts, eos_id=eos_id,
                      vocab_size=int(tok.get_vocab_size(with_added_tokens=True)), key=key, built=built)
 
 
@@ -216,8 +220,11 @@ def _tokenize(files: list[Path], *, tok: Any, eos_id: int, root: Path, key: str)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, root / f"{key}.u32")
+        buffer = io.BytesIO()
+        np.save(buffer, np.asarray(starts, dtype=np.int64))
+        _write_atomic(root / f"{key}.docs.npy", buffer.getvalue())
         meta = {"version": CACHE_VERSION, "files": [str(f) for f in files], "documents": len(starts),
-                "tokens": count, "eos_id": eos_id, "document_starts": starts}
+                "tokens": count, "eos_id": eos_id}
         _write_atomic(root / f"{key}.json", json.dumps(meta).encode())
     finally:
         if os.path.exists(tmp):
