@@ -516,6 +516,12 @@ def _job_cel_rules() -> list[dict[str, str]]:
                  f"self.checkpoint.everySteps <= {steps}",
          "fieldPath": ".checkpoint.everySteps",
          "message": "everySteps must not exceed training.steps"},
+        {"rule": "!has(self.training) || !has(self.training.data) || !has(self.training.data.source) || "
+                 "self.training.data.source != 'text' || has(self.training.data.tokenizer) || "
+                 "(has(self.model.huggingface) && (has(self.model.huggingface.weights) || "
+                 "has(self.model.huggingface.path)))",
+         "fieldPath": ".training.data.tokenizer",
+         "message": "tokenizer is required for source text unless model.huggingface has weights or path"},
     ]
 
 

@@ -54,6 +54,14 @@ def _hf(**model: Any) -> dict[str, Any]:
     return doc
 
 
+def _hf_text() -> dict[str, Any]:
+    """A text corpus with no tokenizer: the Hugging Face model's weights directory lends it."""
+    doc = _hf()
+    doc["spec"]["model"]["huggingface"]["weights"] = "/models/tiny"
+    doc["spec"]["training"] = {**doc["spec"].get("training", {}), "data": {"source": "text", "path": "/corpus"}}
+    return doc
+
+
 def _moe_top_k(top_k: int) -> dict[str, Any]:
     doc = _job()
     doc["spec"]["model"]["blocks"][1]["topK"] = top_k
@@ -89,8 +97,10 @@ def _dry_run_create(cp: ControlPlane, doc: dict[str, Any], *, namespace: str) ->
     (_with(training={"data": {"source": "text"}}), "spec.training.data.path"),
     (_with(training={"data": {"source": "token-file", "path": "/t", "tokenizer": "/tok"}}),
      "spec.training.data.tokenizer"),
+    (_with(training={"data": {"source": "text", "path": "/corpus"}}), "spec.training.data.tokenizer"),
 ], ids=["workers>layers", "dp-divides", "gpu-ranks>layers", "zb-v", "i1f1b", "everySteps>steps", "topK>experts", "name-too-long",
-        "hf+blocks", "hf-config+path", "text-without-path", "tokenizer-without-text"])
+        "hf+blocks", "hf-config+path", "text-without-path", "tokenizer-without-text",
+        "text-without-tokenizer"])
 def test_api_server_refuses_with_422_naming_the_field(
         control_plane: ControlPlane, namespace: str, doc: dict[str, Any], field: str) -> None:
     result = _dry_run_create(control_plane, doc, namespace=namespace)
@@ -111,8 +121,9 @@ def test_api_server_refuses_with_422_naming_the_field(
     copy.deepcopy({**_job(), "spec": {"model": _job()["spec"]["model"]}}),  # defaults only
     _hf(),  # the config kept as given (nested objects, floats), the zoo's defaults harmless
     _with(training={"data": {"source": "text", "path": "/corpus", "tokenizer": "/tok", "cacheDir": "/c"}}),
+    _hf_text(),
 ], ids=["base", "workers=layers", "dp-exact", "gpu-ranks=layers", "zb-v-exact", "everySteps=steps", "name-63", "defaults",
-        "huggingface", "text-corpus"])
+        "huggingface", "text-corpus", "hf-text-default-tokenizer"])
 def test_api_server_admits_the_boundary_cases(
         control_plane: ControlPlane, namespace: str, doc: dict[str, Any]) -> None:
     result = _dry_run_create(control_plane, doc, namespace=namespace)
