@@ -15,6 +15,8 @@ from worker_harness import small_config
 from adaptis.api.job import DataSpec
 from adaptis.worker.launcher import LocalLauncher
 
+pytestmark = pytest.mark.slow  # three 4-rank runs: about a minute on 2 cores
+
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "examples" / "data" / "tiny-tokenizer"
 STEPS, STOP, REPLICAS = 6, 3, 2
