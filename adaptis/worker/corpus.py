@@ -187,6 +187,8 @@ def tokenized(*, path: str, tokenizer: str, cache_dir: str | None, model_eos: in
         if built:
             _tokenize(files, tok=tok, eos_id=eos_id, root=root, key=key)
     meta = json.loads(index.read_text())
+    if not meta["documents"]:
+        raise DataError(f"{_FIELD}.path: {path} holds no documents (empty files or JSONL lines only)")
     tokens = np.memmap(root / f"{key}.u32", dtype=np.uint32, mode="r")
     starts = np.load(root / f"{key}.docs.npy", mmap_mode="r")
     assert len(starts) == meta["documents"]  # the index is written last: both files are whole

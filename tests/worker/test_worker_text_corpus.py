@@ -172,6 +172,10 @@ def test_bad_input_names_the_field(tmp_path: Path) -> None:
     mixed.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
     with pytest.raises(DataError, match=r"training\.data\.path: .*mixed\.jsonl is not UTF-8 \(line 2, byte 13\)"):
         tokenized(path=str(mixed), tokenizer=str(TOKENIZER), cache_dir=cache)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(DataError, match=r"training\.data\.path: .*empty\.jsonl holds no documents"):
+        tokenized(path=str(empty), tokenizer=str(TOKENIZER), cache_dir=cache)
     short = tmp_path / "short.txt"
     short.write_text("tiny")
     with pytest.raises(DataError, match=r"need at least sequenceLength \+ 1"):
