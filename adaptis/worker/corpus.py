@@ -163,11 +163,18 @@ def _eos_id(tok: Any, *, config: Path, model_eos: int | None) -> int:
                     "model config's eos_token_id")
 
 
-def tokenized(*, path: str, tokenizer: str, cache_dir: str | None, model_eos: int | None = None) -> Tokenized:
+def tokenized(*, path: str, tokenizer: str, cache_dir: str | None, model_eos: int | None = None,
+              vocab_size: int | None = None) -> Tokenized:
     """The corpus's tokens, from the cache, tokenizing first if no rank has yet (see the module
-    docstring for who tokenizes and why)."""
+    docstring for who tokenizes and why). ``vocab_size``: the model's, which the tokenizer's
+    vocabulary must fit (checked before any tokenizing)."""
     files = corpus_files(path)
     tok, eos_id, raw = load_tokenizer(tokenizer, model_eos=model_eos)
+    size = int(tok.get_vocab_size(with_added_tokens=True))
+    if vocab_size is not None and size > vocab_size:
+        raise DataError(f"{_FIELD}.tokenizer: the tokenizer {tokenizer} has {size} tokens but the "
+                        f"model's vocab_size is {vocab_size}: use the model's own tokenizer, or a "
+                        "model whose vocab_size covers the tokenizer")
     digest = hashlib.sha256(f"adaptis-corpus-v{CACHE_VERSION} eos={eos_id}\n".encode())
     digest.update(hashlib.sha256(raw).digest())
     for f in files:
@@ -193,7 +200,7 @@ def tokenized(*, path: str, tokenizer: str, cache_dir: str | None, model_eos: in
     starts = np.load(root / f"{key}.docs.npy", mmap_mode="r")
     assert len(starts) == meta["documents"]  # the index is written last: both files are whole
     return Tokenized(tokens=tokens, document_starts=starts, eos_id=eos_id,
-                     vocab_size=int(tok.get_vocab_size(with_added_tokens=True)), key=key, built=built)
+                     vocab_size=size, key=key, built=built)
 
 
 def _tokenize(files: list[Path], *, tok: Any, eos_id: int, root: Path, key: str) -> None:

@@ -192,11 +192,8 @@ def _text(spec: DataSpec, *, vocab_size: int, sequence_length: int, seed: int,
     if huggingface is not None:
         eos = resolve_config(huggingface).get("eos_token_id")
         model_eos = eos[0] if isinstance(eos, list) and eos else eos if isinstance(eos, int) else None
-    corpus = tokenized(path=spec.path, tokenizer=tokenizer, cache_dir=spec.cache_dir, model_eos=model_eos)
-    if corpus.vocab_size > vocab_size:
-        raise DataError(f"training.data.tokenizer: the tokenizer {tokenizer} has {corpus.vocab_size} "
-                        f"tokens but the model's vocab_size is {vocab_size}: use the model's own "
-                        "tokenizer, or a model whose vocab_size covers the tokenizer")
+    corpus = tokenized(path=spec.path, tokenizer=tokenizer, cache_dir=spec.cache_dir, model_eos=model_eos,
+                       vocab_size=vocab_size)
     return TextCorpus(tokens=corpus.tokens, sequence_length=sequence_length, seed=seed, shuffle=spec.shuffle)
 
 

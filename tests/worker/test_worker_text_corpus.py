@@ -154,6 +154,7 @@ def test_bad_input_names_the_field(tmp_path: Path) -> None:
                                         r"the model's vocab_size is 100"):
         open_source(DataSpec(source="text", path=str(CORPUS), tokenizer=str(TOKENIZER), cache_dir=cache),
                     vocab_size=100, sequence_length=8, seed=0)
+    assert not list((tmp_path / "cache").glob("*.u32"))  # refused before any tokenizing
     with pytest.raises(DataError, match=r"training\.data\.tokenizer is required for source text"):
         open_source(DataSpec(source="text", path=str(CORPUS)), vocab_size=256, sequence_length=8, seed=0)
     with pytest.raises(DataError, match=r"training\.data\.tokenizer: no tokenizer\.json at"):
