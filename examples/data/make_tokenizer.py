@@ -24,8 +24,8 @@ VOCAB = 256
 SPECIAL = ["<unk>", "</s>"]
 
 
-def main() -> None:
-    out = HERE / "tiny-tokenizer"
+def build(out: Path) -> Tokenizer:
+    """Train the tokenizer on the tiny corpus and write its two files into ``out``."""
     out.mkdir(exist_ok=True)
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
@@ -37,6 +37,12 @@ def main() -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(
         {"eos_token": "</s>", "unk_token": "<unk>", "tokenizer_class": "PreTrainedTokenizerFast"},
         indent=2) + "\n")
+    return tok
+
+
+def main() -> None:
+    out = HERE / "tiny-tokenizer"
+    tok = build(out)
     print(f"wrote {out}: {tok.get_vocab_size()} tokens")
 
 

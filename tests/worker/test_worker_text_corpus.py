@@ -194,3 +194,15 @@ def test_a_hugging_face_model_lends_its_tokenizer_and_eos(tmp_path: Path) -> Non
     tokens = tokenized(path=str(CORPUS), tokenizer=str(weights), cache_dir=str(tmp_path / "c"), model_eos=0)
     assert isinstance(src, TextCorpus)
     assert [int(tokens.tokens[s - 1]) for s in tokens.document_starts[1:]] == [0] * 9  # EOS 0 ends each document
+
+
+def test_the_shipped_tokenizer_is_what_its_script_trains(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_tokenizer", REPO / "examples" / "data" / "make_tokenizer.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.build(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / name).read_bytes() == (TOKENIZER / name).read_bytes(), f"{name}: rerun the script"
