@@ -1,17 +1,16 @@
 """The AdaPtisJob custom resource: spec and status, the source of the CRD (``adaptis crd``).
 
 Field names are camelCase on the wire, as every Kubernetes API is; Python uses snake_case.
-Each component takes only its slice: the worker builds its model from :class:`ModelSpec` and
-trains with :class:`TrainingSpec`; the planner never sees this module.
+Each component takes only its slice: the worker builds its model from :class:`ModelSpec` (in
+:mod:`adaptis.api.model`, re-exported here) and trains with :class:`TrainingSpec`; the planner
+never sees this module.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -19,13 +18,14 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
-    model_validator,
 )
-from pydantic.alias_generators import to_camel, to_snake
+from pydantic.alias_generators import to_snake
 from pydantic_core import PydanticCustomError
 
-from adaptis.api.errors import SpecError, from_validation_error
-from adaptis.api.hf_model import HuggingFaceSpec
+from adaptis.api.adaptation import AdaptationSpec, AdaptationStatus
+from adaptis.api.errors import SpecError, from_validation_error, read_document
+from adaptis.api.model import MAX_BLOCKS, BlockSpec, ModelSpec  # re-exported
+from adaptis.api.model import Spec as _Spec
 from adaptis.api.pod_fields import (
     EnvVar,
     LabelKey,
@@ -62,176 +62,6 @@ KIND = "AdaPtisJob"
 PLURAL = "adaptisjobs"
 SHORT_NAMES = ("apj",)
 
-# The most blocks a model may have in all (the layers the planner partitions, less embedding and
-# head): planning time and memory grow with them; docs/planning-budget.md measures 64 workers x
-# 4096 blocks x 4096 microbatches at 38 s and 0.84 GiB within a 30 s limit.
-MAX_BLOCKS = 4096
-
-
-class _Spec(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
-    )
-
-
-BlockKind = Literal["attention", "mamba", "moe", "dense"]
-
-
-class BlockSpec(_Spec):
-    """A run of identical blocks in pipeline order."""
-
-    # The API server applies the scalar defaults before CEL runs, so topK and experts are set;
-    # the has() guards only keep the rule total. Only moe blocks route, so only they are held
-    # to it (the same as _top_k_within_experts).
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {"rule": "self.kind != 'moe' || !has(self.topK) || !has(self.experts) || "
-                         "self.topK <= self.experts",
-                 "message": "topK must not exceed experts", "fieldPath": ".topK"}
-            ]
-        }
-    )
-
-    kind: BlockKind = Field(description="attention (+MLP), mamba (selective SSM), moe, dense MLP.")
-    count: int = Field(
-        default=1, ge=1, le=MAX_BLOCKS,
-        description=f"How many such blocks in a row; all runs together at most {MAX_BLOCKS} "
-        "(the planner's time and memory grow with them, docs/planning-budget.md).")
-    experts: int = Field(default=4, ge=1, le=256, description="MoE only: number of experts.")
-    top_k: int = Field(default=2, ge=1, le=16, description="MoE only: experts per token.")
-    ffn_hidden: int | None = Field(
-        default=None, ge=1, le=1_048_576,
-        description="This run's MLP width (moe: each expert's). null: the model's ffnHidden for "
-        "attention and dense blocks, 2 x hidden for a moe expert.")
-    aux_loss_coef: float = Field(
-        default=0.0, ge=0, le=1,
-        description="MoE only: weight of the load-balancing loss (Switch/Megatron form, 1.0 at a "
-        "perfect balance) added to the training loss; 0 turns it off. Typical: 0.01.")
-
-    @field_validator("top_k")
-    @classmethod
-    def _top_k_within_experts(cls, top_k: int, info: ValidationInfo) -> int:
-        # A field validator (not a model validator) so the error's path ends in .topK; kind and
-        # experts are declared first, so info.data holds them unless they were invalid.
-        experts = info.data.get("experts")
-        if info.data.get("kind") == "moe" and experts is not None and top_k > experts:
-            # A custom error type keeps pydantic's "Value error, " prefix off the message.
-            raise PydanticCustomError("top_k_exceeds_experts",
-                                      "{top_k} exceeds experts ({experts})",
-                                      {"top_k": top_k, "experts": experts})
-        return top_k
-
-
-class ModelSpec(_Spec):
-    """The model: the built-in zoo (vocabSize, hidden, heads, blocks: a small but real
-    heterogeneous model), or a Hugging Face transformers model (huggingface), one or the other."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {"rule": "!has(self.heads) || !has(self.hidden) || self.hidden % self.heads == 0",
-                 "message": "heads must divide hidden", "fieldPath": ".heads"},
-                {"rule": "!has(self.kvHeads) || !has(self.heads) || self.heads % self.kvHeads == 0",
-                 "message": "kvHeads must divide heads", "fieldPath": ".kvHeads"},
-                {"rule": "!has(self.positions) || self.positions != 'rope' || !has(self.heads) || "
-                         "!has(self.hidden) || "
-                         "(self.hidden / self.heads) % 2 == 0",
-                 "message": "rope needs an even head size (hidden / heads)",
-                 "fieldPath": ".positions"},
-                {"rule": "has(self.huggingface) ? !has(self.blocks) && !has(self.vocabSize) && "
-                         "!has(self.hidden) : has(self.blocks) && has(self.vocabSize) && "
-                         "has(self.hidden)",
-                 "message": "give either huggingface or the zoo's vocabSize, hidden and blocks"},
-            ]
-        }
-    )
-
-    # Optional only so that huggingface can stand in for them (_zoo_or_huggingface).
-    vocab_size: int | None = Field(
-        default=None, ge=2, le=4_194_304, description="Vocabulary of embedding and head.")
-    hidden: int | None = Field(default=None, ge=8, le=65_536, description="Hidden size.")
-    heads: int = Field(default=4, ge=1, le=512, description="Attention heads; divides hidden.")
-    kv_heads: int | None = Field(
-        default=None, ge=1, le=512,
-        description="Key/value heads of grouped-query attention; divides heads. null: heads "
-        "(multi-head attention); 1: multi-query attention.")
-    ffn_hidden: int | None = Field(
-        default=None, ge=1, le=1_048_576,
-        description="MLP width of attention and dense blocks (a block may override it). "
-        "null: 4 x hidden.")
-    mlp: Literal["gelu", "swiglu"] = Field(
-        default="gelu", description="MLP form of every block: gelu (up, GELU, down) or swiglu "
-        "(Llama: down(silu(gate) * up), one more matrix of the same width).")
-    positions: Literal["none", "rope"] = Field(
-        default="none", description="Position information of attention: none (causal mask "
-        "only) or rope (rotary embedding of queries and keys).")
-    rope_theta: float = Field(default=10_000.0, gt=1, le=1e9,
-                              description="rope only: base of the rotary frequencies.")
-    blocks: list[BlockSpec] | None = Field(
-        default=None, min_length=1, max_length=1024,
-        description="The layers between embedding and head.")
-    tie_embeddings: bool = Field(default=False, description="Share embedding and head weights.")
-    huggingface: HuggingFaceSpec | None = Field(
-        default=None, description="A transformers decoder model instead of the zoo "
-        "(docs/huggingface.md): its config.json inline or a local path, optional local weights.")
-
-    @field_validator("kv_heads")
-    @classmethod
-    def _kv_heads_divide_heads(cls, kv_heads: int | None, info: ValidationInfo) -> int | None:
-        # A field validator so the error's path ends in .kvHeads (heads is declared first).
-        heads = info.data.get("heads")
-        if kv_heads is not None and heads is not None and heads % kv_heads:
-            raise PydanticCustomError(
-                "kv_heads_divide_heads",
-                "{kv_heads} must divide heads ({heads}); e.g. kvHeads: 1, or leave it unset for "
-                "multi-head attention", {"kv_heads": kv_heads, "heads": heads})
-        return kv_heads
-
-    @model_validator(mode="after")
-    def _zoo_or_huggingface(self) -> ModelSpec:
-        if self.huggingface is not None:
-            for name in ("vocab_size", "hidden", "blocks"):
-                if getattr(self, name) is not None:
-                    raise ValueError(f"model.{to_camel(name)} does not go with model.huggingface "
-                                     "(the config gives it): remove one of the two")
-            # heads and tieEmbeddings get defaults from the API server: only a change is wrong.
-            for name in ("heads", "tie_embeddings"):
-                if getattr(self, name) != type(self).model_fields[name].default:
-                    raise ValueError(f"model.{to_camel(name)} does not go with model.huggingface "
-                                     "(the config gives it): remove it")
-            return self
-        for name in ("vocab_size", "hidden", "blocks"):
-            if getattr(self, name) is None:
-                raise ValueError(f"model.{to_camel(name)} is required (or name a Hugging Face "
-                                 "model with model.huggingface)")
-        if self.hidden % self.heads:  # type: ignore[operator]
-            raise ValueError(f"model.heads ({self.heads}) must divide model.hidden ({self.hidden})")
-        if self.positions == "rope" and (self.hidden // self.heads) % 2:
-            raise ValueError(f"model.positions rope rotates pairs of features: the head size "
-                             f"hidden / heads ({self.hidden // self.heads}) must be even")
-        return self
-
-    @property
-    def key_value_heads(self) -> int:
-        """The key/value heads: ``kv_heads``, or ``heads`` when unset (multi-head attention)."""
-        return self.kv_heads if self.kv_heads is not None else self.heads
-
-    def mlp_width(self, block: BlockSpec) -> int:
-        """The MLP width of ``block``: its own ``ffn_hidden``, else the model's (4 x hidden) for
-        attention and dense blocks and 2 x hidden for a moe expert, the widths before
-        ffnHidden existed (so existing models are unchanged)."""
-        if block.ffn_hidden is not None:
-            return block.ffn_hidden
-        if block.kind == "moe":
-            return 2 * self.hidden
-        return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
-
-    @property
-    def block_kinds(self) -> list[str]:
-        return [b.kind for b in self.blocks or [] for _ in range(b.count)]
-
-
 class OptimizerSpec(_Spec):
     """The optimizer every stage runs on its own parameters."""
 
@@ -253,32 +83,68 @@ class OptimizerSpec(_Spec):
 
 
 class DataSpec(_Spec):
-    """Synthetic tokens (seeded), or a flat file of uint16/uint32 token ids, memory-mapped."""
+    """Synthetic tokens (seeded), a flat file of uint16/uint32 token ids (memory-mapped), or a
+    local text corpus tokenized with the model's tokenizer (docs/data.md)."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                {"rule": "!has(self.source) || self.source != 'token-file' || has(self.path)",
-                 "message": "path is required when source is token-file", "fieldPath": ".path"}
+                {"rule": "!has(self.source) || self.source == 'synthetic' || has(self.path)",
+                 "message": "path is required when source is token-file or text", "fieldPath": ".path"},
+                {"rule": "!has(self.tokenizer) || (has(self.source) && self.source == 'text')",
+                 "message": "tokenizer goes only with source text", "fieldPath": ".tokenizer"},
+                {"rule": "!has(self.cacheDir) || (has(self.source) && self.source == 'text')",
+                 "message": "cacheDir goes only with source text", "fieldPath": ".cacheDir"},
             ]
         }
     )
 
-    source: Literal["synthetic", "token-file"] = Field(
-        default="synthetic", description="synthetic: seeded random tokens; token-file: a file."
+    source: Literal["synthetic", "token-file", "text"] = Field(
+        default="synthetic", description="synthetic: seeded random tokens; token-file: a file of "
+        "token ids; text: UTF-8 text or JSONL files, tokenized with the model's tokenizer."
     )
     path: str | None = Field(
-        default=None, max_length=4096, description="token-file only: path inside the pod."
+        default=None, max_length=4096, validate_default=True,
+        description="token-file: the file; text: a file, a directory (its *.txt, *.md, *.jsonl, "
+        "recursively) or a glob; a path inside the pod."
     )
     dtype: Literal["uint16", "uint32"] = Field(
         default="uint16", description="token-file only: integer type of the token ids."
     )
+    tokenizer: str | None = Field(
+        default=None, min_length=1, max_length=4096,
+        description="text only: a tokenizer.json, or a directory holding one (and optionally "
+        "tokenizer_config.json naming eos_token), inside the pod. Default: the Hugging Face "
+        "model's weights directory, then its config path's directory.")
+    cache_dir: str | None = Field(
+        default=None, min_length=1, max_length=4096,
+        description="text only: where the tokenized corpus is cached, keyed by a hash of the "
+        "files and the tokenizer. Default: <system temp dir>/adaptis-data.")
+    shuffle: bool = Field(
+        default=True, description="text only: visit the packed sequences in a fresh seeded "
+        "order each epoch (training.seed); false: in corpus order.")
 
-    @model_validator(mode="after")
-    def _path_for_file(self) -> DataSpec:
-        if self.source == "token-file" and not self.path:
-            raise ValueError("training.data.path is required when source is token-file")
-        return self
+    # Field validators (not a model validator) so the error's path ends in .path or .tokenizer;
+    # validate_default runs them on an absent path too; source is declared first.
+    @field_validator("path")
+    @classmethod
+    def _path_for_file(cls, path: str | None, info: ValidationInfo) -> str | None:
+        source = info.data.get("source")
+        if source in ("token-file", "text") and not path:
+            raise PydanticCustomError(
+                "path_required", "required when source is {source}: give the file (for text also "
+                "a directory or a glob) inside the pod", {"source": source})
+        return path
+
+    @field_validator("tokenizer", "cache_dir")
+    @classmethod
+    def _text_only(cls, value: str | None, info: ValidationInfo) -> str | None:
+        source = info.data.get("source")
+        if value is not None and source is not None and source != "text":
+            raise PydanticCustomError(
+                "text_only", "goes only with source text (source is {source}): remove it or set "
+                "source: text", {"source": source})
+        return value
 
 
 class TrainingSpec(_Spec):
@@ -292,7 +158,7 @@ class TrainingSpec(_Spec):
     )
     optimizer: OptimizerSpec = Field(default=OptimizerSpec(), description="The optimizer.")
     grad_clip: float | None = Field(default=1.0, gt=0, description="Max global grad norm; null: off.")
-    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of weights and synthetic data.")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of weights, synthetic data and the text order.")
     data: DataSpec = Field(default=DataSpec(), description="Where the tokens come from.")
     precision: Literal["auto", "bf16", "fp32"] = Field(
         default="auto",
@@ -480,6 +346,12 @@ def _job_cel_rules() -> list[dict[str, str]]:
                  f"self.checkpoint.everySteps <= {steps}",
          "fieldPath": ".checkpoint.everySteps",
          "message": "everySteps must not exceed training.steps"},
+        {"rule": "!has(self.training) || !has(self.training.data) || !has(self.training.data.source) || "
+                 "self.training.data.source != 'text' || has(self.training.data.tokenizer) || "
+                 "(has(self.model.huggingface) && (has(self.model.huggingface.weights) || "
+                 "has(self.model.huggingface.path)))",
+         "fieldPath": ".training.data.tokenizer",
+         "message": "tokenizer is required for source text unless model.huggingface has weights or path"},
     ]
 
 
@@ -501,6 +373,9 @@ class JobSpec(_Spec):
         default=CheckpointSpec(), description="Checkpoints to restart the gang from."
     )
     metrics: MetricsSpec = Field(default=MetricsSpec(), description="Worker metrics.")
+    adaptation: AdaptationSpec = Field(
+        default=AdaptationSpec(), description="Re-plan the running job when its measured compute "
+        "drifts from the plan's prediction (docs/adaptation.md).")
     suspend: bool = Field(
         default=False, description="true: remove the worker pods; false again: recreate them."
     )
@@ -524,7 +399,8 @@ Phase = Literal[
     "Succeeded", "Failed",
 ]
 ConditionType = Literal[
-    "Queued", "Profiling", "Planned", "Running", "Restarting", "Suspended", "Succeeded", "Failed"
+    "Queued", "Profiling", "Planned", "Running", "Restarting", "Suspended", "Succeeded", "Failed",
+    "Replanned", "ReplanSuggested",
 ]
 
 
@@ -583,8 +459,10 @@ class JobStatus(_Spec):
     )
     restarts: int = Field(default=0, description="Gang restarts after failures.")
     replans: int = Field(
-        default=0, description="Re-plans after lost nodes, changed hardware or a placement that "
-        "stayed unschedulable.")
+        default=0, description="Re-plans after lost nodes, changed hardware, a placement that "
+        "stayed unschedulable, or drift (adaptation).")
+    adaptation: AdaptationStatus | None = Field(
+        default=None, description="Measured drift, a suggested plan and the re-plans it caused.")
     launched: str | None = Field(
         default=None, description="<plan hash>/<attempt> whose ranks all got a pod: a rank of "
         "it lost since (deleted, evicted) restarts the gang.")
@@ -621,16 +499,7 @@ def parse_job(data: Any) -> AdaPtisJob:
 
 
 def load_job(path: str | Path) -> AdaPtisJob:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as err:
-        raise SpecError(f"AdaPtisJob: cannot read {p}: {err.strerror}") from None
-    try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as err:
-        raise SpecError(f"AdaPtisJob: {p} is not valid YAML/JSON: {' '.join(str(err).split())}") from None
-    return parse_job(data)
+    return parse_job(read_document(path, what="AdaPtisJob"))
 
 
 class WorkerConfig(_Spec):
