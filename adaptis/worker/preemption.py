@@ -11,7 +11,7 @@ exit with :data:`EXIT_PREEMPTED`, so whoever restarts them (with the same plan o
 see :mod:`adaptis.worker.checkpoint`) loses nothing.
 
 The cost is one one-integer all-reduce per step (gloo on CPU, measured on 2 cores at load 16:
-median 0.12 ms with 2 ranks, 0.6-1.6 ms with 4; docs/checkpoints.md); a step must be shorter
+median 0.11-0.13 ms with 2 ranks, 0.5-1.6 ms with 4; bench/stop_agreement.py); a step must be shorter
 than the grace period for the stop to land in time.
 """
 
