@@ -122,6 +122,25 @@ def test_suggest_reports_the_better_plan_and_leaves_the_pods(cluster: Any, make_
             for p in cluster.pods()} == pods  # nothing restarted
     assert not any(p["metadata"].get("deletionTimestamp") for p in cluster.pods())
     assert workers.replans == ["suggested"]
+    _poll(rec, clock, 1)  # the drift goes on, but the next decision needs a full window again
+    assert workers.replans == ["suggested"]
+
+
+def test_a_measured_slow_restart_outweighs_the_gain(cluster: Any, make_job: Any,
+                                                    clock: Any) -> None:
+    cluster.add_job(_job(make_job, policy="auto"))
+    workers = Workers(slow={1: 2.0})
+    rec = _reconciler(cluster, clock, workers)  # assumes a free restart until one is measured
+    rec.reconcile("ns", "demo")  # the pods are asked for now ...
+    clock.advance(100_000.0)  # ... and take a day to their first step
+    _run_all(cluster)
+    rec.reconcile("ns", "demo")
+    _poll(rec, clock, 3)
+    job = cluster.job()
+    cond = _cond(job, "ReplanSuggested")
+    assert cond is not None and cond["reason"] == "NotWorthIt", cond
+    assert "a restart's 100000 s" in cond["message"]
+    assert job["status"].get("replans", 0) == 0
 
 
 def test_auto_replans_restarts_the_gang_and_waits_a_full_window(cluster: Any, make_job: Any,
@@ -162,14 +181,17 @@ def test_auto_replans_restarts_the_gang_and_waits_a_full_window(cluster: Any, ma
     assert cluster.job()["status"]["phase"] == "Running"
     # The old window does not carry over: the new gang needs a full window of its own; then a
     # drift that persists (the device slowed further) meets maxReplans=1.
-    workers.slow = {1: 1.6}
+    workers.slow = {1: 2.0, 2: 2.0}  # device 1 as corrected; now device 2 slows down too
     _poll(rec, clock, 2)
     assert cluster.job()["status"]["replans"] == 1
+    assert _cond(cluster.job(), "ReplanSuggested")["reason"] == "Applied"  # type: ignore[index]
     _poll(rec, clock, 1)
     job = cluster.job()
-    assert job["status"]["replans"] == 1
+    assert job["status"]["replans"] == 1 and len(job["status"]["adaptation"]["history"]) == 1
     cond = _cond(job, "ReplanSuggested")
-    assert cond is not None and cond["reason"] in {"MaxReplansReached", "NotWorthIt"}
+    assert cond is not None and cond["reason"] == "MaxReplansReached", cond
+    assert job["status"]["adaptation"]["suggestion"]["deviceSpeed"][2] == pytest.approx(0.5, rel=1e-3)
+    assert job["status"]["phase"] == "Running"
 
 
 def test_without_prometheus_the_job_is_told_and_runs_on(cluster: Any, make_job: Any,
@@ -245,3 +267,20 @@ def test_corrected_speeds_hold_only_on_their_nodes(cluster: Any, make_job: Any) 
     moved = plan_job(spec, nodes, name="ns/demo", speed_correction=(
         ("a100-0", "a100-0", "a100-1", "a100-1"), (1.0, 0.5, 1.0, 1.0)))
     assert moved.device_speed == [] and moved.plan == first.plan
+
+
+def test_the_operator_counts_replans_and_shows_predictions() -> None:
+    from adaptis.operator.metrics import OperatorMetrics
+
+    metrics = OperatorMetrics()
+    metrics.replanned(("ns", "demo"), action="applied")
+    metrics.replanned(("ns", "demo"), action="suggested")
+    metrics.replanned(("ns", "demo"), action="applied")
+    metrics.predicted(("ns", "demo"), busy_seconds=[0.25, 0.5])
+    value = metrics.registry.get_sample_value
+    assert value("adaptis_operator_replans_total", {
+        "job_namespace": "ns", "adaptis_job": "demo", "action": "applied"}) == 2
+    assert value("adaptis_operator_replans_total", {
+        "job_namespace": "ns", "adaptis_job": "demo", "action": "suggested"}) == 1
+    assert value("adaptis_operator_predicted_busy_seconds", {
+        "job_namespace": "ns", "adaptis_job": "demo", "device": "1"}) == 0.5
