@@ -56,8 +56,11 @@ DEFAULT_INTER_NODE = Link(bandwidth_bytes_per_s=25e9, latency_s=10e-6)
 _INTRA_LATENCY_S = 5e-6
 _MAX_REASON = 300
 # Spec fields that change neither the plan nor the pods: toggling them never re-plans.
+# spec.adaptation too: turning a running job's policy from suggest to auto must not restart it
+# (a re-plan it then applies is the adaptation loop's own, kept in the ConfigMap).
 _LIFECYCLE_FIELDS = frozenset(
-    {"suspend", "backoff_limit", "active_deadline_seconds", "ttl_seconds_after_finished"}
+    {"suspend", "backoff_limit", "active_deadline_seconds", "ttl_seconds_after_finished",
+     "adaptation"}
 )
 
 

@@ -284,3 +284,19 @@ def test_the_operator_counts_replans_and_shows_predictions() -> None:
         "job_namespace": "ns", "adaptis_job": "demo", "action": "suggested"}) == 1
     assert value("adaptis_operator_predicted_busy_seconds", {
         "job_namespace": "ns", "adaptis_job": "demo", "device": "1"}) == 0.5
+
+
+def test_changing_the_policy_never_restarts_the_job(cluster: Any, make_job: Any,
+                                                    clock: Any) -> None:
+    cluster.add_job(_job(make_job, policy="suggest"))
+    workers = Workers(slow={})
+    rec = _reconciler(cluster, clock, workers)
+    _start(cluster, rec)
+    before = {p["metadata"]["name"]: p["metadata"]["labels"][LABEL_PLAN] for p in cluster.pods()}
+    cluster.job()["spec"]["adaptation"] = {"policy": "auto", "maxReplans": 5}
+    cluster.job()["metadata"]["generation"] = 2
+    rec.reconcile("ns", "demo")
+    assert "replace ConfigMap" not in cluster.calls
+    assert {p["metadata"]["name"]: p["metadata"]["labels"][LABEL_PLAN]
+            for p in cluster.pods()} == before
+    assert not any(p["metadata"].get("deletionTimestamp") for p in cluster.pods())
