@@ -76,6 +76,7 @@ class _Gang:
     problem: Problem | None = None  # the running plan's problem, with its corrected speeds
     first_step_seen: bool = False
     last_poll: datetime | None = None
+    last_step: int | None = None  # the step last fed to the window
 
 
 @dataclass
@@ -151,8 +152,11 @@ class Adapter:
             log.info("%s/%s: gang %s took %.0f s from its pods to its first step", *key, gang,
                      state.restart_s)
         counters = sample.counters(record.mesh.world)
-        if counters is None:
+        # A poll that sees no new step (polls faster than steps or scrapes) adds nothing; fed
+        # to the window, the repeated step would read as a restart and empty it.
+        if counters is None or sample.step == g.last_step:
             return record
+        g.last_step = sample.step
         window.observe(step=sample.step, busy_seconds_total=counters)
         ratios = window.ratios()
         if ratios is not None:

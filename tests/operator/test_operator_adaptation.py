@@ -43,6 +43,7 @@ class Workers:
         self.step = 0
         self.calls = 0
         self.fail = False
+        self.stall = False  # the next poll sees no new step (none done, or not scraped yet)
         self.replans: list[str] = []
 
     def replanned(self, key: tuple[str, str], *, action: str) -> None:
@@ -58,7 +59,9 @@ class Workers:
             raise MeasurementError(f"querying Prometheus at {url}: connection refused")
         if not self.busy_pred:
             return None
-        self.step += 1
+        if not self.stall:
+            self.step += 1
+        self.stall = False
         devices = len(self.busy_pred)
         return Sample(step=self.step, busy={
             r: self.busy_pred[r % devices] * self.step * self.slow.get(r, 1.0)
@@ -300,3 +303,16 @@ def test_changing_the_policy_never_restarts_the_job(cluster: Any, make_job: Any,
     assert {p["metadata"]["name"]: p["metadata"]["labels"][LABEL_PLAN]
             for p in cluster.pods()} == before
     assert not any(p["metadata"].get("deletionTimestamp") for p in cluster.pods())
+
+
+def test_a_poll_without_a_new_step_keeps_the_window(cluster: Any, make_job: Any,
+                                                   clock: Any) -> None:
+    cluster.add_job(_job(make_job, policy="suggest"))
+    workers = Workers(slow={1: 2.0})
+    rec = _reconciler(cluster, clock, workers)
+    _start(cluster, rec)
+    _poll(rec, clock, 2)
+    workers.stall = True
+    _poll(rec, clock, 1)  # the same step again: not a restart
+    _poll(rec, clock, 1)
+    assert workers.replans == ["suggested"]
