@@ -23,10 +23,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-from adaptis.worker.metrics import METRIC_NAMES
-
+# adaptis.worker.metrics's names (importing it would import torch: 20 s on a busy machine);
+# tests/charts/test_charts_dashboard.py holds the dashboard, which reads both, to that registry.
 BUSY, STEPS = "adaptis_busy_seconds_total", "adaptis_steps_total"
-assert {BUSY, STEPS} <= set(METRIC_NAMES)  # the workers' contract
 
 
 class Gang:

@@ -316,3 +316,46 @@ def test_a_poll_without_a_new_step_keeps_the_window(cluster: Any, make_job: Any,
     _poll(rec, clock, 1)  # the same step again: not a restart
     _poll(rec, clock, 1)
     assert workers.replans == ["suggested"]
+
+
+def test_query_job_asks_the_prometheus_http_api() -> None:
+    """query_job over real HTTP (a loopback server answering as Prometheus's /api/v1/query)."""
+    import http.server
+    import threading
+    import urllib.parse
+
+    from adaptis.operator.measurements import query_job
+
+    asked: list[dict[str, list[str]]] = []
+    answer = {"status": "success", "data": {"resultType": "vector", "result": [
+        _series("adaptis_steps_total", "ns", "demo", "0", "7"),
+        _series("adaptis_busy_seconds_total", "ns", "demo", "0", "1.5")]}}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+            url = urllib.parse.urlparse(self.path)
+            asked.append({"path": [url.path], **urllib.parse.parse_qs(url.query)})
+            body = json.dumps(answer).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        sample = query_job(url, namespace="ns", job="demo", timeout_s=5)
+    finally:
+        server.shutdown()
+    assert sample == Sample(step=7, busy={0: 1.5})
+    (request,) = asked
+    assert request["path"] == ["/api/v1/query"]
+    assert request["query"] == ['{__name__=~"adaptis_busy_seconds_total|adaptis_steps_total",'
+                                'namespace="ns",adaptis_job="demo"}']
+    with pytest.raises(MeasurementError, match="querying Prometheus at http://127.0.0.1:9/"):
+        query_job("http://127.0.0.1:9/", namespace="ns", job="demo", timeout_s=2)
