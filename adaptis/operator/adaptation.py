@@ -135,7 +135,14 @@ class Adapter:
             return record
         g.last_poll = p.now
         p.requeue.append(poll)
-        window = self._window(p, g, spec=spec, record=record)
+        try:
+            window = self._window(p, g, spec=spec, record=record)
+        except (PlannerError, Unsatisfiable, ValueError) as err:
+            # The running plan cannot be replayed on its problem (an old operator's record):
+            # say so once per poll, never fail the pass over it.
+            p.condition("ReplanSuggested", "False", reason="ReplanFailed",
+                        message=f"the running plan's prediction cannot be rebuilt: {err}")
+            return record
         if window is None:
             return record
         try:

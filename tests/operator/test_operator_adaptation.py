@@ -359,3 +359,20 @@ def test_query_job_asks_the_prometheus_http_api() -> None:
                                 'namespace="ns",adaptis_job="demo"}']
     with pytest.raises(MeasurementError, match="querying Prometheus at http://127.0.0.1:9/"):
         query_job("http://127.0.0.1:9/", namespace="ns", job="demo", timeout_s=2)
+
+
+def test_a_record_that_cannot_be_replayed_is_a_condition_not_a_failed_pass(
+        cluster: Any, make_job: Any, clock: Any) -> None:
+    cluster.add_job(_job(make_job, policy="auto"))
+    workers = Workers(slow={1: 2.0})
+    rec = _reconciler(cluster, clock, workers)
+    _start(cluster, rec)
+    cm = cluster.objects[("ConfigMap", "ns", "demo-config")]
+    doc = json.loads(cm["data"]["plan-record.json"])
+    doc["device_speed"] = [0.5]  # one speed for four devices: an inconsistent record
+    cm["data"]["plan-record.json"] = json.dumps(doc)
+    _poll(rec, clock, 2)
+    job = cluster.job()
+    cond = _cond(job, "ReplanSuggested")
+    assert cond is not None and cond["reason"] == "ReplanFailed", cond
+    assert job["status"]["phase"] == "Running" and workers.calls == 0
