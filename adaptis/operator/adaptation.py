@@ -192,8 +192,10 @@ class Adapter:
             old_predicted_iteration_seconds=round(decision.old_iteration_seconds, 6),
             new_predicted_iteration_seconds=round(decision.new_iteration_seconds, 6),
             device_speed=[round(f, 4) for f in factors], stages=len(decision.plan.stages))
+        # Applied re-plans are counted by their records, which status keeps MAX_HISTORY of:
+        # past that many, auto only suggests (a cap the spec's maxReplans cannot lift).
         applied = len(p.status.adaptation.history) if p.status.adaptation else 0
-        if policy == "suggest" or applied >= spec.adaptation.max_replans:
+        if policy == "suggest" or applied >= min(spec.adaptation.max_replans, MAX_HISTORY):
             return self._suggest(p, key, rec=rec, capped=policy == "auto", spec=spec, record=record)
         try:
             return self._apply(p, key, spec=spec, record=record, decision=decision,
@@ -224,8 +226,9 @@ class Adapter:
 
     def _suggest(self, p: PassState, key: JobKey, *, rec: ReplanRecord, capped: bool,
                  spec: JobSpec, record: PlanRecord) -> PlanRecord:
-        note = (f"; not applied: spec.adaptation.maxReplans ({spec.adaptation.max_replans}) "
-                "re-plans done" if capped else "")
+        cap = min(spec.adaptation.max_replans, MAX_HISTORY)
+        note = (f"; not applied: {cap} re-plans done (spec.adaptation.maxReplans: "
+                f"{spec.adaptation.max_replans}, at most {MAX_HISTORY})" if capped else "")
         self._set_adaptation(p, suggestion=rec)
         p.condition("ReplanSuggested", "True", reason="MaxReplansReached" if capped
                     else "BetterPlan", message=rec.reason + note, event="Normal")
@@ -254,7 +257,7 @@ class Adapter:
         # The plan first: a crash after it restarts the gang on the new plan anyway.
         self._cluster.replace_config_map(render_config_map(p.job, spec, new))
         history = [*(p.status.adaptation.history if p.status.adaptation else []), rec]
-        self._set_adaptation(p, suggestion=None, history=history[-MAX_HISTORY:])
+        self._set_adaptation(p, suggestion=None, history=history)
         p.update(replans=p.status.replans + 1, phase="Restarting", **plan_summary(new, job=p.job.name))
         p.condition("Replanned", "True", reason="Drift", message=rec.reason, event="Normal")
         p.condition("ReplanSuggested", "False", reason="Applied",
