@@ -84,6 +84,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--planner-kill-grace-seconds", type=float, default=20.0, metavar="S",
                         help="how long a planner may run past the job's "
                              "spec.planner.timeLimitSeconds before it is killed (default 20)")
+    parser.add_argument("--prometheus-url", metavar="URL",
+                        help="Prometheus that scrapes the workers (the chart's PodMonitor), e.g. "
+                             "http://prometheus.monitoring:9090: where spec.adaptation reads the "
+                             "measured compute of running jobs (default: none; jobs asking for "
+                             "adaptation are told so in their status)")
+    parser.add_argument("--adaptation-poll-seconds", type=float, default=30.0, metavar="S",
+                        help="read a running job's measurements this often (default 30)")
+    parser.add_argument("--restart-cost-seconds", type=float, default=120.0, metavar="S",
+                        help="a restart's cost assumed until one is measured on the job, pod "
+                             "creation to first step (default 120)")
     parser.set_defaults(func=_run)
 
 
@@ -92,6 +102,7 @@ def _run(args: argparse.Namespace) -> int:
     from adaptis.operator.app import OperatorOptions, run_operator
     from adaptis.operator.errors import OperatorError
     from adaptis.operator.manifests import ManifestSettings
+    from adaptis.operator.measurements import AdaptationSettings
     from adaptis.operator.plan_runner import PlannerLimits
     from adaptis.operator.planning import DEFAULT_INTER_NODE
     from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS
@@ -122,6 +133,13 @@ def _run(args: argparse.Namespace) -> int:
     inter = (Link(bandwidth_bytes_per_s=args.inter_node_bandwidth,
                   latency_s=DEFAULT_INTER_NODE.latency_s)
              if args.inter_node_bandwidth else DEFAULT_INTER_NODE)
+    if args.prometheus_url and not args.prometheus_url.startswith(("http://", "https://")):
+        print("adaptis operator: --prometheus-url must be an http:// or https:// URL, got "
+              f"{args.prometheus_url!r}", file=sys.stderr)
+        return 2
+    adaptation = AdaptationSettings(prometheus_url=args.prometheus_url or None,
+                                    poll_s=max(1.0, args.adaptation_poll_seconds),
+                                    default_restart_s=max(0.0, args.restart_cost_seconds))
     options = OperatorOptions(
         namespaces=tuple(args.namespace),
         all_namespaces=args.all_namespaces,
@@ -134,7 +152,8 @@ def _run(args: argparse.Namespace) -> int:
                                     profile_namespace=args.profile_namespace or _own_namespace(),
                                     profiler_image=args.profiler_image or None,
                                     unschedulable_replan_s=max(
-                                        1.0, args.unschedulable_replan_seconds)),
+                                        1.0, args.unschedulable_replan_seconds),
+                                    adaptation=adaptation),
         queue_strict_after_s=max(0.0, args.queue_strict_after_seconds),
         planner=PlannerLimits(max_concurrent=args.max_concurrent_plans,
                               memory_bytes=args.planner_memory_mib * (1 << 20) or None,

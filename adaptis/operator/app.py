@@ -71,9 +71,9 @@ def run_operator(options: OperatorOptions, *, stop_flag: threading.Event | None 
     ledger = CapacityLedger(strict_after_s=options.queue_strict_after_s,
                             wake=lambda key: queue.add(key))
     planner = PlanRunner(limits=options.planner, wake=lambda key: queue.add(key))
-    reconciler = Reconciler(cluster, settings=options.reconcile, ledger=ledger, planner=planner)
-
     metrics = OperatorMetrics(queue_depth=lambda: queue.depth())
+    reconciler = Reconciler(cluster, settings=options.reconcile, ledger=ledger, planner=planner,
+                            observer=metrics)
 
     def process(key: JobKey) -> float | None:
         with metrics.observe_pass(key) as done:

@@ -11,6 +11,14 @@ scrape it). The workers' training metrics (``adaptis_*``, bubble ratio and the r
 - ``adaptis_operator_reconcile_seconds``: how long a pass took (planning included);
 - ``adaptis_operator_jobs{phase}``: AdaPtisJobs by the phase their last pass left them in;
 - ``adaptis_operator_queue_depth``: jobs waiting for a pass.
+- ``adaptis_operator_replans_total{job_namespace, adaptis_job, action}``: re-plans from the
+  workers' measured drift (:mod:`adaptis.operator.adaptation`), ``applied`` (policy auto) or
+  ``suggested``; the dashboard annotates them;
+- ``adaptis_operator_predicted_busy_seconds{job_namespace, adaptis_job, device}``: compute per
+  step the running plan predicts for each pipeline device, beside the workers' measured
+  ``adaptis_busy_seconds_total`` per step on the dashboard.
+
+``job_namespace``, not ``namespace``: a scrape sets ``namespace`` to the operator's own.
 
 The registry is the instance's own, never prometheus_client's global one: two operators in one
 process (tests) do not share counters.
@@ -55,6 +63,12 @@ class OperatorMetrics:
             depth = Gauge("adaptis_operator_queue_depth", "Jobs waiting for a reconcile pass.",
                           registry=self.registry)
             depth.set_function(lambda: float(queue_depth()))
+        self._replans = Counter("adaptis_operator_replans", "Re-plans from measured drift, applied "
+                                "(policy auto) or suggested.", ["job_namespace", "adaptis_job", "action"],
+                                registry=self.registry)
+        self._predicted_busy = Gauge("adaptis_operator_predicted_busy_seconds",
+                                     "Compute per step the running plan predicts for each pipeline device.",
+                                     ["job_namespace", "adaptis_job", "device"], registry=self.registry)
         self._lock = threading.Lock()
         self._phase_of: dict[Hashable, str] = {}
 
@@ -86,6 +100,15 @@ class OperatorMetrics:
                 self._jobs.labels(phase=before).dec()
             if phase is not None:
                 self._jobs.labels(phase=phase).inc()
+
+    # --- adaptis.operator.adaptation.AdaptationObserver ---------------------------------------
+    def replanned(self, key: tuple[str, str], *, action: str) -> None:
+        self._replans.labels(job_namespace=key[0], adaptis_job=key[1], action=action).inc()
+
+    def predicted(self, key: tuple[str, str], *, busy_seconds: list[float]) -> None:
+        for device, seconds in enumerate(busy_seconds):
+            self._predicted_busy.labels(job_namespace=key[0], adaptis_job=key[1],
+                                        device=str(device)).set(seconds)
 
     def serve(self, *, port: int, addr: str = "0.0.0.0") -> Any:  # noqa: S104 - a pod's metrics port
         """Serve /metrics on ``port`` from a daemon thread; returns the server (``shutdown()``)."""

@@ -15,7 +15,8 @@ from adaptis.api.job import JobStatus
 from adaptis.api.problem import Link
 from adaptis.operator.manifests import JobRef, ManifestSettings
 from adaptis.operator.planning import DEFAULT_INTER_NODE
-from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS
+from adaptis.operator.measurements import AdaptationSettings
+from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, NodeProfile
 from adaptis.operator.status import now_rfc3339, set_condition
 
 __all__ = ["PassState", "ReconcileSettings", "Result"]
@@ -41,6 +42,9 @@ class ReconcileSettings:
     # on the capacity free then, without that node for a while (another scheduler's pod took
     # the GPUs, or a taint or quota the plan could not see).
     unschedulable_replan_s: float = 120.0
+    # Where the workers' measurements are read, how often, and the restart cost assumed until
+    # one is measured (spec.adaptation; adaptis.operator.adaptation).
+    adaptation: AdaptationSettings = field(default_factory=AdaptationSettings)
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class PassState:
     requeue: list[float] = field(default_factory=list)
     written: dict[str, Any] = field(default_factory=dict)  # the status the API holds now
     live_nodes: frozenset[str] | None = None  # names of the nodes that exist, once listed
+    node_profiles: dict[str, NodeProfile] = field(default_factory=dict)  # the nodes, once profiled
     created: str = ""  # the job's metadata.creationTimestamp: its place in the capacity queue
 
     @property

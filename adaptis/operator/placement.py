@@ -121,6 +121,7 @@ class Placer:
             for gone in [n for n in self._profiles if n not in raw_nodes]:
                 del self._profiles[gone]
         p.live_nodes = frozenset(n.name for n in nodes)
+        p.node_profiles = {n.name: n for n in nodes}
         avoided = self._avoided(key, now=p.now)
         candidates = [c for c in candidate_nodes(
             nodes, node_selector=spec.worker.node_selector, tolerations=spec.worker.tolerations,
@@ -178,8 +179,11 @@ class Placer:
                     return None
                 slots = admitted
                 self._admitted(p, workers=len(slots))
+        # A plan corrected by adaptation keeps its corrected speeds while it stays on its nodes.
+        correction = ((tuple(cached.nodes), tuple(cached.device_speed))
+                      if cached is not None and cached.device_speed else None)
         inputs = "|".join([shash, *(c.fingerprint() for c in candidates),
-                           *(s.node.name for s in slots or ())])
+                           *(s.node.name for s in slots or ()), repr(correction)])
         failed = self._failed.get(key)
         record: PlanRecord | None = None
         if failure is not None:
@@ -192,7 +196,7 @@ class Placer:
                 made = self._planner.request(key, inputs=inputs, request=PlanRequest(
                     spec=spec, candidates=tuple(candidates), name=f"{ns}/{name}",
                     inter_node=self._settings.inter_node,
-                    slots=None if slots is None else tuple(slots)))
+                    slots=None if slots is None else tuple(slots), speed_correction=correction))
                 if isinstance(made, Planning):  # the planner wakes the job when it is done
                     p.condition("Planned", "False", reason="Planning", message=made.message,
                                 event="Normal")

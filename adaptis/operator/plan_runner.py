@@ -81,6 +81,9 @@ class PlanRequest:
     name: str
     inter_node: Link
     slots: tuple[Slot, ...] | None = None  # chosen and reserved by the caller (the ledger)
+    # (nodes, factors): the running plan's corrected device speeds (adaptation), kept while
+    # the plan lands on the same nodes (plan_job).
+    speed_correction: tuple[tuple[str, ...], tuple[float, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,9 @@ PlanFunction = Callable[..., PlanRecord]  # plan_job's signature
 def _plan(plan: PlanFunction, request: PlanRequest, *, strategy: str | None) -> PlanRecord:
     return plan(request.spec, request.candidates, name=request.name,
                 inter_node=request.inter_node, slots=request.slots,
-                time_limit_s=float(request.spec.planner.time_limit_seconds), strategy=strategy)
+                time_limit_s=float(request.spec.planner.time_limit_seconds), strategy=strategy,
+                **({"speed_correction": request.speed_correction}
+                   if request.speed_correction else {}))
 
 
 class InlinePlanner:

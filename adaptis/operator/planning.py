@@ -42,6 +42,7 @@ __all__ = [
     "Slot",
     "build_problem",
     "choose_slots",
+    "correct_speeds",
     "count_slots",
     "plan_job",
     "record_from_config_map",
@@ -55,8 +56,11 @@ DEFAULT_INTER_NODE = Link(bandwidth_bytes_per_s=25e9, latency_s=10e-6)
 _INTRA_LATENCY_S = 5e-6
 _MAX_REASON = 300
 # Spec fields that change neither the plan nor the pods: toggling them never re-plans.
+# spec.adaptation too: turning a running job's policy from suggest to auto must not restart it
+# (a re-plan it then applies is the adaptation loop's own, kept in the ConfigMap).
 _LIFECYCLE_FIELDS = frozenset(
-    {"suspend", "backoff_limit", "active_deadline_seconds", "ttl_seconds_after_finished"}
+    {"suspend", "backoff_limit", "active_deadline_seconds", "ttl_seconds_after_finished",
+     "adaptation"}
 )
 
 
@@ -85,6 +89,9 @@ class PlanRecord(BaseModel):
         default=None, description="Set when the plan is not the full search's: TimeLimitReached "
         "(the best found within spec.planner.timeLimitSeconds) or BaselineFallback.")
     budget_note: str | None = Field(default=None, description="What budget_reason means here.")
+    device_speed: list[float] = Field(
+        default_factory=list, description="Speed factors of the pipeline devices the plan was "
+        "made with (adaptation's corrected speeds; empty: as profiled).")
 
     def gpus_by_node(self, *, gpus_per_worker: int) -> dict[str, int]:
         """The GPUs the plan holds on each node."""
@@ -254,6 +261,18 @@ def build_problem(
     )
 
 
+def correct_speeds(problem: Problem, factors: Sequence[float]) -> Problem:
+    """``problem`` with pipeline device d's speed times ``factors[d]`` (adaptation's measured
+    corrections, :mod:`adaptis.operator.adaptation`); unchanged when there are none."""
+    if not factors:
+        return problem
+    specs = problem.device_specs()
+    if len(factors) != len(specs):
+        raise Unsatisfiable(f"{len(factors)} corrected device speeds for {len(specs)} devices")
+    devices = [s.model_copy(update={"speed": s.speed * f}) for s, f in zip(specs, factors)]
+    return problem.model_copy(update={"devices": DeviceList(list=devices)})
+
+
 def plan_job(
     spec: JobSpec,
     candidates: Sequence[NodeProfile],
@@ -263,6 +282,7 @@ def plan_job(
     slots: Sequence[Slot] | None = None,
     time_limit_s: float | None = None,
     strategy: str | None = None,
+    speed_correction: tuple[tuple[str, ...], tuple[float, ...]] | None = None,
 ) -> PlanRecord:
     """Plan on ``slots`` (chosen, and reserved, by the caller; by default
     :func:`choose_slots` of all the candidates' GPUs); raise :class:`Unsatisfiable` when no
@@ -270,10 +290,16 @@ def plan_job(
 
     ``time_limit_s``: the planner's deadline (it keeps the best plan found by then);
     ``strategy``: instead of spec.planner.strategy (a fallback; the record still belongs to
-    the spec)."""
+    the spec); ``speed_correction``: (nodes, factors) of the running plan's corrected device
+    speeds, applied only when the chosen slots are on those same nodes, in that order (a
+    measured slowness belongs to its node: after a node change it no longer holds)."""
     if slots is None:
         slots = choose_slots(candidates, spec=spec)
     problem = build_problem(spec, slots, inter_node=inter_node, name=name)
+    factors: tuple[float, ...] = ()
+    if speed_correction is not None and tuple(s.node.name for s in slots) == speed_correction[0]:
+        factors = speed_correction[1]
+        problem = correct_speeds(problem, factors)
     fallback = strategy is not None
     strategy = strategy or spec.planner.strategy
     baseline = None
@@ -326,6 +352,7 @@ def plan_job(
         predicted_step_seconds=None if step is None else step / 1e3,
         predicted_speedup_over_i1f1b=None if speedup is None or not math.isfinite(speedup)
         else round(speedup, 4),
+        device_speed=list(factors),
         budget_reason=None if outcome.result.cut_short is None else "TimeLimitReached",
         budget_note=None if outcome.result.cut_short is None else
         f"spec.planner.timeLimitSeconds ({time_limit_s:g} s) ran out: {outcome.result.cut_short}",

@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from adaptis.api.job import JobSpec
+from adaptis.operator.adaptation import AdaptationObserver, Adapter, Fetch
 from adaptis.operator.capacity import CapacityLedger, unschedulable_since
 from adaptis.operator import children
 from adaptis.operator.errors import InvalidJob
@@ -39,6 +40,7 @@ from adaptis.operator.manifests import (
     render_pod,
     render_service,
 )
+from adaptis.operator.measurements import query_job
 from adaptis.operator.measuring import delete_job_profilers, job_profilers
 from adaptis.operator.passes import PassState, ReconcileSettings, Result
 from adaptis.operator.placement import Placer
@@ -76,6 +78,8 @@ class Reconciler:
         clock: Callable[[], datetime] | None = None,
         ledger: CapacityLedger | None = None,
         planner: Planner | None = None,
+        observer: AdaptationObserver | None = None,
+        fetch: Fetch = query_job,
     ) -> None:
         self._cluster = cluster
         # Shared by every reconcile worker: GPUs held by admitted jobs, and the waiting queue.
@@ -87,11 +91,16 @@ class Reconciler:
         # Where plans are made: in this thread by default, off it in the operator (plan_runner).
         self._placer = Placer(cluster, settings=self._settings, ledger=self._ledger,
                               planner=planner or InlinePlanner(), publish=self._write)
+        # Re-plans a running job from its workers' measurements (spec.adaptation).
+        self._adapter = Adapter(cluster, settings=self._settings.adaptation, publish=self._write,
+                                fetch=fetch, observer=observer,
+                                inter_node=self._settings.inter_node)
 
     def reconcile(self, namespace: str, name: str) -> Result:
         body = self._cluster.get_job(namespace, name)
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             self._placer.forget((namespace, name))
+            self._adapter.forget((namespace, name))
             # Gone or going: owner references clean the children up, except the profiler
             # pods, which live in the operator's namespace and so cannot be owned by the job.
             delete_job_profilers(self._cluster, JobRef(name=name, namespace=namespace, uid=""),
@@ -180,6 +189,9 @@ class Reconciler:
             return
         # Profiler pods are done with once a plan exists (also those an earlier pass left).
         self._delete_pods(p, profilers)
+        # A re-plan from measured drift (policy auto) returns the new plan: _run replaces the
+        # old plan's pods with its pods, as after any re-plan.
+        record = self._adapter.adapt(p, spec=spec, record=record)
         self._run(p, spec=spec, record=record, pods=workers)
 
     def _run(self, p: PassState, *, spec: JobSpec, record: PlanRecord,

@@ -105,6 +105,13 @@ class DriftWindow:
                    for d in range(devices)]
         return [m / p for m, p in zip(slowest, self.predicted)]
 
+    def ratios(self) -> list[float] | None:
+        """Measured / predicted compute per device over the full window (None: not full yet),
+        drifting or not: what a status shows."""
+        if len(self._samples) <= self.window_steps:
+            return None
+        return self._ratios(0, -1)
+
     def drift(self, *, threshold: float) -> Drift | None:
         """The window's drift when full and above ``threshold`` in both halves, else None."""
         if len(self._samples) <= self.window_steps:

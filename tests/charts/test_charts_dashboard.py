@@ -27,6 +27,20 @@ def worker_samples() -> frozenset[str]:
     return frozenset(served | gauges)
 
 
+@cache
+def operator_samples() -> frozenset[str]:
+    """Sample names the operator's /metrics serves once a job was planned and re-planned."""
+    from adaptis.operator.metrics import OperatorMetrics
+
+    metrics = OperatorMetrics()
+    metrics.predicted(("ns", "j"), busy_seconds=[0.1, 0.2])
+    metrics.replanned(("ns", "j"), action="applied")
+    text = generate_latest(metrics.registry).decode()
+    served = frozenset(s.name for fam in text_string_to_metric_families(text) for s in fam.samples)
+    assert chartkit.OPERATOR <= served  # chartkit's list names what the operator really serves
+    return served
+
+
 def test_datasource_is_a_variable_used_by_every_panel() -> None:
     board = chartkit.dashboard()
     (ds,) = [v for v in board["templating"]["list"] if v["type"] == "datasource"]
@@ -46,7 +60,7 @@ def test_queries_read_only_exported_or_recorded_metrics() -> None:
     for title, expr in queries:
         names = chartkit.promql_metric_names(expr)
         assert names, f"{title}: no metric found in {expr!r}"
-        unknown = names - worker_samples() - chartkit.RECORDED
+        unknown = names - worker_samples() - chartkit.RECORDED - operator_samples()
         assert not unknown, f"{title}: {sorted(unknown)} is neither exported nor recorded"
         used |= names
     # The panels the issue asks for: bubble ratio observed (recorded) vs predicted, tokens/s,
@@ -91,3 +105,19 @@ def test_metric_name_parser() -> None:
             ' / on (adaptis_job) adaptis:job_bubble_ratio:rate5m')
     assert chartkit.promql_metric_names(expr) == {"adaptis_step_duration_seconds_bucket",
                                                   "adaptis:job_bubble_ratio:rate5m"}
+
+
+def test_measured_vs_predicted_per_rank_with_replans_annotated() -> None:
+    """Issue 17: each rank's measured compute per step beside its device's prediction, and
+    the operator's re-plans as annotations."""
+    board = chartkit.dashboard()
+    (panel,) = [p for p in board["panels"] if p["type"] != "row" and any(
+        "adaptis_operator_predicted_busy_seconds" in t["expr"] for t in p["targets"])]
+    measured = [t for t in panel["targets"] if {"adaptis_busy_seconds_total", "adaptis_steps_total"}
+                <= chartkit.promql_metric_names(t["expr"])]
+    assert measured and 'rank=~"$rank"' in measured[0]["expr"]
+    (replans,) = [a for a in board["annotations"]["list"]
+                  if "adaptis_operator_replans_total" in a["expr"]]
+    assert replans["enable"] and replans["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+    assert chartkit.promql_metric_names(replans["expr"]) <= operator_samples()
+    assert 'adaptis_job=~"$job"' in replans["expr"]
