@@ -98,14 +98,21 @@ class Adapter:
     def start(self, *, problem: Problem, plan: Plan) -> None:
         """A launch under ``plan``, planned for ``problem``: a fresh window of its predictions."""
         self.problem, self.plan, self.pending = problem, plan, None
-        self.window = DriftWindow(predicted=predicted_busy(problem, plan), window_steps=self.spec.window_steps,
-                                  replicas=self.replicas)
+        predicted = predicted_busy(problem, plan)
+        self.window: DriftWindow | None = None
+        if self.spec.policy != "off" and min(predicted) > 0:
+            self.window = DriftWindow(predicted=predicted, window_steps=self.spec.window_steps,
+                                      replicas=self.replicas)
+        elif self.spec.policy != "off":  # a device with nothing to compute has no speed to measure
+            idle = [d for d, p in enumerate(predicted) if p <= 0]
+            self.say(f"adaptation: the plan leaves device(s) {idle} without compute; their speed cannot "
+                     "be measured, so this launch is not watched for drift")
         self._busy: dict[int, dict[int, float]] = {}
         self._first_step: int | None = None
 
     def observe(self, event: dict[str, Any], *, segment: Segment, restart_seconds: float) -> bool:
         """A rank's step event; True when the ranks must stop for :attr:`pending`."""
-        if self.spec.policy == "off" or self.pending is not None or "busy_seconds_total" not in event:
+        if self.window is None or self.pending is not None or "busy_seconds_total" not in event:
             return False
         step = event["step"]
         if self._first_step is None:
