@@ -150,7 +150,8 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from adaptis.cli import CLIError
-    from adaptis.worker.errors import RankFailedError
+    from adaptis.worker.errors import PreemptedError, RankFailedError
+    from adaptis.worker.preemption import EXIT_PREEMPTED
     from adaptis.worker.launcher import LocalLauncher
     from adaptis.worker.slowdown import ENV
 
@@ -179,8 +180,8 @@ def run(args: argparse.Namespace) -> int:
     ranks, replicas, pipeline = parallelism.ranks, parallelism.data_parallel, parallelism.pipeline_ranks
     zero = parallelism.zero_stage if replicas > 1 else 0
     ckpt_dir = workdir / "checkpoints"
-    # Files written: replica 0's P ranks, or every rank with ZeRO-1 (adaptis.worker.checkpoint).
-    resume_from = _checkpoints(args, ckpt_dir, model=spec.model, workers=ranks if zero else pipeline)
+    # Checkpoints are keyed by parameter name: any plan, rank count, R or ZeRO stage resumes them.
+    resume_from = _checkpoints(args, ckpt_dir, model=spec.model)
     if resume_from is not None and resume_from >= training.steps:
         # Nothing left to train: say so at once rather than profile, plan and start ranks.
         _say(args, f"the checkpoint of step {resume_from} in {ckpt_dir} already completes the "
@@ -242,6 +243,9 @@ def run(args: argparse.Namespace) -> int:
                      launcher=launcher, on_step=on_step, say=lambda text: _say(args, text))
     except RankFailedError as err:
         raise CLIError(str(err)) from None
+    except PreemptedError as err:  # a rank got SIGTERM: all checkpointed one step and stopped
+        print(f"adaptis run: {err}", file=sys.stderr)
+        return EXIT_PREEMPTED
     except KeyboardInterrupt:
         print("adaptis run: interrupted; all ranks stopped", file=sys.stderr)
         return 130
@@ -262,11 +266,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _checkpoints(args: argparse.Namespace, ckpt_dir: Path, *, model: ModelSpec, workers: int) -> int | None:
+def _checkpoints(args: argparse.Namespace, ckpt_dir: Path, *, model: ModelSpec) -> int | None:
     """Fresh or resumed, decided before anything runs; the step to resume from (None: fresh).
 
     Rerunning after Ctrl-C must not lose the training: a run resumes by default when the
-    checkpoints fit this job (same model spec, a file of every rank; see scan_checkpoints),
+    checkpoints fit this job (same model spec, under any plan; see scan_checkpoints),
     refuses rather than deletes those that do not, and only ``--fresh`` deletes (and says so).
     """
     from adaptis.cli import CLIError
@@ -278,7 +282,7 @@ def _checkpoints(args: argparse.Namespace, ckpt_dir: Path, *, model: ModelSpec, 
                 if gone.files else f"no checkpoints in {ckpt_dir} to remove")
         print(f"adaptis run: --fresh: {what}; starting fresh", file=sys.stderr, flush=True)
         return None
-    scan = scan_checkpoints(ckpt_dir, model=model, workers=workers)
+    scan = scan_checkpoints(ckpt_dir, model=model)
     if scan.incompatible:
         raise CLIError(f"{ckpt_dir} holds checkpoints (steps {_steps(scan.steps)}) this job cannot resume: "
                        f"{scan.incompatible}. Nothing was deleted: run with --fresh to delete them and "

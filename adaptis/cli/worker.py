@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     config = _load(args.config)
     from adaptis.worker.errors import WorkerError
     from adaptis.worker.hardware import configure_host
+    from adaptis.worker.preemption import EXIT_PREEMPTED
     from adaptis.worker.runner import RankEnv, print_events, run_worker
 
     configure_host(threads=args.threads)
@@ -66,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     except WorkerError as err:
         print(f"adaptis worker: rank {env.rank}: {err}", file=sys.stderr)
         return 1
+    if done["event"] == "preempted":  # stopped by SIGTERM after checkpointing a step
+        return EXIT_PREEMPTED
     _write_termination_message(done)
     return 0
 

@@ -1,28 +1,45 @@
-"""Periodic per-rank checkpoints and the resume that finds the last complete one.
+"""Periodic per-rank checkpoints keyed by parameter name, and the resume under any plan.
 
-Sits beside the run loop (:mod:`adaptis.worker.runner`). Each rank writes its own file
-``<dir>/step-<n>/rank-<r>.pt`` (model weights by global layer name, optimizer state, data
-position, step, counters), atomically: a temporary file, fsync, then ``os.replace``. A step's
-checkpoint is *complete* when every rank has its file; resuming picks the newest step complete
-on every rank (agreed with one all-gather, so it works whether the ranks share the directory,
-as a PVC does, or each sees only its own). When the plan changed since (a replan after a
-restart), weights are still restored by layer name from whichever rank files are visible, and
-the optimizer starts fresh.
+Sits beside the run loop (:mod:`adaptis.worker.runner`). Each saving rank writes its own file
+``<dir>/step-<n>/rank-<r>.pt`` atomically (a temporary file, fsync, then ``os.replace``):
 
-Each file also records the model spec it was taken of: weights restore by layer name, so a
-checkpoint is *compatible* with a job when its model spec is the same (whatever the plan) and
-the newest step has a file of every one of the job's ranks. :func:`scan_checkpoints` answers
-that before a local run starts (no process group), so ``adaptis run`` can resume by default
-and refuse, rather than delete, what it cannot resume.
+- ``model``: its weights by global parameter name (``Executor.named_parameters``: the same
+  names whatever the partition);
+- ``optimizer_state``: the optimizer state (AdamW's ``step``, ``exp_avg``, ``exp_avg_sq``) of
+  the parameters whose state it holds, by the same names (:mod:`adaptis.worker.named_state`),
+  and ``optimizer_covers``, those names (a parameter without a gradient yet has no state);
+- the step, the job's data position and counters, the model spec, and ``savers``: the ranks of
+  the writing job that write this step. A step is *complete* when a file of each of its
+  savers exists; resuming picks the newest complete step, agreed with one all-gather of what
+  each rank sees, so it works whether the ranks share the directory (a PVC) or each sees only
+  its own.
 
-Data parallelism (R replicas of P pipeline ranks): without ZeRO only replica 0 (global ranks
-0..P-1) writes, since the other replicas hold identical weights and optimizer state, and the
-others restore from the file of their pipeline position (so with R > 1 the directory must be
-visible to every replica, as a shared volume is); with ZeRO-1 every rank writes its own file
-(weights plus its optimizer shard). An exact resume (optimizer state too) needs the same plan,
-R and ZeRO stage; under another topology the weights are restored and the optimizer starts
-fresh (resharding optimizer state is issue 17). The data position is the job's (every
-replica's sequences), so it is valid under any R.
+Loading is by name, so it does not care which plan wrote the files: each rank reads its own
+file first, then the others of the step, memory-mapped, taking only the tensors of the
+parameters it now holds (``torch.load(mmap=True)`` pages in only what is touched) until it
+has every weight and the optimizer state of every parameter its optimizer (or its ZeRO-1
+share) holds. A job restored under another partition, placement, stage count, rank count,
+data-parallel R or ZeRO stage therefore continues exactly: same weights, moments, step (the
+learning rate is a function of the step), data position. Reading other ranks' files needs
+them visible (a shared volume); a rank that cannot find a parameter fails naming it.
+:class:`Resumed` ``exact`` says the optimizer state was restored too; it is False only for a
+file of an older adaptis (position-keyed optimizer state) under another plan, or an optimizer
+of another kind, and then the optimizer starts fresh with a warning.
+
+Why our own format, not ``torch.distributed.checkpoint`` (DCP): DCP reshards DTensors and
+deduplicates replicated tensors, but our stages are plain per-rank modules with no FQN tree
+in common (an executor's names are global layer names, which DCP's optimizer helpers cannot
+produce from our stage modules), its completion marker (``.metadata``) is written by one
+coordinator, so a same-plan resume would need a shared volume even where today each pod's own
+volume suffices, and a save is a world-wide collective with planning all-gathers. Our files
+keep the atomic per-rank writes, the collective "newest complete step" agreement, pruning and
+:func:`scan_checkpoints` before a local run, and name-keyed tensors are all resharding needs
+here: no parameter is split across ranks (ZeRO-1 shards whole parameters).
+
+Data parallelism: without ZeRO only replica 0 (global ranks 0..P-1) writes, the other
+replicas holding identical state, and they restore from those files; with ZeRO-1 every rank
+writes its weights and its optimizer share. Each file records the model spec: a checkpoint
+is resumable by any job of the same model spec, whatever its plan.
 """
 
 from __future__ import annotations
@@ -43,9 +60,11 @@ from adaptis.api.job import ModelSpec
 from adaptis.api.plan import Plan
 from adaptis.worker.errors import CheckpointError
 from adaptis.worker.executor import Executor
+from adaptis.worker.named_state import export_state, held_names, held_optimizer, import_state
+from adaptis.worker.replicas import ZeroOptimizer
 
-__all__ = ["Resumed", "Scan", "clear_checkpoints", "latest_common_step", "load_checkpoint", "plan_fingerprint",
-           "save_checkpoint", "scan_checkpoints"]
+__all__ = ["Resumed", "Scan", "agree_resume_step", "clear_checkpoints", "load_checkpoint", "plan_fingerprint",
+           "save_checkpoint", "savers", "scan_checkpoints"]
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +79,7 @@ class Resumed:
     position: int
     tokens: int
     samples: int
-    exact: bool  # optimizer state restored too (same plan)
+    exact: bool  # optimizer state restored too (see the module docstring for when it is not)
 
 
 def plan_fingerprint(plan: Plan) -> str:
@@ -68,8 +87,19 @@ def plan_fingerprint(plan: Plan) -> str:
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
 
+def savers(executor: Executor) -> list[int]:
+    """The global ranks that write this job's checkpoints (see the module docstring)."""
+    if isinstance(executor.optimizer, ZeroOptimizer):
+        return list(range(executor.world_size))
+    return list(range(executor.mesh.pipeline))
+
+
 def _rank_file(directory: Path, *, step: int, rank: int) -> Path:
     return directory / f"step-{step:08d}" / f"rank-{rank}.pt"
+
+
+def _step_dir(directory: Path, step: int) -> Path:
+    return directory / f"step-{step:08d}"
 
 
 def save_checkpoint(directory: str | Path, *, executor: Executor, step: int, position: int,
@@ -77,13 +107,18 @@ def save_checkpoint(directory: str | Path, *, executor: Executor, step: int, pos
     """Write this rank's checkpoint after ``step`` steps; prune this rank's older ones."""
     root = Path(directory)
     path = _rank_file(root, step=step, rank=executor.rank)
+    named = executor.named_parameters()
+    held = held_optimizer(executor.optimizer)
+    writers = savers(executor)
     state: dict[str, Any] = {
-        "step": step, "position": position, "tokens": tokens, "samples": samples,
+        "format": 2, "step": step, "position": position, "tokens": tokens, "samples": samples,
         "fingerprint": plan_fingerprint(executor.plan), "world_size": executor.world_size,
         "data_parallel": executor.mesh.replicas, "zero_stage": executor.config.zero_stage,
-        "model_spec": _model_doc(executor.config.model),
-        "model": {k: p.detach().cpu() for k, p in executor.named_parameters().items()},
-        "optimizer": executor.optimizer.state_dict(),
+        "savers": writers, "model_spec": _model_doc(executor.config.model),
+        "model": {k: p.detach().cpu() for k, p in named.items()},
+        "optimizer_name": executor.config.training.optimizer.name,
+        "optimizer_covers": held_names(held, named=named),
+        "optimizer_state": export_state(held, named=named),
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,69 +132,180 @@ def save_checkpoint(directory: str | Path, *, executor: Executor, step: int, pos
         raise CheckpointError(f"cannot write checkpoint {path}: {err}") from err
     for old in _own_steps(root, rank=executor.rank)[:-_KEEP]:
         _rank_file(root, step=old, rank=executor.rank).unlink(missing_ok=True)
+        if executor.rank == writers[0]:
+            # Files of ranks that do not save in this job (an earlier plan's, e.g. of more
+            # ranks) have no owner to prune them now.
+            for stale in _step_dir(root, old).glob("rank-*.pt"):
+                if stale.stem[5:].isdigit() and int(stale.stem[5:]) not in writers:
+                    stale.unlink(missing_ok=True)
         try:
-            (root / f"step-{old:08d}").rmdir()  # only once every rank removed its file
+            _step_dir(root, old).rmdir()  # only once every rank removed its file
         except OSError:
             pass
     return path
 
 
 def _own_steps(root: Path, *, rank: int) -> list[int]:
-    if not root.is_dir():
-        return []
-    steps = []
-    for d in root.glob("step-*"):
-        if (d / f"rank-{rank}.pt").is_file() and d.name[5:].isdigit():
-            steps.append(int(d.name[5:]))
-    return sorted(steps)
+    return sorted(step for step, ranks in _rank_files(root).items() if rank in ranks)
 
 
-def latest_common_step(directory: str | Path, *, rank: int, saves: bool = True) -> int | None:
-    """Collective: the newest step every saving rank has a checkpoint of (None: start fresh).
-    ``saves`` False: this rank writes none (a data-parallel replica > 0 without ZeRO) and
-    only takes the others' answer."""
-    mine = _own_steps(Path(directory), rank=rank) if saves else None
-    every: list[list[int] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
-    savers = [set(other) for other in every if other is not None]
-    common = set.intersection(*savers) if savers else set()
-    return max(common) if common else None
+def _read(path: Path) -> dict[str, Any] | None:
+    """A checkpoint file, memory-mapped: tensors are read only when touched. None: unreadable
+    (an interrupted copy, a stranger's file)."""
+    try:
+        doc = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception:  # noqa: BLE001 - any unreadable file counts as absent
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _recorded_savers(doc: dict[str, Any]) -> list[int] | None:
+    """The ranks that wrote a step, as its file records them (or, for a file of an older
+    adaptis, as its topology implies)."""
+    if "savers" in doc:
+        return [int(r) for r in doc["savers"]]
+    world = doc.get("world_size")
+    if world is None:
+        return None
+    replicas, zero = int(doc.get("data_parallel", 1)), int(doc.get("zero_stage", 0))
+    return list(range(world)) if zero == 1 and replicas > 1 else list(range(world // replicas))
+
+
+def _view(root: Path) -> dict[int, tuple[list[int], list[int] | None]]:
+    """step -> (ranks with a visible file, the step's savers from the first readable file)."""
+    out: dict[int, tuple[list[int], list[int] | None]] = {}
+    for step, ranks in sorted(_rank_files(root).items()):
+        writers = None
+        for r in sorted(ranks):
+            doc = _read(_rank_file(root, step=step, rank=r))
+            writers = _recorded_savers(doc) if doc is not None else None
+            if writers is not None:
+                break
+        out[step] = (sorted(ranks), writers)
+    return out
+
+
+def _complete(views: list[dict[int, tuple[list[int], list[int] | None]]]) -> list[int]:
+    """Steps whose savers' files exist, all ranks' views together, oldest first."""
+    ranks: dict[int, set[int]] = {}
+    writers: dict[int, list[int]] = {}
+    for view in views:
+        for step, (seen, recorded) in view.items():
+            ranks.setdefault(step, set()).update(seen)
+            if recorded is not None:
+                writers.setdefault(step, recorded)
+    return sorted(s for s, w in writers.items() if set(w) <= ranks[s])
+
+
+def agree_resume_step(directory: str | Path) -> int | None:
+    """Collective: the newest step whose every saver's file exists, as all ranks see them
+    together (None: start fresh). Each rank then removes the steps it sees newer than that:
+    the incomplete future of the stopped run, which a later save of the same step number
+    would otherwise mix with."""
+    root = Path(directory)
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, _view(root))
+    complete = _complete(every)
+    found = complete[-1] if complete else None
+    for step in _rank_files(root):
+        if found is None or step > found:
+            shutil.rmtree(_step_dir(root, step), ignore_errors=True)
+            log.info("removed the incomplete checkpoint of step %d in %s", step, root)
+    return found
+
+
+def _read_order(step_dir: Path, executor: Executor) -> list[Path]:
+    """This rank's own file, then the one its replica-0 twin wrote, then every other."""
+    first = [step_dir / f"rank-{executor.rank}.pt", step_dir / f"rank-{executor.checkpoint_rank}.pt"]
+    rest = sorted((f for f in step_dir.glob("rank-*.pt") if f.stem[5:].isdigit()), key=lambda f: int(f.stem[5:]))
+    out: list[Path] = []
+    for f in first + rest:
+        if f.is_file() and f not in out:
+            out.append(f)
+    return out
 
 
 def load_checkpoint(directory: str | Path, *, executor: Executor, step: int) -> Resumed:
-    """Restore this rank from the checkpoint of ``step`` (see :func:`latest_common_step`)."""
+    """Restore this rank from the checkpoint of ``step`` (see :func:`agree_resume_step`),
+    whatever the plan that wrote it."""
     root = Path(directory)
-    path = _rank_file(root, step=step, rank=executor.checkpoint_rank)
-    if not path.is_file():  # a replica > 0 reads replica 0's file: the directory must be shared
-        raise CheckpointError(f"rank {executor.rank} cannot see {path}: with dataParallel > 1 "
-                              "and zeroStage 0 every replica restores from replica 0's files, so "
-                              "the checkpoint directory must be shared (a ReadWriteMany volume)")
-    own = torch.load(path, weights_only=False)
-    recorded = own.get("model_spec")
+    step_dir = _step_dir(root, step)
+    named = executor.named_parameters()
+    held = held_optimizer(executor.optimizer)
+    want_opt = set(held_names(held, named=named))
+    weights: dict[str, torch.Tensor] = {}
+    states: dict[str, dict[str, Any] | None] = {}
+    kinds: set[str] = set()
+    header: dict[str, Any] | None = None
+    legacy: dict[str, Any] | None = None  # an older adaptis' own file: position-keyed optimizer state
+    for path in _read_order(step_dir, executor):
+        doc = _read(path)
+        if doc is None:
+            raise CheckpointError(f"checkpoint file {path} cannot be read")
+        if header is None:
+            header = doc
+            _check_model(doc, executor=executor, step=step, root=root)
+        for name, tensor in doc.get("model", {}).items():
+            if name in named:
+                weights.setdefault(name, tensor)
+        if "optimizer_state" in doc:
+            kinds.add(str(doc.get("optimizer_name")))
+            for name in doc.get("optimizer_covers", []):
+                if name in want_opt and name not in states:
+                    states[name] = doc["optimizer_state"].get(name)
+        elif path.name == f"rank-{executor.checkpoint_rank}.pt":
+            legacy = doc
+        if len(weights) == len(named) and want_opt <= states.keys():
+            break  # the remaining files hold nothing this rank needs
+    if header is None:
+        raise CheckpointError(f"rank {executor.rank} sees no checkpoint file in {step_dir}")
+    missing = sorted(set(named) - set(weights))
+    if missing:
+        raise CheckpointError(
+            f"checkpoint of step {step} in {root}: parameters {missing[:5]} are in none of the files rank "
+            f"{executor.rank} sees; under another plan, or with dataParallel > 1, a rank reads other ranks' "
+            "files, so the checkpoint directory must be shared (a ReadWriteMany volume)")
+    with torch.no_grad():
+        for name, p in named.items():
+            p.copy_(weights[name].to(p.device))
+    exact = _restore_optimizer(executor, states=states, kinds=kinds, legacy=legacy, step=step)
+    return Resumed(step=int(header["step"]), position=int(header["position"]), tokens=int(header["tokens"]),
+                   samples=int(header["samples"]), exact=exact)
+
+
+def _restore_optimizer(executor: Executor, *, states: dict[str, dict[str, Any] | None], kinds: set[str],
+                       legacy: dict[str, Any] | None, step: int) -> bool:
+    """Whether the optimizer state was restored (else it starts fresh, with a warning)."""
+    named = executor.named_parameters()
+    held = held_optimizer(executor.optimizer)
+    kind = executor.config.training.optimizer.name
+    if not kinds and legacy is not None:
+        same = (legacy.get("fingerprint") == plan_fingerprint(executor.plan)
+                and legacy.get("data_parallel", 1) == executor.mesh.replicas
+                and legacy.get("zero_stage", 0) == executor.config.zero_stage)
+        if same:
+            executor.optimizer.load_state_dict(legacy["optimizer"])
+            return True
+        log.warning("checkpoint of step %d predates name-keyed optimizer state and was taken under "
+                    "another plan: weights restored, the optimizer starts fresh", step)
+        return False
+    if kinds and kinds != {kind}:
+        log.warning("checkpoint of step %d holds %s optimizer state, this job trains with %s: weights "
+                    "restored, the optimizer starts fresh", step, "/".join(sorted(kinds)), kind)
+        return False
+    missing = import_state(held, named=named, find=states)
+    if missing:
+        log.warning("checkpoint of step %d has no optimizer state of %s (in the files rank %d sees): "
+                    "weights restored, the optimizer starts fresh", step, missing[:5], executor.rank)
+        return False
+    return True
+
+
+def _check_model(doc: dict[str, Any], *, executor: Executor, step: int, root: Path) -> None:
+    recorded = doc.get("model_spec")
     if recorded is not None and _recorded_doc(recorded) != _model_doc(executor.config.model):
         raise CheckpointError(f"checkpoint of step {step} in {root} is of another model "
                               f"({_model_difference(recorded, executor.config.model)})")
-    params = executor.named_parameters()
-    exact = (own["fingerprint"] == plan_fingerprint(executor.plan)
-             and own.get("data_parallel", 1) == executor.mesh.replicas
-             and own.get("zero_stage", 0) == executor.config.zero_stage)
-    weights: dict[str, torch.Tensor] = dict(own["model"])
-    if not exact:
-        log.warning("checkpoint of step %d was taken under another plan or data-parallel "
-                    "topology: restoring weights by layer name, optimizer state starts fresh", step)
-        for other in sorted((root / f"step-{step:08d}").glob("rank-*.pt")):
-            weights.update(torch.load(other, weights_only=False)["model"])
-    missing = sorted(set(params) - set(weights))
-    if missing:
-        raise CheckpointError(f"checkpoint of step {step} lacks parameters {missing[:5]} "
-                              f"(the model changed, or the other ranks' files are not visible)")
-    with torch.no_grad():
-        for name, p in params.items():
-            p.copy_(weights[name].to(p.device))
-    if exact:
-        executor.optimizer.load_state_dict(own["optimizer"])
-    return Resumed(step=int(own["step"]), position=int(own["position"]), tokens=int(own["tokens"]),
-                   samples=int(own["samples"]), exact=exact)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,30 +353,26 @@ def _rank_files(root: Path) -> dict[int, set[int]]:
     return found
 
 
-def scan_checkpoints(directory: str | Path, *, model: ModelSpec, workers: int) -> Scan:
-    """Whether a job of ``model`` on ``workers`` ranks would resume from ``directory``, and from
-    which step; mirrors :func:`latest_common_step` (the newest step every rank has a file of)."""
+def scan_checkpoints(directory: str | Path, *, model: ModelSpec) -> Scan:
+    """Whether a job of ``model`` (under any plan) would resume from ``directory``, and from
+    which step; mirrors :func:`agree_resume_step` (the newest step every saver has a file of)."""
     root = Path(directory)
-    ranks = _rank_files(root)
-    steps = tuple(sorted(ranks))
-    files = sum(len(r) for r in ranks.values())
+    view = _view(root)
+    steps = tuple(sorted(view))
+    files = sum(len(ranks) for ranks, _ in view.values())
     if not steps:
         return Scan(root, files=0, steps=(), resume_step=None, incompatible=None)
-    every = [s for s in steps if set(range(workers)) <= ranks[s]]
-    if not every:
+    complete = _complete([view])
+    if not complete:
         newest = steps[-1]
+        seen, writers = view[newest]
+        expected = "unreadable files" if writers is None else f"of ranks {', '.join(map(str, writers))}"
         return Scan(root, files=files, steps=steps, resume_step=None, incompatible=(
-            f"no step has a checkpoint of each of this run's {workers} workers (step {newest} has "
-            f"ranks {', '.join(map(str, sorted(ranks[newest])))}; set --workers to match)"))
-    step = every[-1]
-    try:
-        # mmap: only the header is read, not the weights.
-        state = torch.load(_rank_file(root, step=step, rank=0), map_location="cpu", mmap=True,
-                           weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unreadable file is reported, not raised
-        return Scan(root, files=files, steps=steps, resume_step=None,
-                    incompatible=f"step {step}'s checkpoint cannot be read ({type(err).__name__}: {err})")
-    recorded = state.get("model_spec") if isinstance(state, dict) else None
+            f"no step has the files of every rank that wrote it (step {newest} has ranks "
+            f"{', '.join(map(str, seen))}, {expected})"))
+    step = complete[-1]
+    state = _read(_rank_file(root, step=step, rank=view[step][0][0]))
+    recorded = state.get("model_spec") if state is not None else None
     if recorded is None:
         why = f"step {step}'s checkpoint does not record its model (written by an older adaptis)"
     elif _recorded_doc(recorded) != _model_doc(model):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "DataError", "PlanMismatchError", "RankFailedError", "TorchApiError",
-           "WorkerError"]
+__all__ = ["CheckpointError", "DataError", "PlanMismatchError", "PreemptedError", "RankFailedError",
+           "TorchApiError", "WorkerError"]
 
 
 class WorkerError(Exception):
@@ -24,6 +24,15 @@ class DataError(WorkerError):
 
 class CheckpointError(WorkerError):
     """A checkpoint cannot be written or does not match the job it is loaded into."""
+
+
+class PreemptedError(WorkerError):
+    """A local run's ranks were stopped (SIGTERM) and exited gracefully after checkpointing
+    ``step`` (None: they stopped before agreeing on one); rerunning resumes from there."""
+
+    def __init__(self, message: str, *, step: int | None) -> None:
+        super().__init__(message)
+        self.step = step
 
 
 class RankFailedError(WorkerError):

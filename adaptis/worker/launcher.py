@@ -5,7 +5,9 @@ read, starts one ``python -m adaptis worker`` per rank with the environment torc
 use (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), parses their ``ADAPTIS_EVENT`` lines and
 hands each event to a callback. A rank that exits abnormally stops all the others and raises
 :class:`RankFailedError` naming the rank and the cause (the last line of its log). Ctrl-C
-stops every rank (SIGTERM, then SIGKILL after a grace period) and re-raises.
+stops every rank (SIGTERM, then SIGKILL after a grace period) and re-raises. Ranks that all
+stop gracefully (SIGTERM: checkpoint, event ``preempted``, exit status
+:data:`~adaptis.worker.preemption.EXIT_PREEMPTED`) raise :class:`PreemptedError` with the step.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from adaptis.api.job import WorkerConfig
-from adaptis.worker.errors import RankFailedError
+from adaptis.worker.errors import PreemptedError, RankFailedError
+from adaptis.worker.preemption import EXIT_PREEMPTED
 from adaptis.worker.runner import EVENT_PREFIX
 
 __all__ = ["LocalLauncher", "free_port"]
@@ -97,6 +100,7 @@ class LocalLauncher:
     def _watch(self, events: queue.Queue[tuple[int, dict[str, Any]]],
                on_event: Callable[[dict[str, Any]], None], readers: list[threading.Thread]) -> list[dict[str, Any]]:
         done: dict[int, dict[str, Any]] = {}
+        preempted: set[int | None] = set()
         while True:
             try:
                 rank, event = events.get(timeout=0.2)
@@ -105,14 +109,27 @@ class LocalLauncher:
             else:
                 if event.get("event") == "done":
                     done[rank] = event
+                elif event.get("event") == "preempted":
+                    preempted.add(event.get("step"))
                 on_event(event)
                 continue
             codes = [p.poll() for p in self.processes]
-            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            failed = [r for r, c in enumerate(codes) if c not in (None, 0, EXIT_PREEMPTED)]
             if failed:
                 time.sleep(0.5)  # let the other ranks' symptoms land before blaming one
                 self.stop()
                 raise self._failure(failed)
+            if EXIT_PREEMPTED in codes and None not in codes:
+                for t in readers:
+                    t.join(timeout=2)
+                while not events.empty():
+                    _rank, event = events.get()
+                    if event.get("event") == "preempted":
+                        preempted.add(event.get("step"))
+                    on_event(event)
+                step = max((s for s in preempted if s is not None), default=None)
+                raise PreemptedError(f"the ranks stopped gracefully after step {step} (SIGTERM); "
+                                     "rerun to resume from its checkpoint", step=step)
             if all(c == 0 for c in codes):
                 for t in readers:
                     t.join(timeout=2)

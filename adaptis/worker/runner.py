@@ -3,7 +3,8 @@
 Sits between the CLI (``adaptis worker``, the pods' entry point, and the ranks ``adaptis run``
 launches) and the executor. It reports progress as events: one JSON object per line on stdout,
 prefixed ``ADAPTIS_EVENT`` (``start`` with the metrics port and the resumed step, ``step`` with
-the step's loss, times and bubble ratios, ``done`` with the totals), which the local launcher
+the step's loss, times and bubble ratios, ``done`` with the totals, or ``preempted`` with the
+step it checkpointed when SIGTERM stopped it, :mod:`adaptis.worker.preemption`), which the local launcher
 parses and a pod's log keeps. A step event splits the rank's time into phases: ``data_seconds``
 (the batch fetch and the wait for every rank at the step's common start), then the step itself,
 ``step_seconds`` = ``iteration_seconds`` (the pipeline part: ``busy_seconds`` +
@@ -30,10 +31,11 @@ from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import WorkerConfig
 from adaptis.api.plan import Predicted
 from adaptis.api.problem import TIME_UNIT_SECONDS
-from adaptis.worker.checkpoint import latest_common_step, load_checkpoint, save_checkpoint
+from adaptis.worker.checkpoint import agree_resume_step, load_checkpoint, save_checkpoint
 from adaptis.worker.data import open_source, shard_position
 from adaptis.worker.executor import Executor, StepStats
 from adaptis.worker.metrics import WorkerMetrics
+from adaptis.worker.preemption import StopRequest
 
 __all__ = ["EVENT_PREFIX", "Emit", "RankEnv", "predictions", "print_events", "run_worker"]
 
@@ -120,8 +122,12 @@ def run_worker(config: WorkerConfig, *, env: RankEnv, emit: Emit, linger_s: floa
         metrics.set_prediction(**predictions(predicted))
         want = metrics_port(config, env=env)
         port = metrics.serve(port=want) if want is not None else None
-        done = _loop(config, env=env, executor=executor, metrics=metrics, emit=emit, port=port,
-                     predicted=(pred_bubble, pred_iter))
+        # SIGTERM during the steps stops the ranks at a step boundary, after a checkpoint.
+        with StopRequest(device=device) as stop:
+            done = _loop(config, env=env, executor=executor, metrics=metrics, emit=emit, port=port,
+                         predicted=(pred_bubble, pred_iter), stop=stop)
+        if done["event"] == "preempted":
+            return done
         if linger_s > 0 and port is not None:
             _linger(linger_s, rank=env.rank)
         return done
@@ -158,7 +164,8 @@ def _linger(seconds: float, *, rank: int) -> None:
 
 
 def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: WorkerMetrics,
-          emit: Emit, port: int | None, predicted: tuple[float | None, float | None]) -> dict[str, Any]:
+          emit: Emit, port: int | None, predicted: tuple[float | None, float | None],
+          stop: StopRequest) -> dict[str, Any]:
     t = config.training
     per_step = t.microbatches * t.microbatch_size  # sequences of one replica
     replicas = executor.mesh.replicas
@@ -166,12 +173,14 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
     samples_per_step = per_step * replicas
     tokens_per_step = samples_per_step * t.sequence_length
     step = position = tokens = samples = 0
+    exact: bool | None = None  # the resume restored the optimizer state too (None: fresh start)
     ckpt = config.checkpoint_dir
     if ckpt:
-        found = latest_common_step(ckpt, rank=env.rank, saves=executor.saves_checkpoint)
+        found = agree_resume_step(ckpt)
         if found is not None:
             resumed = load_checkpoint(ckpt, executor=executor, step=found)
             step, position, tokens, samples = resumed.step, resumed.position, resumed.tokens, resumed.samples
+            exact = resumed.exact
             metrics.restore(steps=step, tokens=tokens, samples=samples)
             log.info("rank %d resumed from the checkpoint of step %d", env.rank, step)
     needs_data = executor.holds_first or executor.holds_last
@@ -179,7 +188,7 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
                          seed=t.seed) if needs_data else None
     emit({"event": "start", "rank": env.rank, "world_size": env.world_size, "pid": os.getpid(),
           "replica": executor.replica, "pipeline_rank": executor.pipeline_rank, "data_parallel": replicas,
-          "metrics_port": port, "resumed_step": step, "stages": executor.stage_ids,
+          "metrics_port": port, "resumed_step": step, "resumed_exact": exact, "stages": executor.stage_ids,
           "precision": executor.precision,
           "predicted_bubble_ratio": predicted[0], "predicted_iteration_seconds": predicted[1]})
     started = time.perf_counter()
@@ -219,16 +228,33 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
               "peak_memory_bytes": last.peak_memory_bytes, "lr": last.learning_rate,
               "precision": executor.precision,
               "predicted_bubble_ratio": predicted[0], "predicted_iteration_seconds": predicted[1]})
-        if (ckpt and config.checkpoint_every and step % config.checkpoint_every == 0
-                and executor.saves_checkpoint):
+        saved = bool(ckpt and config.checkpoint_every and step % config.checkpoint_every == 0)
+        if saved and executor.saves_checkpoint:
             save_checkpoint(ckpt, executor=executor, step=step, position=position, tokens=tokens,
                             samples=samples)
+        if step < t.steps and stop.agreed():
+            return _preempted(ckpt, executor=executor, emit=emit, saved=saved, step=step, position=position,
+                              tokens=tokens, samples=samples)
         data_start = time.perf_counter()
     done = {"event": "done", "rank": env.rank, "steps": step, "tokens": tokens, "samples": samples,
             "seconds": time.perf_counter() - started, "loss": last.loss if last else None,
             "bubble_ratio": last.bubble_ratio if last else None}
     emit(done)
     return done
+
+
+def _preempted(ckpt: str | None, *, executor: Executor, emit: Emit, saved: bool, step: int, position: int,
+               tokens: int, samples: int) -> dict[str, Any]:
+    """Every rank agreed to stop after ``step``: checkpoint it (unless just done) and say so."""
+    if ckpt and not saved and executor.saves_checkpoint:
+        save_checkpoint(ckpt, executor=executor, step=step, position=position, tokens=tokens, samples=samples)
+    event = {"event": "preempted", "rank": executor.rank, "step": step, "tokens": tokens, "samples": samples,
+             "checkpoint_dir": ckpt or None}
+    if not ckpt:
+        log.warning("rank %d stopped after step %d without a checkpoint (no checkpoint directory)",
+                    executor.rank, step)
+    emit(event)
+    return event
 
 
 def _vocab(config: WorkerConfig) -> int:

@@ -81,12 +81,10 @@ def test_a_checkpoint_of_another_model_is_refused_not_guessed_at(tmp_path: Path)
     config = small_config(steps=2, world=1, checkpoint_dir=str(ckpt), checkpoint_every=1)
     LocalLauncher(config, world_size=1, workdir=tmp_path / "run1").run(lambda event: None)
     model = config.model
-    found = scan_checkpoints(ckpt, model=model, workers=1)
+    found = scan_checkpoints(ckpt, model=model)
     assert (found.resume_step, found.incompatible, found.steps, found.files) == (2, None, (1, 2), 2)
-    more = scan_checkpoints(ckpt, model=model, workers=2)
-    assert more.resume_step is None and "each of this run's 2 workers" in str(more.incompatible)
     other = model.model_copy(update={"hidden": 2 * model.hidden})
-    changed = scan_checkpoints(ckpt, model=other, workers=1)
+    changed = scan_checkpoints(ckpt, model=other)
     assert changed.resume_step is None
     assert f"model.hidden: {model.hidden} there, {2 * model.hidden} in this job" in str(changed.incompatible)
     # Pods resume without the CLI's scan: the worker itself refuses the other model.
@@ -99,7 +97,7 @@ def test_a_checkpoint_of_another_model_is_refused_not_guessed_at(tmp_path: Path)
     state = torch.load(newest, weights_only=False)
     del state["model_spec"]
     torch.save(state, newest)
-    legacy = scan_checkpoints(ckpt, model=model, workers=1)
+    legacy = scan_checkpoints(ckpt, model=model)
     assert legacy.resume_step is None and "does not record its model" in str(legacy.incompatible)
 
 
@@ -107,16 +105,20 @@ def _common_step(rank: int, world: int, port: int, root: str, steps_of: dict[int
                  out: str) -> None:
     from worker_harness import init_gloo
 
-    from adaptis.worker.checkpoint import latest_common_step
+    from adaptis.worker.checkpoint import agree_resume_step
 
     init_gloo(rank, world, port)
     for step in steps_of[rank]:
         d = Path(root) / f"rank-view-{rank}" / f"step-{step:08d}"
         d.mkdir(parents=True, exist_ok=True)
-        (d / f"rank-{rank}.pt").write_bytes(b"x")
+        torch.save({"savers": list(range(world))}, d / f"rank-{rank}.pt")
     # Each rank sees only its own directory here (as on nodes without a shared volume), so the
     # answer can only come from the collective.
-    found = latest_common_step(Path(root) / f"rank-view-{rank}", rank=rank)
+    found = agree_resume_step(Path(root) / f"rank-view-{rank}")
+    # What is newer than the agreed step is an incomplete future: removed, so that a later save
+    # of the same step number cannot mix with it.
+    left = sorted(int(d.name[5:]) for d in (Path(root) / f"rank-view-{rank}").glob("step-*"))
+    assert left == [s for s in steps_of[rank] if s <= found], (rank, left)
     Path(out, f"rank-{rank}.json").write_text(json.dumps(found))
     dist.destroy_process_group()
 
@@ -148,9 +150,9 @@ def test_a_checkpoint_from_before_the_block_options_still_matches(tmp_path: Path
         del block["ffnHidden"], block["auxLossCoef"]
     step = tmp_path / "step-00000003"
     step.mkdir()
-    torch.save({"model_spec": doc}, step / "rank-0.pt")
-    assert scan_checkpoints(tmp_path, model=SMALL_MODEL, workers=1).resume_step == 3
+    torch.save({"model_spec": doc, "world_size": 1}, step / "rank-0.pt")
+    assert scan_checkpoints(tmp_path, model=SMALL_MODEL).resume_step == 3
     gqa = SMALL_MODEL.model_copy(update={"kv_heads": 1})
-    refused = scan_checkpoints(tmp_path, model=gqa, workers=1)
+    refused = scan_checkpoints(tmp_path, model=gqa)
     assert refused.resume_step is None
     assert "model.kvHeads: None there, 1 in this job" in str(refused.incompatible)
