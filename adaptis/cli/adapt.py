@@ -19,15 +19,15 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
 from adaptis.api.adaptation import AdaptationSpec, ReplanRecord
 from adaptis.api.job import WorkerConfig
-from adaptis.api.plan import Plan
+from adaptis.api.plan import STRATEGY_NAMES, Plan
 from adaptis.api.problem import TIME_UNIT_SECONDS, Problem
-from adaptis.planner.drift import Decision, DriftWindow, decide, predicted_busy
+from adaptis.planner.drift import Decision, Drift, DriftWindow, decide, predicted_busy
 from adaptis.planner.errors import PlannerError
 
 __all__ = ["Adapter", "Segment", "Trained", "check_slowdown", "layers_per_device", "train"]
@@ -53,6 +53,8 @@ class Segment:
     plan: Plan
     launched_at: float
     first_step_at: float | None = None
+    stop_requested_at: float | None = None
+    stopped_at: float | None = None  # every rank checkpointed and exited
     resumed_step: int = 0
     steps: list[dict[str, Any]] = field(default_factory=list)  # rank 0's step events
 
@@ -65,7 +67,15 @@ class Segment:
                 "measured_iteration_seconds": statistics.mean(s["iteration_seconds"] for s in steady)
                 if steady else None,
                 "launch_to_first_step_seconds": None if self.first_step_at is None
-                else self.first_step_at - self.launched_at}
+                else self.first_step_at - self.launched_at,
+                "stop_seconds": self.stop_seconds}
+
+    @property
+    def stop_seconds(self) -> float | None:
+        """SIGTERM to every rank gone: the step in flight, the checkpoint, the exit."""
+        if self.stop_requested_at is None or self.stopped_at is None:
+            return None
+        return self.stopped_at - self.stop_requested_at
 
 
 @dataclass
@@ -130,9 +140,7 @@ class Adapter:
             return False
         self.measured_ratio = list(drift.ratios)
         try:
-            decision = decide(self.problem, self.plan, drift=drift, strategy=self.strategy,
-                              remaining_steps=self.total_steps - step, restart_seconds=restart_seconds,
-                              min_gain=self.spec.min_gain, time_limit_s=self.time_limit_s)
+            decision = self._decide(drift, step=step, restart_seconds=restart_seconds)
         except PlannerError as err:
             self._once(f"adaptation: drift seen at step {step} ({drift.describe()}) but no re-plan: {err}")
             self.window.reset()
@@ -154,6 +162,28 @@ class Adapter:
         self.suggestion = record
         self.window.reset()
         return False
+
+    def _decide(self, drift: Drift, *, step: int, restart_seconds: float) -> Decision:
+        """:func:`decide` with the job's strategy; when its plan leaves a device without compute
+        (a device slow enough is worth idling, to the planner), the best plan of the other
+        strategies that keeps every rank busy: torch's pipelining runs no rank without actions."""
+        def weigh(strategy: str) -> Decision:
+            return decide(self.problem, self.plan, drift=drift, strategy=strategy,
+                          remaining_steps=self.total_steps - step, restart_seconds=restart_seconds,
+                          min_gain=self.spec.min_gain, time_limit_s=self.time_limit_s)
+
+        first = weigh(self.strategy)
+        idle = _idle(first.plan)
+        if not idle:
+            return first
+        others = [weigh(name) for name in STRATEGY_NAMES if name != self.strategy]
+        runnable = [d for d in others if d.plan is not None and not _idle(d.plan)]
+        why = f"the {self.strategy} plan idles device(s) {idle}, which the ranks cannot run"
+        if not runnable:
+            return replace(first, replan=False, plan=None, reason=f"{why}, and no strategy keeps every device busy")
+        best = min(runnable, key=lambda d: d.new_iteration_seconds)
+        assert best.plan is not None
+        return replace(best, reason=f"{best.reason} ({why}: the best plan on every device, {best.plan.strategy})")
 
     def _record(self, d: Decision, *, step: int, measured: float | None) -> ReplanRecord:
         speeds = [s.speed / p for s, p in zip(d.problem.device_specs(), self.profiled)]
@@ -191,7 +221,7 @@ def train(*, config: WorkerConfig, problem: Problem, plan: Plan, spec: Adaptatio
     re-plans. ``launcher(config)`` makes a :class:`~adaptis.worker.launcher.LocalLauncher`;
     ``on_step`` shows rank 0's step events. Raises what the launcher raises, except the stop
     this loop asked for."""
-    from adaptis.worker.errors import RankFailedError
+    from adaptis.worker.errors import PreemptedError
 
     total = config.training.steps
     adapter = Adapter(problem=problem, plan=plan, spec=spec, strategy=strategy, total_steps=total,
@@ -225,13 +255,17 @@ def train(*, config: WorkerConfig, problem: Problem, plan: Plan, spec: Adaptatio
                 steps.append(event)
                 on_step(event)
             if adapter.observe(event, segment=seg, restart_seconds=_restart_seconds(segments)):
+                # Graceful (adaptis.worker.preemption): the ranks agree on a step boundary,
+                # checkpoint it and exit; the relaunch resumes there under the new plan.
+                seg.stop_requested_at = time.perf_counter()
                 ranks_run.request_stop()
 
         try:
             ranks_run.run(on_event)
-        except RankFailedError:
-            if adapter.pending is None:
+        except PreemptedError:
+            if adapter.pending is None:  # a SIGTERM this loop did not send: the user's
                 raise
+            seg.stopped_at = time.perf_counter()
         if adapter.pending is None:
             break
         decision = adapter.pending
@@ -247,12 +281,19 @@ def train(*, config: WorkerConfig, problem: Problem, plan: Plan, spec: Adaptatio
                    adaptation=adaptation)
 
 
+def _idle(plan: Plan | None) -> list[int]:
+    return [] if plan is None else [d for d, actions in enumerate(plan.actions) if not actions]
+
+
 def _restart_seconds(segments: list[Segment]) -> float:
-    """A restart as this run measured it: the slowest launch to its first step, plus the
-    largest data phase seen (it holds the periodic checkpoint's save)."""
+    """A restart as this run measured it: the slowest launch to its first step (start, resume,
+    the first step's one-off costs), plus the slowest graceful stop once one was seen, else
+    the largest data phase (which holds a periodic checkpoint's save) as the stop's stand-in."""
     launch = max((s.first_step_at - s.launched_at for s in segments if s.first_step_at is not None), default=0.0)
-    data = max((e.get("data_seconds", 0.0) for s in segments for e in s.steps), default=0.0)
-    return launch + data
+    stops = [s.stop_seconds for s in segments if s.stop_seconds is not None]
+    if stops:
+        return launch + max(stops)
+    return launch + max((e.get("data_seconds", 0.0) for s in segments for e in s.steps), default=0.0)
 
 
 def check_slowdown(text: str | None, *, ranks: int) -> None:
