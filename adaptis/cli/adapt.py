@@ -277,6 +277,9 @@ def train(*, config: WorkerConfig, problem: Problem, plan: Plan, spec: Adaptatio
             "from the last checkpoint")
     adaptation = adapter.report()
     adaptation["segments"] = [s.report() for s in segments]
+    # Per step (rank 0's, each step once): the curve across re-plans, for a look or a benchmark.
+    adaptation["losses"] = [s["loss"] for s in steps]
+    adaptation["iteration_seconds"] = [s["iteration_seconds"] for s in steps]
     return Trained(plan=plan, steps=steps, starts=starts, reduce=reduce, segments=segments,
                    adaptation=adaptation)
 
