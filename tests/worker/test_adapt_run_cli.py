@@ -20,8 +20,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tiny-heterogeneous.yaml"
-STEPS = 80
-SLOW_RANK, FACTOR, FROM_STEP = 1, 6, 3
+STEPS = 100
+SLOW_RANK, FACTOR, FROM_STEP = 1, 10, 3
 TOLERANCE = 1e-5  # the parity tolerance of a resume under another plan (test_worker_reshard)
 
 
@@ -69,7 +69,8 @@ def test_auto_replans_the_slowed_rank_and_the_loss_continues(runs: dict[str, tup
     summary, stderr = runs["auto"]
     assert summary["steps"] == STEPS
     ad = summary["adaptation"]
-    assert [r["action"] for r in ad["history"]] == ["applied"], stderr[-3000:]
+    assert [r["action"] for r in ad["history"]] == ["applied"], [ln for ln in stderr.splitlines()
+                                                                 if ln.startswith("adaptation")]
     record = ad["history"][0]
     assert FROM_STEP < record["step"] < STEPS
     assert record["new_predicted_iteration_seconds"] < record["old_predicted_iteration_seconds"]
@@ -96,7 +97,8 @@ def test_suggest_records_the_better_plan_without_restarting(runs: dict[str, tupl
     ad = summary["adaptation"]
     assert ad["history"] == [] and len(ad["segments"]) == 1, ad
     suggestion = ad["suggestion"]
-    assert suggestion is not None and suggestion["action"] == "suggested", stderr[-3000:]
+    decisions = [ln for ln in stderr.splitlines() if ln.startswith("adaptation")]
+    assert suggestion is not None and suggestion["action"] == "suggested", decisions
     assert suggestion["new_predicted_iteration_seconds"] < suggestion["old_predicted_iteration_seconds"]
     assert suggestion["device_speed"][SLOW_RANK] < suggestion["device_speed"][1 - SLOW_RANK] / 2
     assert "adaptation suggestion at step" in stderr and "relaunching" not in stderr
