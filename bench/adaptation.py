@@ -13,7 +13,7 @@ the same round (the resume restores weights and optimizer state, so it should be
 the 1-minute load average and the cores the rest of the machine used meanwhile
 (bench/measured_speedup.py's accounting); runs above ``--max-load`` cores are listed, not used.
 
-    python bench/adaptation.py                 # 2 rounds, 90 steps, rank 1 3x slower from step 5
+    python bench/adaptation.py                 # 2 rounds, 60 steps, rank 1 4x slower from step 3
     python bench/adaptation.py --reps 1 --steps 40 --after 20   # a quick look
 """
 
@@ -48,7 +48,8 @@ def run_once(job: Path, *, problem: Path, policy: str, slowdown: str, steps: int
     ad = summary["adaptation"]
     iters = ad["iteration_seconds"]
     row.update(after=statistics.mean(iters[after:]), losses=ad["losses"], segments=ad["segments"],
-               history=ad["history"], predicted_start=ad["segments"][0]["predicted_iteration_seconds"])
+               history=ad["history"], decisions=ad["decisions"],
+               predicted_start=ad["segments"][0]["predicted_iteration_seconds"])
     if ad["history"]:
         rec, (first, second) = ad["history"][0], ad["segments"][:2]
         row.update(replan_step=rec["step"], old_pred=rec["old_predicted_iteration_seconds"],
@@ -61,9 +62,9 @@ def run_once(job: Path, *, problem: Path, policy: str, slowdown: str, steps: int
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=90)
-    ap.add_argument("--after", type=int, default=40, help="measure the iteration over the steps after this")
-    ap.add_argument("--slowdown", default="1:3@5", help="RANK:FACTOR@STEP (adaptis run --slowdown)")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--after", type=int, default=30, help="measure the iteration over the steps after this")
+    ap.add_argument("--slowdown", default="1:4@3", help="RANK:FACTOR@STEP (adaptis run --slowdown)")
     ap.add_argument("--window", type=int, default=4, help="spec.adaptation.windowSteps")
     ap.add_argument("--max-load", type=float, default=1.0, help="most cores others may use in a counted run")
     ap.add_argument("--json", type=Path, help="also write every run's row here")

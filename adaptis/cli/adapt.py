@@ -34,6 +34,8 @@ __all__ = ["Adapter", "Segment", "Trained", "check_slowdown", "layers_per_device
 
 log = logging.getLogger(__name__)
 
+_DECISIONS = 20  # decisions kept for the summary, newest last
+
 Say = Callable[[str], None]
 
 
@@ -57,12 +59,14 @@ class Segment:
     stopped_at: float | None = None  # every rank checkpointed and exited
     resumed_step: int = 0
     steps: list[dict[str, Any]] = field(default_factory=list)  # rank 0's step events
+    rank_stages: dict[int, list[int]] = field(default_factory=dict)  # what each rank said it runs
 
     def report(self) -> dict[str, Any]:
         steady = self.steps[1:] or self.steps
         return {"from_step": self.resumed_step, "to_step": self.steps[-1]["step"] if self.steps else None,
                 "stages": len(self.plan.stages), "placement": self.plan.placement,
                 "layers_per_device": layers_per_device(self.plan),
+                "rank_stages": [self.rank_stages.get(r) for r in sorted(self.rank_stages)],
                 "predicted_iteration_seconds": _iteration_s(self.plan),
                 "measured_iteration_seconds": statistics.mean(s["iteration_seconds"] for s in steady)
                 if steady else None,
@@ -102,6 +106,7 @@ class Adapter:
         self.suggestion: ReplanRecord | None = None
         self.measured_ratio: list[float] = []
         self.pending: Decision | None = None  # the re-plan the ranks are being stopped for
+        self.decisions: list[dict[str, Any]] = []  # the latest, so a user sees why nothing restarted
         self._said: set[str] = set()
         self.start(problem=problem, plan=plan)
 
@@ -147,6 +152,8 @@ class Adapter:
             return False
         window = [s["iteration_seconds"] for s in segment.steps if s["step"] > step - drift.steps]
         record = self._record(decision, step=step, measured=statistics.mean(window) if window else None)
+        self.decisions = [*self.decisions[-(_DECISIONS - 1):],
+                          {"step": step, "replan": decision.replan, "reason": decision.reason}]
         if not decision.replan:
             self._once(f"adaptation: drift at step {step}: {drift.describe()}; keeping the plan: {decision.reason}")
             self.window.reset()  # look again over a fresh window
@@ -211,7 +218,7 @@ class Adapter:
     def report(self) -> dict[str, Any]:
         return {"policy": self.spec.policy, "measured_ratio": self.measured_ratio,
                 "suggestion": self.suggestion.model_dump(mode="json") if self.suggestion else None,
-                "history": [r.model_dump(mode="json") for r in self.history]}
+                "history": [r.model_dump(mode="json") for r in self.history], "decisions": self.decisions}
 
 
 def train(*, config: WorkerConfig, problem: Problem, plan: Plan, spec: AdaptationSpec, strategy: str,
@@ -239,6 +246,7 @@ def train(*, config: WorkerConfig, problem: Problem, plan: Plan, spec: Adaptatio
             kind = event["event"]
             if kind == "start":
                 starts.setdefault(event["rank"], event)
+                seg.rank_stages[event["rank"]] = event.get("stages")
                 if event["rank"] == 0:
                     seg.resumed_step = event["resumed_step"]
                     # A relaunch repeats the steps after its checkpoint: keep each step once.

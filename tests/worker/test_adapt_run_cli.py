@@ -80,6 +80,9 @@ def test_auto_replans_the_slowed_rank_and_the_loss_continues(runs: dict[str, tup
     before, after = ad["segments"]
     assert before["from_step"] == 0 and after["from_step"] == before["to_step"] and after["to_step"] == STEPS
     assert after["layers_per_device"][SLOW_RANK] < before["layers_per_device"][SLOW_RANK], ad["segments"]
+    # ... and the relaunched ranks ran it: the stages each reported at its start.
+    ran = [[sorted(p) for p in seg["placement"]] for seg in (before, after)]
+    assert [before["rank_stages"], after["rank_stages"]] == ran
     assert before["stop_seconds"] > 0
     assert "adaptation re-planning at step" in stderr and "relaunching the ranks under the new plan" in stderr
     # The new plan is what ran to the end, and the summary says so.
