@@ -57,7 +57,9 @@ MODULES: dict[str, tuple[str, ...]] = {
     "adaptis/operator/workqueue.py": ("tests/operator/test_operator_workqueue.py",),
     "adaptis/operator/validation.py": ("tests/operator/test_operator_validation.py",),
     "adaptis/worker/executor.py": ("tests/worker/test_worker_executor.py",),
-    "adaptis/worker/checkpoint.py": ("tests/worker/test_worker_checkpoint.py",),
+    "adaptis/worker/checkpoint.py": ("tests/worker/test_worker_named_state.py",
+                                     "tests/worker/test_worker_checkpoint.py"),
+    "adaptis/worker/named_state.py": ("tests/worker/test_worker_named_state.py",),
     "adaptis/worker/metrics.py": ("tests/worker/test_worker_metrics.py",),
 }
 

@@ -110,8 +110,9 @@ def _kinds(family: str, size: str, n_layers: int, devices: int) -> list[str]:
 
 
 def problem(family: str, size: str, *, seq: int = 4096, devices: int | None = None,
-            microbatches_per_device: int = 8) -> dict[str, Any]:
-    """A planning problem document (the contract's YAML shape) for one configuration."""
+            microbatches_per_device: int = 8, blocks: int | None = None) -> dict[str, Any]:
+    """A planning problem document (the contract's YAML shape) for one configuration;
+    ``blocks``: the layers between embedding and head (default the size's)."""
     fam = SPECS[family]
     p = devices or fam.devices[size]
     vocab = fam.vocab[size]
@@ -123,7 +124,7 @@ def problem(family: str, size: str, *, seq: int = 4096, devices: int | None = No
         "name": "embedding", "kind": "embedding", "forward": 0.02, "backward": 0.0, "weight": 0.02,
         "activation_bytes": out, "param_bytes": _params("embedding", h, vocab), "output_bytes": out,
     }]
-    for i, kind in enumerate(_kinds(family, size, fam.layers[size], p)):
+    for i, kind in enumerate(_kinds(family, size, blocks or fam.layers[size], p)):
         f, b, w = _scaled(fam.kinds[kind], kind=kind, base_kind=base_kind, fam=fam, seq=seq, vocab=vocab)
         layers.append({
             "name": f"{kind}_{i}", "kind": kind, "forward": round(f, 4), "backward": round(b, 4),
@@ -160,6 +161,13 @@ def sequence_sweep() -> list[dict[str, Any]]:
 
 def scaling_series() -> list[dict[str, Any]]:
     return [problem("gemma", "L", devices=p) for p in (4, 8, 16, 32)]
+
+
+def planner_scale(devices: int, microbatches: int) -> dict[str, Any]:
+    """Issue 13's scale workload: Nemotron-H L's layers and head, 6 blocks a device, 80 GB."""
+    doc = problem("nemotron-h", "L", devices=devices, blocks=6 * devices,
+                  microbatches_per_device=max(1, microbatches // devices))
+    return {**doc, "name": f"nemotron-h-scale-{devices}x{microbatches}", "microbatches": microbatches}
 
 
 def measured(directory: Path = PROFILES) -> list[dict[str, Any]]:

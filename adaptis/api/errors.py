@@ -8,12 +8,15 @@ operator can show it as it is.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
-__all__ = ["SpecError", "field_path", "from_validation_error"]
+__all__ = ["SpecError", "field_path", "from_validation_error", "read_document"]
 
 # Tags used by discriminated unions; pydantic puts them in the error location, users never
 # wrote them, so they are dropped from the path shown.
@@ -58,3 +61,17 @@ def from_validation_error(err: ValidationError, *, what: str) -> SpecError:
         shown = "" if item["type"] in {"missing", "extra_forbidden"} else f" (got {given!r:.60})"
         lines.append(f"{what}: {path}: {msg}{shown}")
     return SpecError("\n".join(lines), fields=fields)
+
+
+def read_document(path: str | Path, *, what: str) -> Any:
+    """The YAML (or, by suffix, JSON) document at ``path``; a missing file or bad syntax is a
+    :class:`SpecError` starting with ``what``, like every other user-input error."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise SpecError(f"{what}: cannot read {p}: {err.strerror}") from None
+    try:
+        return json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as err:
+        raise SpecError(f"{what}: {p} is not valid YAML/JSON: {' '.join(str(err).split())}") from None

@@ -10,7 +10,10 @@ order (named ``<kind>_<i>`` with kind ``attention``, ``moe`` or ``mamba``), then
 norm, LM head and the loss): ``num_hidden_layers + 2`` layers. Only the standard decoder-only
 layout is supported (``model.embed_tokens``, ``model.layers``, a final norm, ``lm_head``), for
 the ``model_type`` values of :data:`SUPPORTED_MODEL_TYPES`; anything else is refused with an
-error naming ``model_type``. Nothing is ever downloaded: the config is inline or a local file.
+error naming ``model_type``. Nothing is ever downloaded: the config is inline, a local file, or
+a ConfigMap in the job's namespace (``configMap``), which the operator reads to plan
+(:mod:`adaptis.operator.hf_config`, through :func:`with_resolved_config`) and the worker pods
+mount at :data:`CONFIG_MAP_MOUNT`, where :func:`resolve_config` reads it.
 """
 
 from __future__ import annotations
@@ -26,10 +29,15 @@ from pydantic.alias_generators import to_camel
 
 from adaptis.api.errors import SpecError
 
-__all__ = ["FIELD", "SUPPORTED_MODEL_TYPES", "HFLayout", "HuggingFaceSpec", "hf_layout",
-           "resolve_config"]
+__all__ = ["CONFIG_MAP_FILE", "CONFIG_MAP_MOUNT", "FIELD", "SUPPORTED_MODEL_TYPES",
+           "ConfigMapRef", "HFLayout", "HuggingFaceSpec", "hf_layout", "parse_config_text",
+           "resolve_config", "with_resolved_config", "worker_spec"]
 
 FIELD = "spec.model.huggingface"
+#: Where a worker pod finds ``configMap``'s config: the operator mounts the ConfigMap's key
+#: there, read-only, under the name :data:`CONFIG_MAP_FILE`.
+CONFIG_MAP_MOUNT = "/etc/adaptis/huggingface"
+CONFIG_MAP_FILE = "config.json"
 
 # model_type -> (family of layer kinds, tie_word_embeddings when the config omits it: the
 # default of the transformers config class).
@@ -47,16 +55,32 @@ _FAMILIES: dict[str, tuple[str, bool]] = {
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))
 
 
+class ConfigMapRef(BaseModel):
+    """A key of a ConfigMap in the job's namespace that holds a config.json."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel,
+                              populate_by_name=True)
+
+    name: str = Field(
+        min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="The ConfigMap, in the job's namespace.")
+    key: str = Field(
+        default=CONFIG_MAP_FILE, min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$",
+        description="Its key holding the config.json.")
+
+
 class HuggingFaceSpec(BaseModel):
-    """A transformers decoder model: its config.json (inline or a local file) and optionally
-    local safetensors weights. Never a download."""
+    """A transformers decoder model: its config.json (inline, a local file or a ConfigMap) and
+    optionally local safetensors weights. Never a download."""
 
     model_config = ConfigDict(
         extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True,
         json_schema_extra={
             "x-kubernetes-validations": [
-                {"rule": "has(self.config) != has(self.path)",
-                 "message": "give exactly one of config (config.json inline) and path"}
+                {"rule": "(has(self.config) ? 1 : 0) + (has(self.path) ? 1 : 0) + "
+                         "(has(self.configMap) ? 1 : 0) == 1",
+                 "message": "give exactly one of config (config.json inline), path and "
+                            "configMap"}
             ]
         },
     )
@@ -68,6 +92,11 @@ class HuggingFaceSpec(BaseModel):
         default=None, min_length=1, max_length=4096,
         description="A config.json, or a directory holding one, on the machine that reads the "
         "job (adaptis run, adaptis plan). The operator cannot read a pod's volume: use config.")
+    config_map: ConfigMapRef | None = Field(
+        default=None,
+        description="A ConfigMap in the job's namespace holding the config.json (name, key: "
+        "default config.json): the operator reads it to plan, the worker pods mount it. A "
+        "missing ConfigMap or key keeps the job Pending until it appears.")
     weights: str | None = Field(
         default=None, min_length=1, max_length=4096,
         description="A directory of *.safetensors (as save_pretrained writes) inside the pod; "
@@ -75,9 +104,11 @@ class HuggingFaceSpec(BaseModel):
 
     @model_validator(mode="after")
     def _one_config(self) -> HuggingFaceSpec:
-        if (self.config is None) == (self.path is None):
-            raise ValueError("model.huggingface: give exactly one of config (config.json inline) "
-                             "and path (a local config.json)")
+        given = [self.config is not None, self.path is not None, self.config_map is not None]
+        if sum(given) != 1:
+            raise ValueError("model.huggingface: give exactly one of config (config.json "
+                             "inline), path (a local config.json) and configMap (a ConfigMap "
+                             "in the job's namespace)")
         return self
 
 
@@ -128,26 +159,58 @@ def _floats(value: Any) -> Any:
     return value
 
 
+def with_resolved_config(spec: HuggingFaceSpec, config: dict[str, Any]) -> HuggingFaceSpec:
+    """``spec`` (a ``configMap`` one) carrying the ConfigMap's content as ``config`` too: the
+    operator's copy to validate and plan with, and whose hash changes with the content. Made
+    without validation (a user may not give both); never written to a worker, which reads the
+    mounted ConfigMap (:func:`worker_spec`)."""
+    return spec.model_copy(update={"config": config})
+
+
+def worker_spec(spec: HuggingFaceSpec) -> HuggingFaceSpec:
+    """What a worker is given: a ``configMap`` spec without the operator's resolved copy."""
+    if spec.config_map is None or spec.config is None:
+        return spec
+    return spec.model_copy(update={"config": None})
+
+
+def parse_config_text(text: str, *, field: str, source: str) -> dict[str, Any]:
+    """A config.json's text as a dict; a :class:`SpecError` naming ``field`` otherwise."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SpecError(f"{field}: {source} is not JSON: {err}", fields=[field]) from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{field}: {source} must hold a JSON object (a config.json), not "
+                        f"{type(data).__name__}", fields=[field])
+    return data
+
+
 def resolve_config(spec: HuggingFaceSpec) -> dict[str, Any]:
-    """The config.json as a dict: the inline one, or read from ``path`` (a file or a directory
-    holding config.json)."""
+    """The config.json as a dict: the inline one (or the operator's resolved copy of the
+    ConfigMap), read from ``path`` (a file or a directory holding config.json), or, for
+    ``configMap``, from where a worker pod mounts it (:data:`CONFIG_MAP_MOUNT`)."""
     if spec.config is not None:
         return _floats(dict(spec.config))  # type: ignore[no-any-return]
-    assert spec.path is not None  # the model validator guarantees one of the two
-    p = Path(spec.path)
-    if p.is_dir():
-        p = p / "config.json"
+    if spec.config_map is not None:
+        p = Path(CONFIG_MAP_MOUNT) / CONFIG_MAP_FILE
+        field = f"{FIELD}.configMap"
+        hint = (f"the ConfigMap {spec.config_map.name!r} is read in the cluster: the operator "
+                f"plans from it and mounts it into the worker pods at {p}; outside a cluster "
+                "(adaptis run, adaptis plan) give config or path")
+    else:
+        assert spec.path is not None  # the model validator guarantees one of the three
+        p = Path(spec.path)
+        if p.is_dir():
+            p = p / "config.json"
+        field = f"{FIELD}.path"
+        hint = "give a local config.json (nothing is downloaded) or the config inline"
     try:
-        data = json.loads(p.read_text())
+        text = p.read_text()
     except OSError as err:
-        raise SpecError(f"{FIELD}.path: cannot read {p}: {err.strerror}; give a local "
-                        "config.json (nothing is downloaded) or the config inline",
-                        fields=[f"{FIELD}.path"]) from None
-    except json.JSONDecodeError as err:
-        raise SpecError(f"{FIELD}.path: {p} is not JSON: {err}", fields=[f"{FIELD}.path"]) from None
-    if not isinstance(data, dict):
-        raise SpecError(f"{FIELD}.path: {p} must hold a JSON object", fields=[f"{FIELD}.path"])
-    return data
+        raise SpecError(f"{field}: cannot read {p}: {err.strerror}; {hint}",
+                        fields=[field]) from None
+    return parse_config_text(text, field=field, source=str(p))
 
 
 def _int(config: dict[str, Any], key: str, default: int | None = None) -> int:

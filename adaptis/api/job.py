@@ -8,22 +8,22 @@ never sees this module.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     ValidationError,
-    model_validator,
+    ValidationInfo,
+    field_validator,
 )
 from pydantic.alias_generators import to_snake
+from pydantic_core import PydanticCustomError
 
 from adaptis.api.adaptation import AdaptationSpec, AdaptationStatus
-from adaptis.api.errors import SpecError, from_validation_error
+from adaptis.api.errors import SpecError, from_validation_error, read_document
 from adaptis.api.model import MAX_BLOCKS, BlockSpec, ModelSpec  # re-exported
 from adaptis.api.model import Spec as _Spec
 from adaptis.api.pod_fields import (
@@ -83,32 +83,68 @@ class OptimizerSpec(_Spec):
 
 
 class DataSpec(_Spec):
-    """Synthetic tokens (seeded), or a flat file of uint16/uint32 token ids, memory-mapped."""
+    """Synthetic tokens (seeded), a flat file of uint16/uint32 token ids (memory-mapped), or a
+    local text corpus tokenized with the model's tokenizer (docs/data.md)."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                {"rule": "!has(self.source) || self.source != 'token-file' || has(self.path)",
-                 "message": "path is required when source is token-file", "fieldPath": ".path"}
+                {"rule": "!has(self.source) || self.source == 'synthetic' || has(self.path)",
+                 "message": "path is required when source is token-file or text", "fieldPath": ".path"},
+                {"rule": "!has(self.tokenizer) || (has(self.source) && self.source == 'text')",
+                 "message": "tokenizer goes only with source text", "fieldPath": ".tokenizer"},
+                {"rule": "!has(self.cacheDir) || (has(self.source) && self.source == 'text')",
+                 "message": "cacheDir goes only with source text", "fieldPath": ".cacheDir"},
             ]
         }
     )
 
-    source: Literal["synthetic", "token-file"] = Field(
-        default="synthetic", description="synthetic: seeded random tokens; token-file: a file."
+    source: Literal["synthetic", "token-file", "text"] = Field(
+        default="synthetic", description="synthetic: seeded random tokens; token-file: a file of "
+        "token ids; text: UTF-8 text or JSONL files, tokenized with the model's tokenizer."
     )
     path: str | None = Field(
-        default=None, max_length=4096, description="token-file only: path inside the pod."
+        default=None, max_length=4096, validate_default=True,
+        description="token-file: the file; text: a file, a directory (its *.txt, *.md, *.jsonl, "
+        "recursively) or a glob; a path inside the pod."
     )
     dtype: Literal["uint16", "uint32"] = Field(
         default="uint16", description="token-file only: integer type of the token ids."
     )
+    tokenizer: str | None = Field(
+        default=None, min_length=1, max_length=4096,
+        description="text only: a tokenizer.json, or a directory holding one (and optionally "
+        "tokenizer_config.json naming eos_token), inside the pod. Default: the Hugging Face "
+        "model's weights directory, then its config path's directory.")
+    cache_dir: str | None = Field(
+        default=None, min_length=1, max_length=4096,
+        description="text only: where the tokenized corpus is cached, keyed by a hash of the "
+        "files and the tokenizer. Default: <system temp dir>/adaptis-data.")
+    shuffle: bool = Field(
+        default=True, description="text only: visit the packed sequences in a fresh seeded "
+        "order each epoch (training.seed); false: in corpus order.")
 
-    @model_validator(mode="after")
-    def _path_for_file(self) -> DataSpec:
-        if self.source == "token-file" and not self.path:
-            raise ValueError("training.data.path is required when source is token-file")
-        return self
+    # Field validators (not a model validator) so the error's path ends in .path or .tokenizer;
+    # validate_default runs them on an absent path too; source is declared first.
+    @field_validator("path")
+    @classmethod
+    def _path_for_file(cls, path: str | None, info: ValidationInfo) -> str | None:
+        source = info.data.get("source")
+        if source in ("token-file", "text") and not path:
+            raise PydanticCustomError(
+                "path_required", "required when source is {source}: give the file (for text also "
+                "a directory or a glob) inside the pod", {"source": source})
+        return path
+
+    @field_validator("tokenizer", "cache_dir")
+    @classmethod
+    def _text_only(cls, value: str | None, info: ValidationInfo) -> str | None:
+        source = info.data.get("source")
+        if value is not None and source is not None and source != "text":
+            raise PydanticCustomError(
+                "text_only", "goes only with source text (source is {source}): remove it or set "
+                "source: text", {"source": source})
+        return value
 
 
 class TrainingSpec(_Spec):
@@ -122,7 +158,7 @@ class TrainingSpec(_Spec):
     )
     optimizer: OptimizerSpec = Field(default=OptimizerSpec(), description="The optimizer.")
     grad_clip: float | None = Field(default=1.0, gt=0, description="Max global grad norm; null: off.")
-    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of weights and synthetic data.")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of weights, synthetic data and the text order.")
     data: DataSpec = Field(default=DataSpec(), description="Where the tokens come from.")
     precision: Literal["auto", "bf16", "fp32"] = Field(
         default="auto",
@@ -310,6 +346,12 @@ def _job_cel_rules() -> list[dict[str, str]]:
                  f"self.checkpoint.everySteps <= {steps}",
          "fieldPath": ".checkpoint.everySteps",
          "message": "everySteps must not exceed training.steps"},
+        {"rule": "!has(self.training) || !has(self.training.data) || !has(self.training.data.source) || "
+                 "self.training.data.source != 'text' || has(self.training.data.tokenizer) || "
+                 "(has(self.model.huggingface) && (has(self.model.huggingface.weights) || "
+                 "has(self.model.huggingface.path)))",
+         "fieldPath": ".training.data.tokenizer",
+         "message": "tokenizer is required for source text unless model.huggingface has weights or path"},
     ]
 
 
@@ -457,16 +499,7 @@ def parse_job(data: Any) -> AdaPtisJob:
 
 
 def load_job(path: str | Path) -> AdaPtisJob:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as err:
-        raise SpecError(f"AdaPtisJob: cannot read {p}: {err.strerror}") from None
-    try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as err:
-        raise SpecError(f"AdaPtisJob: {p} is not valid YAML/JSON: {' '.join(str(err).split())}") from None
-    return parse_job(data)
+    return parse_job(read_document(path, what="AdaPtisJob"))
 
 
 class WorkerConfig(_Spec):

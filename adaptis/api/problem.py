@@ -10,12 +10,10 @@ below are the user-facing reference: ``adaptis docs`` renders them into docs/pro
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, NewType, Union
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -26,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from adaptis.api.errors import SpecError, from_validation_error
+from adaptis.api.errors import SpecError, from_validation_error, read_document
 
 __all__ = [
     "DeviceId",
@@ -310,13 +308,4 @@ def parse_problem(data: Any) -> Problem:
 
 def load_problem(path: str | Path) -> Problem:
     """Read a YAML or JSON problem file."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as err:
-        raise SpecError(f"problem: cannot read {p}: {err.strerror}") from None
-    try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as err:
-        raise SpecError(f"problem: {p} is not valid YAML/JSON: {' '.join(str(err).split())}") from None
-    return parse_problem(data)
+    return parse_problem(read_document(path, what="problem"))

@@ -123,6 +123,11 @@ def job_violations(*, name: str, spec: JobSpec) -> list[Violation]:
         out.append(("spec.planner.strategy", f"{spec.planner.strategy} needs {chunks} layers per "
                     f"rank ({chunks * workers} for {workers} {what}); the model has {layers}: "
                     "use fewer workers or another strategy"))
+    data, hf = spec.training.data, spec.model.huggingface
+    if data.source == "text" and data.tokenizer is None and (hf is None or (hf.weights is None and hf.path is None)):
+        out.append(("spec.training.data.tokenizer", "required for source text unless the model is a "
+                    "Hugging Face one with weights (or path) beside its tokenizer.json: give the "
+                    "tokenizer.json or its directory"))
     if spec.checkpoint.every_steps > spec.training.steps:
         out.append(("spec.checkpoint.everySteps", f"{spec.checkpoint.every_steps} exceeds "
                     f"spec.training.steps ({spec.training.steps}): no checkpoint would be "

@@ -41,6 +41,12 @@ _EPILOG = ("exit status: 0 the requested strategy (default adaptis; with --compa
            "plan that fits; 1 it is infeasible (the report is still printed; stderr says the "
            "memory it needs per device); 2 bad usage or input")
 
+# The CLI's planning deadline unless --time-limit says otherwise: 64 devices x 512
+# microbatches plan in about 5 s of CPU (bench/RESULTS.md, "Planner scale"), so only far
+# larger problems reach it, and they still get a plan (the best found so far) instead of a
+# wait of unknown length. The operator passes spec.planner.timeLimitSeconds instead.
+DEFAULT_TIME_LIMIT_S = 60.0
+
 # Searches shorter than this show no progress at all: a flicker helps no one.
 _PROGRESS_AFTER_S = 1.0
 _REDRAW_EVERY_S = 0.1
@@ -61,9 +67,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="write the chosen strategy's plan (replayable; what the workers run)")
     p.add_argument("--timeline", metavar="OUT.png|OUT.svg", type=Path,
                    help="draw the chosen plan as a per-device timeline")
-    p.add_argument("--time-limit", metavar="SECONDS", type=_seconds, default=None,
+    p.add_argument("--time-limit", metavar="SECONDS", type=_seconds, default=DEFAULT_TIME_LIMIT_S,
                    help="stop planning after about this long and keep the best plan found so "
-                        "far (or the best baseline); the report says when it was cut short")
+                        "far (or the best baseline); the report says when it was cut short "
+                        f"(default {DEFAULT_TIME_LIMIT_S:g}; 'none': no limit)")
     p.set_defaults(func=run)
 
 
@@ -187,13 +194,15 @@ def format_table(comparison: Comparison, *, problem: Problem) -> str:
 
 
 # --- the command ------------------------------------------------------------------------------
-def _seconds(text: str) -> float:
+def _seconds(text: str) -> float | None:
+    if text.strip().lower() == "none":
+        return None
     try:
         value = float(text)
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds (or 'none')")
     return value
 
 

@@ -176,6 +176,14 @@ def run(args: argparse.Namespace) -> int:
         from adaptis.cli.dry_run import dry_run
 
         return dry_run(args, job, strategy=strategy)
+    if training.data.source == "text":  # tokenized here, once: bad data exits 2 before any rank starts
+        from adaptis.worker.data import prepare_text
+        from adaptis.worker.errors import DataError
+
+        try:
+            prepare_text(training, huggingface=spec.model.huggingface, vocab_size=spec.model.vocab_size)
+        except DataError as err:
+            raise CLIError(str(err)) from None
     # The mesh: R replicas of a P-rank pipeline; the plan is made for P devices.
     ranks, replicas, pipeline = parallelism.ranks, parallelism.data_parallel, parallelism.pipeline_ranks
     zero = parallelism.zero_stage if replicas > 1 else 0

@@ -21,7 +21,8 @@ an operator restart harmless (a create that meets an existing name is a 409, i.e
   (the rank's GPU) and WORLD_SIZE for each. A pod of one GPU, or a CPU pod, runs
   ``adaptis worker`` itself with that environment. Rank ``LOCAL_RANK`` serves metrics on
   ``spec.metrics.port + LOCAL_RANK``; every such port is declared (``metrics``,
-  ``metrics-1``, ...) for the PodMonitor.
+  ``metrics-1``, ...) for the PodMonitor. A Hugging Face model named by ConfigMap mounts that
+  ConfigMap's key read-only (:mod:`adaptis.operator.hf_config`).
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from adaptis.api.hf_model import worker_spec
 from adaptis.api.job import API_VERSION, KIND, JobSpec, WorkerConfig
 # The names live in the api layer, whose rules check that they fit DNS labels; re-exported.
 from adaptis.api.rules import config_map_name, pod_name, service_name
 from adaptis.operator.errors import PlanTooLarge
+from adaptis.operator.hf_config import hf_config_volume
 from adaptis.operator.kueue import kueue_annotations, kueue_labels
 from adaptis.operator.planning import PlanRecord
 from adaptis.operator.pod_security import (
@@ -148,9 +151,14 @@ def _meta(job: JobRef, name: str, **extra: Any) -> dict[str, Any]:
 
 
 def worker_config(job: JobRef, spec: JobSpec, record: PlanRecord) -> WorkerConfig:
+    model = spec.model
+    if model.huggingface is not None:
+        # A ConfigMap's config reaches the worker through its volume (hf_config_volume), not
+        # as the operator's resolved copy.
+        model = model.model_copy(update={"huggingface": worker_spec(model.huggingface)})
     return WorkerConfig(
         job_name=job.name,
-        model=spec.model,
+        model=model,
         training=spec.training,
         plan=record.plan.packed(),
         metrics_port=spec.metrics.port,
@@ -298,6 +306,7 @@ def render_pod(
     if spec.parallelism.gpus_per_worker > 0:
         # GPU nodes are commonly tainted so that only GPU pods land there.
         tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
+    hf_volume, hf_mounts = hf_config_volume(spec) or (None, None)
     container: dict[str, Any] = {
         "name": "worker",
         "image": spec.worker.image or settings.image,
@@ -313,6 +322,7 @@ def render_pod(
         "resources": _resources(spec),
         "volumeMounts": [
             {"name": CONFIG_VOLUME, "mountPath": CONFIG_MOUNT, "readOnly": True},
+            *([hf_mounts] if hf_mounts else []),
             {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.path},
             *scratch_mounts(),
             *spec.worker.volume_mounts,
@@ -347,6 +357,7 @@ def render_pod(
         "containers": [container],
         "volumes": [
             {"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(job.name)}},
+            *([hf_volume] if hf_volume else []),
             {"name": CHECKPOINT_VOLUME, **checkpoint},
             *scratch_volumes(),
             *spec.worker.volumes,

@@ -28,6 +28,7 @@ from adaptis.api.job import JobSpec
 from adaptis.operator.capacity import CapacityLedger, unschedulable_since
 from adaptis.operator import children
 from adaptis.operator.errors import InvalidJob
+from adaptis.operator.hf_config import ConfigMapMissing, retry_after
 from adaptis.operator.kube import Cluster, create_many
 from adaptis.operator.manifests import (
     LABEL_RANK,
@@ -127,7 +128,12 @@ class Reconciler:
             self._finished(p, spec_raw=spec_raw)
             return
         try:
-            spec = validate_job(name=p.job.name, spec_raw=spec_raw)
+            spec = validate_job(
+                name=p.job.name, spec_raw=spec_raw, namespace=p.job.namespace,
+                read_config_map=lambda cm: self._cluster.get_config_map(p.job.namespace, cm))
+        except ConfigMapMissing as err:
+            self._wait_for_config_map(p, err)
+            return
         except InvalidJob as err:  # a broken update stops the pods too (a bad name had none)
             self._fail(p, reason="InvalidSpec", message=str(err), pods=[] if "metadata.name"
                        in err.fields else self._cluster.list_pods(p.job.namespace, p.job.name))
@@ -297,6 +303,20 @@ class Reconciler:
         self._delete_pods(p, pods)  # the next pass's plan leaves the avoided nodes out
         p.requeue.append(_RETRY_TERMINATING_S)
         return True
+
+    def _wait_for_config_map(self, p: PassState, err: ConfigMapMissing) -> None:
+        """The Hugging Face config's ConfigMap or key is missing: wait for it, saying which,
+        and look again after about as long as the job has waited (nothing watches
+        ConfigMaps). Pods a plan already runs are left alone: their volume was mounted."""
+        before = next((c for c in p.status.conditions if c.type == "Planned"), None)
+        since = (parse_time(before.last_transition_time)
+                 if before is not None and before.reason == ConfigMapMissing.reason else None)
+        if p.status.phase == "Pending":  # a running gang keeps its phase; the condition says
+            p.update(message=str(err))
+        p.condition("Planned", "False", reason=ConfigMapMissing.reason, message=str(err),
+                    event="Warning")
+        waited = (p.now - since).total_seconds() if since is not None else 0.0
+        p.requeue.append(retry_after(waited))
 
     # --- endings ----------------------------------------------------------------------------
     def _fail(self, p: PassState, *, reason: str, message: str,

@@ -5,8 +5,10 @@ the CEL rules of the CRD; the job-level rules every entry point shares (DNS-labe
 no more ranks than layers, two layers per rank for the two-chunk schedules, checkpoints within
 the run) come from :func:`adaptis.api.rules.job_violations`, the same function ``adaptis run``
 applies. Added here are only the operator's own choices: its environment, rendezvous port,
-volumes and GPU request must not be overridden. Each violation names its field
-(``spec.parallelism.workers: ...``) because it becomes a condition and an Event the user reads.
+volumes and GPU request must not be overridden; and a Hugging Face config named by ConfigMap
+is read first (:mod:`adaptis.operator.hf_config`), so the rules check what it holds. Each
+violation names its field (``spec.parallelism.workers: ...``) because it becomes a condition
+and an Event the user reads.
 """
 
 from __future__ import annotations
@@ -20,6 +22,12 @@ from adaptis.api.errors import from_validation_error
 from adaptis.api.job import JobSpec
 from adaptis.api.rules import Violation, format_violations, job_violations
 from adaptis.operator.errors import InvalidJob
+from adaptis.operator.hf_config import (
+    HF_CONFIG_VOLUME,
+    ConfigReader,
+    configmap_violations,
+    resolve_spec,
+)
 from adaptis.operator.manifests import (
     CONFIG_VOLUME,
     CHECKPOINT_VOLUME,
@@ -59,7 +67,7 @@ def _operator_violations(spec: JobSpec) -> list[Violation]:
 
     volume_names = [str(v.get("name", "")) for v in spec.worker.volumes]
     for i, vol in enumerate(volume_names):
-        if vol in {CONFIG_VOLUME, CHECKPOINT_VOLUME}:
+        if vol in {CONFIG_VOLUME, CHECKPOINT_VOLUME, HF_CONFIG_VOLUME}:
             problems.append((f"spec.worker.volumes[{i}].name", f"{vol!r} is reserved"))
         if not vol:
             problems.append((f"spec.worker.volumes[{i}].name", "a volume needs a name"))
@@ -71,10 +79,24 @@ def _operator_violations(spec: JobSpec) -> list[Violation]:
     return problems
 
 
-def validate_job(*, name: str, spec_raw: Mapping[str, Any]) -> JobSpec:
-    """The parsed spec; raise :class:`InvalidJob` listing every violated rule with its field."""
+def validate_job(*, name: str, spec_raw: Mapping[str, Any], namespace: str = "",
+                 read_config_map: ConfigReader | None = None) -> JobSpec:
+    """The parsed spec; raise :class:`InvalidJob` listing every violated rule with its field.
+
+    A spec naming its Hugging Face config by ConfigMap is resolved first with
+    ``read_config_map`` (:func:`adaptis.operator.hf_config.resolve_spec`; it raises
+    :class:`~adaptis.operator.hf_config.ConfigMapMissing` while the ConfigMap or key is
+    missing), so the rules check the config it holds and the spec returned carries it."""
     spec = _parse_spec(spec_raw)
-    problems = job_violations(name=name, spec=spec) + _operator_violations(spec)
+    hf = spec.model.huggingface
+    if hf is not None and hf.config_map is not None:
+        if read_config_map is None:
+            raise InvalidJob("spec.model.huggingface.configMap: no ConfigMap can be read here; "
+                             "give config inline", fields=["spec.model.huggingface.configMap"])
+        spec = resolve_spec(spec, namespace=namespace, read=read_config_map)
+    rules = configmap_violations(job_violations(name=name, spec=spec), spec=spec,
+                                 namespace=namespace)
+    problems = rules + _operator_violations(spec)
     if problems:
         raise InvalidJob(format_violations(problems), fields=[f for f, _ in problems])
     return spec

@@ -17,6 +17,11 @@ of patterns stops growing its stage count after two counts in a row that did not
 best (one bad count is often the pipeline's depth and the stage sizes not dividing; the next
 can win).
 
+Large problems (over 16 devices x 128 microbatches) are *screened*
+(:mod:`adaptis.planner.screening`): the structures and policies are ranked by an estimate
+from schedules of ``p`` and ``2p`` microbatches, the best few estimates are scheduled in full
+(only those can be returned), and the refinement, in full, is held to a few candidates.
+
 Admission (:class:`adaptis.planner.scheduler.Policy` ``admit_per_device``): a structure whose
 devices hold fewer microbatches than it has stages under the global admission rule (the
 global rule then starves the pipeline) is scheduled with per-device admission instead, and phase
@@ -36,6 +41,7 @@ from adaptis.planner.costs import Costs
 from adaptis.planner.errors import OutOfTime
 from adaptis.planner.partition import balanced_partition
 from adaptis.planner.scheduler import Policy, Schedule, inflight_caps, list_schedule
+from adaptis.planner.screening import Screen
 from adaptis.planner.structures import (
     balanced_cuts,
     evenness_of,
@@ -57,6 +63,9 @@ POLICIES = (Policy(), Policy(fill_with_w=False), Policy(split_backward=False))
 _TUNED_STRUCTURES = 4
 # Refinement: non-bottleneck boundary moves tried per round after the bottleneck's own two.
 _OTHER_MOVES = 3
+# Screened problems: the best estimates scheduled in full, and the refinement's full schedules.
+_CONFIRMED = 3
+_REFINE_SCREENED = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,11 +84,14 @@ class _Candidate:
     pattern: str
     owner: list[int]
     stages: list[tuple[int, int]]
-    schedule: Schedule
+    schedule: Schedule | None  # None: screened only (``estimate``), never returned as it is
     policy: Policy
+    estimate: float = math.inf
 
     @property
     def time(self) -> float:
+        if self.schedule is None:
+            return self.estimate
         return self.schedule.iteration_time if self.schedule.feasible else math.inf
 
 
@@ -98,14 +110,14 @@ def _busiest(costs: Costs, *, owner: list[int], stages: list[tuple[int, int]],
 
 
 def _scheduled(costs: Costs, *, ev: _Evaluator, name: str, owner: list[int],
-               stages: list[tuple[int, int]], extra: bool = False) -> _Candidate:
+               stages: list[tuple[int, int]], extra: bool = False, beat: float = math.inf) -> _Candidate:
     """One structure under the default policy, with per-device admission where the global
     rule throttles it (phase 2 tries the other mode on the best structures). ``extra``: not
-    taken from the budget."""
+    taken from the budget; ``beat``: the time to beat (a screened estimate may stop early)."""
     if extra:
         ev.budget += 1
     per_device = _throttled(costs, owner=owner, stages=stages)
-    return ev.run(name, owner, stages, replace(POLICIES[0], admit_per_device=per_device))
+    return ev.score(name, owner, stages, replace(POLICIES[0], admit_per_device=per_device), beat=beat)
 
 
 class _Evaluator:
@@ -113,7 +125,8 @@ class _Evaluator:
     budget, the deadline, progress reports and the champion (the best candidate scheduled so
     far, whichever phase made it: what a deadline returns). Every phase gets it explicitly."""
 
-    __slots__ = ("costs", "budget", "deadline", "clock", "on_progress", "evals", "champion")
+    __slots__ = ("costs", "budget", "deadline", "clock", "on_progress", "evals", "champion", "screen",
+                 "pre")
 
     def __init__(self, costs: Costs, *, budget: int, deadline: float | None = None,
                  clock: Callable[[], float] = time.monotonic,
@@ -125,6 +138,8 @@ class _Evaluator:
         self.on_progress = on_progress
         self.evals = 0
         self.champion: _Candidate | None = None
+        self.screen = Screen.of(costs)  # None: every candidate is scheduled in full
+        self.pre = prefix_work(costs)
 
     @property
     def spent(self) -> bool:
@@ -142,6 +157,41 @@ class _Evaluator:
         if self.on_progress:
             self.on_progress(self.evals, self.budget, self.champion.time)
         return cand
+
+    def score(self, pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy,
+              *, beat: float = math.inf) -> _Candidate:
+        """:meth:`run`, or on a screened problem an estimate (a candidate without a schedule:
+        :meth:`confirm` schedules it in full before it can be returned)."""
+        if self.screen is None:
+            return self.run(pattern, owner, stages, policy)
+        if self.deadline is not None and self.clock() >= self.deadline:
+            raise OutOfTime("the time limit ran out between candidates")
+        self.evals += 1
+        cuts = [lo for lo, _ in stages] + [stages[-1][1]]
+        est = self.screen.estimate(stages=stages, owner=owner, policy=policy, deadline=self.deadline,
+                                   busiest=max(loads(self.costs, owner, cuts, self.pre)), beat=beat)
+        if self.on_progress:
+            self.on_progress(self.evals, self.budget, math.inf if self.champion is None else self.champion.time)
+        return _Candidate(pattern, owner, stages, None, policy, est)
+
+    def confirm(self, cands: list[_Candidate]) -> _Candidate | None:
+        """The best of the :data:`_CONFIRMED` best estimates, each scheduled in full (extra to
+        the budget); candidates with a schedule already are taken as they are."""
+        seen: set[tuple[tuple[int, ...], tuple[tuple[int, int], ...], Policy]] = set()
+        best: _Candidate | None = None
+        for cand in sorted(cands, key=lambda c: c.time):
+            key = (tuple(cand.owner), tuple(cand.stages), cand.policy)
+            if len(seen) >= _CONFIRMED or cand.time == math.inf:
+                break
+            if key in seen:
+                continue
+            seen.add(key)
+            if cand.schedule is None:
+                self.budget += 1
+                cand = self.run(cand.pattern, cand.owner, cand.stages, cand.policy)
+            if best is None or cand.time < best.time:
+                best = cand
+        return best
 
 
 def joint_search(
@@ -211,18 +261,23 @@ def _phases(costs: Costs, *, ev: _Evaluator,
         # Each set of cuts is a different schedule, so each is simulated unless its busiest
         # device alone cannot beat the first; the ones after the first cost no other
         # candidate its turn.
-        cand = _scheduled(costs, ev=ev, name=name, owner=owner, stages=cut_sets[0])
+        beat = math.inf if best is None else best.time
+        cand = _scheduled(costs, ev=ev, name=name, owner=owner, stages=cut_sets[0], beat=beat)
         for stages in cut_sets[1:]:
             if _busiest(costs, owner=owner, stages=stages, pre=pre) >= cand.time:
                 continue
-            other = _scheduled(costs, ev=ev, name=name, owner=owner, stages=stages, extra=True)
+            other = _scheduled(costs, ev=ev, name=name, owner=owner, stages=stages, extra=True,
+                               beat=min(beat, cand.time))
             if other.time < cand.time:
                 cand = other
         ranked.append(cand)
         if cand.time >= fam_best.get(family, math.inf):
             misses[family] = misses.get(family, 0) + 1
-            if misses[family] >= 2:
-                stalled.add(family)  # more stages per device only adds hops from here on
+            # More stages per device only adds hops from here on. Screened problems stop at the
+            # first miss: each count costs two schedules there, and on the scale workload no
+            # count after a miss won (32 x 256: every family's time grows from its second count).
+            if misses[family] >= (1 if ev.screen is not None else 2):
+                stalled.add(family)
         else:
             fam_best[family], misses[family] = cand.time, 0
         if best is None or cand.time < best.time:
@@ -234,12 +289,14 @@ def _phases(costs: Costs, *, ev: _Evaluator,
             break
         stages = balanced_partition(costs, stages_count=k * costs.devices)
         owner = pack(costs, stages=stages, pre=pre)
-        cand = ev.run(f"packed-v{k}", owner, stages, POLICIES[0])
+        cand = ev.score(f"packed-v{k}", owner, stages, POLICIES[0],
+                        beat=math.inf if best is None else best.time)
         ranked.append(cand)
         if best is None or cand.time < best.time:
             best = cand
     ranked.sort(key=lambda c: c.time)
     # Phase 2: scheduling policies on the best structures, in both admission modes.
+    tuned: list[_Candidate] = []
     for cand in ranked[:_TUNED_STRUCTURES]:
         mode = cand.policy.admit_per_device
         policies = [replace(pol, admit_per_device=mode) for pol in POLICIES[1:]]
@@ -247,9 +304,13 @@ def _phases(costs: Costs, *, ev: _Evaluator,
         for policy in policies:
             if ev.spent:
                 break
-            trial = ev.run(cand.pattern, cand.owner, cand.stages, policy)
+            trial = ev.score(cand.pattern, cand.owner, cand.stages, policy,
+                             beat=math.inf if best is None else best.time)
+            tuned.append(trial)
             if best is None or trial.time < best.time:
                 best = trial
+    if ev.screen is not None:  # estimates so far: schedule the best few in full
+        best = ev.confirm(ranked + tuned)
     if best is None or best.time == math.inf:
         return None
     # Phase 3: partition moves (the bottleneck first, then any boundary), kept only when the simulation improves.
@@ -258,9 +319,12 @@ def _phases(costs: Costs, *, ev: _Evaluator,
 
 def _refine(costs: Costs, *, best: _Candidate, ev: _Evaluator) -> _Candidate:
     """Partition moves from ``best`` (same placement and policy), each kept only if the
-    simulated time improves, until no move helps or ``ev``'s budget is spent."""
+    simulated time improves, until no move helps or ``ev``'s budget is spent (on a screened
+    problem: after :data:`_REFINE_SCREENED` of them, each a full schedule)."""
     pre = prefix_work(costs)
     tried: set[tuple[int, ...]] = set()
+    if ev.screen is not None:
+        ev.budget = min(ev.budget, ev.evals + _REFINE_SCREENED)
     while not ev.spent:
         owner = best.owner
         cuts = [lo for lo, _ in best.stages] + [best.stages[-1][1]]

@@ -56,6 +56,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import ModelSpec
 from adaptis.api.plan import Plan
 from adaptis.worker.errors import CheckpointError
@@ -233,6 +234,7 @@ def load_checkpoint(directory: str | Path, *, executor: Executor, step: int) -> 
     named = executor.named_parameters()
     held = held_optimizer(executor.optimizer)
     want_opt = set(held_names(held, named=named))
+    alias = _tied_alias(executor)
     weights: dict[str, torch.Tensor] = {}
     states: dict[str, dict[str, Any] | None] = {}
     kinds: set[str] = set()
@@ -245,14 +247,18 @@ def load_checkpoint(directory: str | Path, *, executor: Executor, step: int) -> 
         if header is None:
             header = doc
             _check_model(doc, executor=executor, step=step, root=root)
-        for name, tensor in doc.get("model", {}).items():
-            if name in named:
-                weights.setdefault(name, tensor)
+        model = doc.get("model", {})
+        for name in set(named) - set(weights):
+            source = name if name in model else alias.get(name)
+            if source in model:
+                weights[name] = model[source]
         if "optimizer_state" in doc:
             kinds.add(str(doc.get("optimizer_name")))
-            for name in doc.get("optimizer_covers", []):
-                if name in want_opt and name not in states:
-                    states[name] = doc["optimizer_state"].get(name)
+            covers = set(doc.get("optimizer_covers", []))
+            for name in want_opt - set(states):
+                source = name if name in covers else alias.get(name)
+                if source in covers:
+                    states[name] = doc["optimizer_state"].get(source)
         elif path.name == f"rank-{executor.checkpoint_rank}.pt":
             legacy = doc
         if len(weights) == len(named) and want_opt <= states.keys():
@@ -271,6 +277,17 @@ def load_checkpoint(directory: str | Path, *, executor: Executor, step: int) -> 
     exact = _restore_optimizer(executor, states=states, kinds=kinds, legacy=legacy, step=step)
     return Resumed(step=int(header["step"]), position=int(header["position"]), tokens=int(header["tokens"]),
                    samples=int(header["samples"]), exact=exact)
+
+
+def _tied_alias(executor: Executor) -> dict[str, str]:
+    """Another name a tied weight may be saved under: a Hugging Face model's embedding and
+    tied head on one rank are one Parameter, named once (``model.embed_tokens.weight``); a
+    plan that puts the head on another rank looks for ``lm_head.weight`` (the zoo's models
+    name both layers of a tie, so need none)."""
+    hf = executor.config.model.huggingface
+    if hf is None or not hf_layout(hf).tied:
+        return {}
+    return {"lm_head.weight": "model.embed_tokens.weight"}
 
 
 def _restore_optimizer(executor: Executor, *, states: dict[str, dict[str, Any] | None], kinds: set[str],
@@ -366,9 +383,10 @@ def scan_checkpoints(directory: str | Path, *, model: ModelSpec) -> Scan:
     if not complete:
         newest = steps[-1]
         seen, writers = view[newest]
-        expected = "unreadable files" if writers is None else f"of ranks {', '.join(map(str, writers))}"
+        expected = ("its files are unreadable" if writers is None
+                    else f"written by ranks {', '.join(map(str, writers))}")
         return Scan(root, files=files, steps=steps, resume_step=None, incompatible=(
-            f"no step has the files of every rank that wrote it (step {newest} has ranks "
+            f"no step has the files of every rank that wrote it (step {newest} has the files of ranks "
             f"{', '.join(map(str, seen))}, {expected})"))
     step = complete[-1]
     state = _read(_rank_file(root, step=step, rank=view[step][0][0]))

@@ -1,4 +1,5 @@
-"""Training data for the workers: seeded synthetic tokens or a memory-mapped token file.
+"""Training data for the workers: seeded synthetic tokens, a memory-mapped token file, or a local
+text corpus tokenized with the model's tokenizer (:mod:`adaptis.worker.corpus`).
 
 Sits under :mod:`adaptis.worker.executor`. A source is addressed by a *position* (the number of
 sequences consumed so far), which is all a checkpoint needs to resume the data stream exactly.
@@ -13,6 +14,12 @@ With R data-parallel replicas the position counts the sequences of every replica
 starts at ``s * R * per_step`` and replica ``r`` reads its ``per_step`` sequences from
 :func:`shard_position`, so the replicas together read exactly the stream one process would,
 and a checkpoint's single position resumes them all.
+
+A text corpus is packed across documents (each followed by the EOS id) into N sequences, the
+token file's way: sequence ``k`` is tokens ``[k * seq_len, k * seq_len + seq_len + 1)``. Position
+``i`` is epoch ``i // N`` and reads sequence ``perm_e[i % N]``, where ``perm_e`` is a permutation
+seeded by (seed, epoch): each epoch visits every sequence once in a fresh order, and position
+alone (a checkpoint's) says which sample comes next, across epochs too.
 """
 
 from __future__ import annotations
@@ -24,10 +31,13 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from adaptis.api.job import DataSpec
+from adaptis.api.hf_model import HuggingFaceSpec, hf_layout, resolve_config
+from adaptis.api.job import DataSpec, TrainingSpec
+from adaptis.worker.corpus import tokenized
 from adaptis.worker.errors import DataError
 
-__all__ = ["Batch", "DataSource", "SyntheticTokens", "TokenFile", "open_source", "shard_position"]
+__all__ = ["Batch", "DataSource", "SyntheticTokens", "TextCorpus", "TokenFile", "open_source",
+           "prepare_text", "shard_position"]
 
 _ACTIVE_VOCAB = 512
 _FOLLOW = 0.75
@@ -109,11 +119,96 @@ class TokenFile:
         return Batch(inputs=tokens[:, :-1].contiguous(), targets=tokens[:, 1:].contiguous())
 
 
-def open_source(spec: DataSpec, *, vocab_size: int, sequence_length: int, seed: int) -> DataSource:
-    """The data source a job's ``training.data`` describes."""
+class TextCorpus:
+    """A tokenized text corpus, packed and visited in a seeded order per epoch (module docstring)."""
+
+    def __init__(self, *, tokens: np.ndarray, sequence_length: int, seed: int, shuffle: bool = True) -> None:
+        self._tokens = tokens
+        self.sequence_length = sequence_length
+        self.seed = seed
+        self.shuffle = shuffle
+        self.count = (len(tokens) - 1) // sequence_length
+        if self.count < 1:
+            raise DataError(f"training.data.path: the corpus tokenizes to {len(tokens)} tokens; "
+                            f"need at least sequenceLength + 1 = {sequence_length + 1}: add text "
+                            "or shorten training.sequenceLength")
+        self._epoch = -1
+        self._order = np.arange(self.count)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The sequence indices epoch ``epoch`` visits, in order."""
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._order = (np.random.default_rng([self.seed, epoch]).permutation(self.count)
+                           if self.shuffle else np.arange(self.count))
+        return self._order
+
+    def sequence_index(self, position: int) -> int:
+        """The packed sequence that stream position ``position`` reads."""
+        epoch, offset = divmod(position, self.count)
+        return int(self.order(epoch)[offset])
+
+    def batch(self, *, position: int, sequences: int) -> Batch:
+        length = self.sequence_length
+        rows = []
+        for i in range(position, position + sequences):
+            start = self.sequence_index(i) * length
+            rows.append(np.asarray(self._tokens[start : start + length + 1], dtype=np.int64))
+        tokens = torch.from_numpy(np.stack(rows))
+        return Batch(inputs=tokens[:, :-1].contiguous(), targets=tokens[:, 1:].contiguous())
+
+
+def open_source(spec: DataSpec, *, vocab_size: int, sequence_length: int, seed: int,
+                huggingface: HuggingFaceSpec | None = None) -> DataSource:
+    """The data source a job's ``training.data`` describes; ``huggingface``, the job's model
+    when it is one, gives a text corpus its default tokenizer and EOS id."""
+    if spec.source == "text":
+        return _text(spec, vocab_size=vocab_size, sequence_length=sequence_length, seed=seed,
+                     huggingface=huggingface)
     if spec.source == "token-file":
         if spec.path is None:
             raise DataError("training.data.path is required for a token file")
         return TokenFile(path=spec.path, dtype=spec.dtype, vocab_size=vocab_size,
                          sequence_length=sequence_length)
     return SyntheticTokens(vocab_size=vocab_size, sequence_length=sequence_length, seed=seed)
+
+
+def prepare_text(training: TrainingSpec, *, huggingface: HuggingFaceSpec | None, vocab_size: int | None) -> None:
+    """Tokenize a job's text corpus into its cache before the ranks start (``adaptis run``):
+    the ranks then find it, and bad data fails here, naming the field, rather than in a rank.
+    ``vocab_size``: the zoo model's; a Hugging Face model's comes from its config."""
+    vocab = hf_layout(huggingface).vocab_size if huggingface is not None else vocab_size
+    assert vocab is not None  # a zoo model always has one
+    _text(training.data, vocab_size=vocab, sequence_length=training.sequence_length, seed=training.seed,
+          huggingface=huggingface)
+
+
+def _text(spec: DataSpec, *, vocab_size: int, sequence_length: int, seed: int,
+          huggingface: HuggingFaceSpec | None) -> TextCorpus:
+    if spec.path is None:
+        raise DataError("training.data.path is required for a text corpus")
+    tokenizer = spec.tokenizer or _default_tokenizer(huggingface)
+    model_eos = None
+    if huggingface is not None:
+        eos = resolve_config(huggingface).get("eos_token_id")
+        model_eos = eos[0] if isinstance(eos, list) and eos else eos if isinstance(eos, int) else None
+    corpus = tokenized(path=spec.path, tokenizer=tokenizer, cache_dir=spec.cache_dir, model_eos=model_eos,
+                       vocab_size=vocab_size)
+    return TextCorpus(tokens=corpus.tokens, sequence_length=sequence_length, seed=seed, shuffle=spec.shuffle)
+
+
+def _default_tokenizer(huggingface: HuggingFaceSpec | None) -> str:
+    """The tokenizer next to a Hugging Face model's files: its weights directory, then the
+    directory of its config path."""
+    candidates = []
+    if huggingface is not None and huggingface.weights:
+        candidates.append(Path(huggingface.weights))
+    if huggingface is not None and huggingface.path:
+        p = Path(huggingface.path)
+        candidates.append(p if p.is_dir() else p.parent)
+    for d in candidates:
+        if (d / "tokenizer.json").is_file():
+            return str(d)
+    where = " or ".join(str(d) for d in candidates) or "nowhere (the model is not a Hugging Face one)"
+    raise DataError("training.data.tokenizer is required for source text: no tokenizer.json found "
+                    f"next to the model ({where}); give the tokenizer.json or its directory")

@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from adaptis.api.job import resolve_precision
+from adaptis.worker.models import StageModule
 
 __all__ = ["PRECISION_DTYPE", "StageRunner", "compute_context", "resolve_precision", "wrap_stage"]
 
@@ -68,10 +69,12 @@ class StageRunner(nn.Module):
 
     def _layers(self, x: torch.Tensor) -> torch.Tensor:
         # A zoo stage rounds after each of its layers; another stage (a Hugging Face model's
-        # own modules, adaptis.worker.hf_stages) runs whole under autocast, rounded at its end.
-        layers = getattr(self.stage, "layers", None)
+        # own modules, adaptis.worker.hf_stages) runs whole under autocast, rounded at its end:
+        # its ``layers`` are decoder layers that need the stage's rotary embedding and masks,
+        # so they are never called one by one here.
+        layers = self.stage.layers if isinstance(self.stage, StageModule) else [self.stage]
         with compute_context(self.precision, device=self._device):
-            for layer in layers if isinstance(layers, nn.ModuleList) else [self.stage]:
+            for layer in layers:
                 x = layer(x)
                 if x.is_floating_point() and x.dtype != self._dtype:
                     x = x.to(self._dtype)

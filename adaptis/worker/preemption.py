@@ -10,8 +10,9 @@ every rank). They then write the checkpoint of that step, report a ``preempted``
 exit with :data:`EXIT_PREEMPTED`, so whoever restarts them (with the same plan or another,
 see :mod:`adaptis.worker.checkpoint`) loses nothing.
 
-The cost is one tiny all-reduce per step (gloo on CPU: tens of microseconds, NCCL: one
-kernel); a step must be shorter than the grace period for the stop to land in time.
+The cost is one one-integer all-reduce per step (gloo on CPU, measured on 2 cores at load 16:
+median 0.11-0.13 ms with 2 ranks, 0.5-1.6 ms with 4; bench/stop_agreement.py); a step must be shorter
+than the grace period for the stop to land in time.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def measure_problem(spec: JobSpec, *, devices: int, repeats: int = 3,
     if spec.model.huggingface is not None:
         from adaptis.worker.hf_profile import measure_hf_problem
 
-        return measure_hf_problem(spec, devices=devices, repeats=repeats)
+        return measure_hf_problem(spec, devices=devices, repeats=repeats, precision=precision)
     settings = ProfileSettings(warmup=1, repeats=repeats, dtype=dtype)
     profiles = profile_layers(spec, settings=settings)
     return problem_from_profiles(profiles, name=_problem_name(spec),

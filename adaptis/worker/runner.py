@@ -185,7 +185,7 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
             log.info("rank %d resumed from the checkpoint of step %d", env.rank, step)
     needs_data = executor.holds_first or executor.holds_last
     source = open_source(t.data, vocab_size=_vocab(config), sequence_length=t.sequence_length,
-                         seed=t.seed) if needs_data else None
+                         seed=t.seed, huggingface=config.model.huggingface) if needs_data else None
     emit({"event": "start", "rank": env.rank, "world_size": env.world_size, "pid": os.getpid(),
           "replica": executor.replica, "pipeline_rank": executor.pipeline_rank, "data_parallel": replicas,
           "metrics_port": port, "resumed_step": step, "resumed_exact": exact, "stages": executor.stage_ids,

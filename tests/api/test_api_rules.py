@@ -93,6 +93,13 @@ CASES = [
          (".spec.model", ".kvHeads")),
     Case("rope-with-an-odd-head-size", {"spec.model.heads": 64, "spec.model.positions": "rope"},
          "spec.model", (".spec.model", ".positions")),
+    Case("text-corpus-without-path", {"spec.training.data": {"source": "text"}},
+         "spec.training.data.path", (".spec.training.data", ".path")),
+    Case("tokenizer-without-text",
+         {"spec.training.data": {"source": "token-file", "path": "/t.bin", "tokenizer": "/tok"}},
+         "spec.training.data.tokenizer", (".spec.training.data", ".tokenizer")),
+    Case("text-without-a-tokenizer", {"spec.training.data": {"source": "text", "path": "/corpus"}},
+         "spec.training.data.tokenizer", (".spec", ".training.data.tokenizer")),
 ]
 IDS = [c.id for c in CASES]
 
@@ -167,3 +174,17 @@ def test_the_name_rule_matches_the_names_the_operator_creates() -> None:
     fits = "j" * (63 - len(pod_name("", 1)))
     assert job_violations(name=fits, spec=spec) == []
     assert [f for f, _ in job_violations(name=fits + "j", spec=spec)] == ["metadata.name"]
+
+
+def test_a_hugging_face_model_with_weights_lends_the_text_corpus_its_tokenizer() -> None:
+    doc = valid_job()
+    doc["spec"]["model"] = {"huggingface": {"config": {"model_type": "llama", "vocab_size": 256,
+                                                       "hidden_size": 64, "num_hidden_layers": 8,
+                                                       "num_attention_heads": 4, "intermediate_size": 128},
+                                       "weights": "/models/tiny"}}
+    doc["spec"]["training"]["data"] = {"source": "text", "path": "/corpus"}
+    job = parse_job(doc)
+    assert job_violations(name=job.metadata.name, spec=job.spec) == []
+    del doc["spec"]["model"]["huggingface"]["weights"]  # inline config, no weights: nowhere to look
+    job = parse_job(doc)
+    assert [f for f, _ in job_violations(name=job.metadata.name, spec=job.spec)] == ["spec.training.data.tokenizer"]

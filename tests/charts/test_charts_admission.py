@@ -74,6 +74,26 @@ def test_admin_allow_lists_reach_the_cel(helm_home: Path) -> None:
     assert binding["spec"]["validationActions"] == ["Warn", "Audit"]
 
 
+def test_a_hugging_face_config_map_is_a_configmap_volume_power(
+        default_objects: list[dict[str, Any]]) -> None:
+    """spec.model.huggingface.configMap mounts a ConfigMap into the workers: it is counted as
+    a configMap volume, allowed by the same allow-list entry. What the policy decides with it
+    is tested on a real API server (tests/integration/test_tenancy_admission.py)."""
+    policy = one(default_objects, "ValidatingAdmissionPolicy")
+    variables = _variables(policy)
+    assert variables["hfConfigMap"] == (
+        "object.spec.?model.?huggingface.?configMap.?name.orValue('')")
+    powers = " ".join(variables["powers"].split())
+    assert ("variables.hfConfigMap == '' || 'configMap' in variables.allowedVolumeTypes ? [] : "
+            "['spec.model.huggingface.configMap: a configMap volume of the workers ' + "
+            "'(admission.allowedVolumeTypes)']") in powers
+    # The operator reads it for the job: its creator must be able to get it (no allow-list).
+    reads = [" ".join(v["expression"].split()) for v in policy["spec"]["validations"]]
+    assert ("variables.hfConfigMap == '' || variables.mayCreatePods || "
+            "authorizer.group('').resource('configmaps').namespace(object.metadata.namespace) "
+            ".name(variables.hfConfigMap).check('get').allowed()") in reads
+
+
 def test_policy_can_be_turned_off(helm_home: Path) -> None:
     objects = chartkit.render(home=helm_home, sets={"admission.enabled": False})
     assert not by_kind(objects, "ValidatingAdmissionPolicy")

@@ -54,6 +54,14 @@ def _hf(**model: Any) -> dict[str, Any]:
     return doc
 
 
+def _hf_text() -> dict[str, Any]:
+    """A text corpus with no tokenizer: the Hugging Face model's weights directory lends it."""
+    doc = _hf()
+    doc["spec"]["model"]["huggingface"]["weights"] = "/models/tiny"
+    doc["spec"]["training"] = {**doc["spec"].get("training", {}), "data": {"source": "text", "path": "/corpus"}}
+    return doc
+
+
 def _moe_top_k(top_k: int) -> dict[str, Any]:
     doc = _job()
     doc["spec"]["model"]["blocks"][1]["topK"] = top_k
@@ -86,8 +94,13 @@ def _dry_run_create(cp: ControlPlane, doc: dict[str, Any], *, namespace: str) ->
     (_with("j" * 55), "metadata.name"),
     (_hf(blocks=[{"kind": "dense"}]), "spec.model"),
     (_hf(huggingface={"config": {"model_type": "llama"}, "path": "/m"}), "spec.model.huggingface"),
+    (_with(training={"data": {"source": "text"}}), "spec.training.data.path"),
+    (_with(training={"data": {"source": "token-file", "path": "/t", "tokenizer": "/tok"}}),
+     "spec.training.data.tokenizer"),
+    (_with(training={"data": {"source": "text", "path": "/corpus"}}), "spec.training.data.tokenizer"),
 ], ids=["workers>layers", "dp-divides", "gpu-ranks>layers", "zb-v", "i1f1b", "everySteps>steps", "topK>experts", "name-too-long",
-        "hf+blocks", "hf-config+path"])
+        "hf+blocks", "hf-config+path", "text-without-path", "tokenizer-without-text",
+        "text-without-tokenizer"])
 def test_api_server_refuses_with_422_naming_the_field(
         control_plane: ControlPlane, namespace: str, doc: dict[str, Any], field: str) -> None:
     result = _dry_run_create(control_plane, doc, namespace=namespace)
@@ -107,8 +120,10 @@ def test_api_server_refuses_with_422_naming_the_field(
     _with("j" * 54),  # <name>-worker-1 is exactly 63 characters
     copy.deepcopy({**_job(), "spec": {"model": _job()["spec"]["model"]}}),  # defaults only
     _hf(),  # the config kept as given (nested objects, floats), the zoo's defaults harmless
+    _with(training={"data": {"source": "text", "path": "/corpus", "tokenizer": "/tok", "cacheDir": "/c"}}),
+    _hf_text(),
 ], ids=["base", "workers=layers", "dp-exact", "gpu-ranks=layers", "zb-v-exact", "everySteps=steps", "name-63", "defaults",
-        "huggingface"])
+        "huggingface", "text-corpus", "hf-text-default-tokenizer"])
 def test_api_server_admits_the_boundary_cases(
         control_plane: ControlPlane, namespace: str, doc: dict[str, Any]) -> None:
     result = _dry_run_create(control_plane, doc, namespace=namespace)

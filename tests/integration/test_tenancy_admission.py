@@ -216,6 +216,33 @@ def test_alice_may_use_what_the_admin_allowed(users: Users, worker: dict[str, An
     assert result.returncode == 0, result.stderr
 
 
+def _hf_job(name: str, config_map: str) -> dict[str, Any]:
+    manifest = _job(name)
+    manifest["spec"]["model"] = {"huggingface": {"configMap": {"name": config_map}}}
+    return manifest
+
+
+def test_a_hugging_face_config_map_needs_its_reader(users: Users) -> None:
+    """The operator reads spec.model.huggingface.configMap to plan, and a bad config's error
+    quotes it into status: alice (no pod creation) may name only a ConfigMap she may get."""
+    plane = users.plane
+    plane.apply(_role("alice-hf-config", [{"apiGroups": [""], "resources": ["configmaps"],
+                                           "resourceNames": ["alice-model"], "verbs": ["get"]}],
+                      "alice"), namespace=NS)
+    wait_until(lambda: "yes" in plane.kubectl(
+        "auth", "can-i", "get", "configmap/alice-model", "-n", NS, "--as=alice",
+        check=False).stdout, timeout=30, what="alice's get on ConfigMap alice-model")
+    theirs = users.create(_hf_job("alice-hf-theirs", "platform-secrets"), as_=users.alice,
+                          dry_run=True)
+    assert theirs.returncode != 0, "alice named a ConfigMap she may not read and was admitted"
+    assert ("spec.model.huggingface.configMap: alice may not get ConfigMap platform-secrets "
+            f"in namespace {NS}") in theirs.stderr, theirs.stderr
+    own = users.create(_hf_job("alice-hf-own", "alice-model"), as_=users.alice, dry_run=True)
+    assert own.returncode == 0, own.stderr
+    bobs = users.create(_hf_job("bob-hf", "platform-secrets"), as_=users.bob, dry_run=True)
+    assert bobs.returncode == 0, bobs.stderr  # bob could mount it in a pod of his own
+
+
 def test_spec_changes_need_the_powers_the_job_uses(users: Users) -> None:
     """bob's job runs as `powerful`; carol may patch jobs but not create pods."""
     plane = users.plane

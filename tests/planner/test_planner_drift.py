@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from adaptis.api.plan import Plan
 from adaptis.api.problem import Problem, parse_problem
 from adaptis.planner.drift import DriftWindow, corrected_problem, decide, predicted_busy
 from adaptis.planner.errors import PlannerError
@@ -23,6 +24,14 @@ def _problem() -> Problem:
     })
 
 
+def _running(window_steps: int, *, replicas: int = 1) -> tuple[Problem, Plan, list[float], DriftWindow]:
+    """The problem, its 1F1B plan, the plan's predicted busy seconds and an empty window."""
+    problem = _problem()
+    plan = plan_strategy(problem, "1f1b").plan
+    busy = predicted_busy(problem, plan)
+    return problem, plan, busy, DriftWindow(predicted=busy, window_steps=window_steps, replicas=replicas)
+
+
 def _feed(window: DriftWindow, *, per_step: list[float], steps: range, start: list[float] | None = None,
            ) -> list[float]:
     totals = list(start or [0.0] * len(per_step))
@@ -33,10 +42,7 @@ def _feed(window: DriftWindow, *, per_step: list[float], steps: range, start: li
 
 
 def test_slow_device_is_detected_and_replan_moves_work_off_it() -> None:
-    problem = _problem()
-    plan = plan_strategy(problem, "1f1b").plan
-    busy = predicted_busy(problem, plan)
-    window = DriftWindow(predicted=busy, window_steps=10)
+    problem, plan, busy, window = _running(10)
     _feed(window, per_step=[b * (2.0 if d == 1 else 1.0) for d, b in enumerate(busy)], steps=range(1, 12))
     drift = window.drift(threshold=0.15)
     assert drift is not None and drift.worst == 1
@@ -54,19 +60,13 @@ def test_slow_device_is_detected_and_replan_moves_work_off_it() -> None:
 
 
 def test_uniform_model_error_is_not_drift() -> None:
-    problem = _problem()
-    plan = plan_strategy(problem, "1f1b").plan
-    busy = predicted_busy(problem, plan)
-    window = DriftWindow(predicted=busy, window_steps=10)
+    problem, plan, busy, window = _running(10)
     _feed(window, per_step=[b * 1.3 for b in busy], steps=range(1, 12))
     assert window.drift(threshold=0.15) is None
 
 
 def test_one_slow_step_is_not_sustained_drift() -> None:
-    problem = _problem()
-    plan = plan_strategy(problem, "1f1b").plan
-    busy = predicted_busy(problem, plan)
-    window = DriftWindow(predicted=busy, window_steps=10)
+    problem, plan, busy, window = _running(10)
     totals = _feed(window, per_step=busy, steps=range(1, 10))
     totals = _feed(window, per_step=[b * (6.0 if d == 2 else 1.0) for d, b in enumerate(busy)],
                    steps=range(10, 11), start=totals)
@@ -75,10 +75,8 @@ def test_one_slow_step_is_not_sustained_drift() -> None:
 
 
 def test_window_waits_until_full_and_restarts_when_counters_reset() -> None:
-    problem = _problem()
-    busy = predicted_busy(problem, plan_strategy(problem, "1f1b").plan)
+    _, _, busy, window = _running(10)
     slow = [b * (2.0 if d == 3 else 1.0) for d, b in enumerate(busy)]
-    window = DriftWindow(predicted=busy, window_steps=10)
     _feed(window, per_step=slow, steps=range(1, 10))
     assert window.drift(threshold=0.15) is None  # 9 samples: 8 steps, not yet a window
     _feed(window, per_step=slow, steps=range(1, 5))  # a restart: steps and counters from 0
@@ -88,9 +86,7 @@ def test_window_waits_until_full_and_restarts_when_counters_reset() -> None:
 
 
 def test_slowest_replica_counts_for_its_pipeline_device() -> None:
-    problem = _problem()
-    busy = predicted_busy(problem, plan_strategy(problem, "1f1b").plan)
-    window = DriftWindow(predicted=busy, window_steps=4, replicas=2)
+    _, _, busy, window = _running(4, replicas=2)
     # Replica 1's device 0 (global rank 4) is slow; replica 0's is not.
     _feed(window, per_step=busy + [b * (1.8 if d == 0 else 1.0) for d, b in enumerate(busy)],
           steps=range(1, 6))
@@ -99,10 +95,7 @@ def test_slowest_replica_counts_for_its_pipeline_device() -> None:
 
 
 def test_small_gain_or_short_remaining_run_does_not_restart() -> None:
-    problem = _problem()
-    plan = plan_strategy(problem, "1f1b").plan
-    busy = predicted_busy(problem, plan)
-    window = DriftWindow(predicted=busy, window_steps=4)
+    problem, plan, busy, window = _running(4)
     _feed(window, per_step=[b * (2.0 if d == 1 else 1.0) for d, b in enumerate(busy)], steps=range(1, 6))
     drift = window.drift(threshold=0.15)
     few = decide(problem, plan, drift=drift, strategy="adaptis", remaining_steps=3,

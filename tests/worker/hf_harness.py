@@ -5,6 +5,7 @@ entry point (N pipelined training steps through the executor) and the one-proces
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,11 @@ def hf_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: str) ->
 def hf_reference(model: ModelSpec, training: TrainingSpec = HF_TRAINING) -> dict[str, Any]:
     """The unpartitioned model trained in one process: a plain AutoModelForCausalLM (made by
     transformers' own constructor) loaded with the stages' seeded initial weights; the same
-    microbatches, per-microbatch loss scaling and optimizer as a pipeline step."""
+    microbatches, per-microbatch loss scaling, clipping and optimizer as a pipeline step
+    (clipping as the executor's: the norm over the unique parameters in float64, the
+    coefficient clip / (norm + 1e-6) when the norm exceeds the clip). With R data-parallel
+    replicas of ``m`` microbatches each, pass ``training`` with ``R x m`` microbatches: the
+    combined batch."""
     from transformers import AutoModelForCausalLM
 
     from adaptis.worker.data import SyntheticTokens
@@ -85,7 +90,9 @@ def hf_reference(model: ModelSpec, training: TrainingSpec = HF_TRAINING) -> dict
     data = SyntheticTokens(vocab_size=_vocab(model), sequence_length=training.sequence_length,
                            seed=training.seed)
     m, b = training.microbatches, training.microbatch_size
+    params = list(dict.fromkeys(net.parameters()))  # a tied weight once
     losses: list[float] = []
+    norms: list[float] = []
     for step in range(training.steps):
         optim.zero_grad(set_to_none=True)
         batch = data.batch(position=step * m * b, sequences=m * b)
@@ -99,9 +106,16 @@ def hf_reference(model: ModelSpec, training: TrainingSpec = HF_TRAINING) -> dict
         losses.append(total)
         grads = {k: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
                  for k, p in net.named_parameters()}
+        norm = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in params
+                             if p.grad is not None))
+        norms.append(norm)
+        if training.grad_clip is not None and norm > training.grad_clip:
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(training.grad_clip / (norm + 1e-6))
         optim.step()
-    params = {k: p.detach().clone() for k, p in net.named_parameters()}
-    return {"losses": losses, "grads": grads, "params": params}
+    final = {k: p.detach().clone() for k, p in net.named_parameters()}
+    return {"losses": losses, "norms": norms, "grads": grads, "params": final}
 
 
 def hf_checkpoint_ranks(rank: int, world: int, port: int, cases_file: str, ckpt_dir: str) -> None:
@@ -124,3 +138,20 @@ def hf_checkpoint_ranks(rank: int, world: int, port: int, cases_file: str, ckpt_
     save_checkpoint(ckpt_dir, executor=ex, step=t.steps, position=t.steps * per_step,
                     tokens=0, samples=0)
     dist.destroy_process_group()
+
+
+HF_DP_TRAINING = TrainingSpec(microbatches=4, microbatch_size=2, sequence_length=16, seed=3,
+                              grad_clip=0.5, steps=3,
+                              optimizer={"name": "adamw", "lr": 0.01, "weight_decay": 0.01})
+
+
+def write_hf_dp_cases(path: Path, cases: dict[str, tuple[Plan, int, str]], *, model: ModelSpec,
+                      replicas: int, training: TrainingSpec = HF_DP_TRAINING) -> None:
+    """``cases``: name -> (plan of one pipeline replica, ZeRO stage, precision); the ranks run
+    them with worker_harness.dp_parity_ranks."""
+    docs = [{"name": name, "config": WorkerConfig(
+        model=model, training=training.model_copy(update={"precision": precision}),
+        plan=plan.model_dump(mode="json"), data_parallel=replicas,
+        zero_stage=zero).model_dump(mode="json")}
+        for name, (plan, zero, precision) in cases.items()]
+    path.write_text(json.dumps(docs))

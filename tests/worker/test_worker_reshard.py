@@ -141,3 +141,24 @@ def test_zero_shards_reshard_to_one_replica_and_back(tmp_path: Path) -> None:
     assert sorted(resumed) == [5, 6]
     _same_curve(resumed, ref, what="R=1 -> R=2 ZeRO-1 i1f1b")
 
+
+
+def test_a_tied_hugging_face_head_moves_off_its_embeddings_rank(tmp_path: Path) -> None:
+    """Tied Gemma under ZB-V holds the embedding and the tied head as one Parameter on rank 0,
+    saved once, as ``model.embed_tokens.weight``; resumed under 1F1B, rank 1's head
+    (``lm_head.weight``) takes that weight and its moments."""
+    pytest.importorskip("transformers")
+    from hf_harness import hf_model
+
+    gemma = hf_model("tiny-gemma")
+    steps = 4
+    ref = _losses(_run(_config(pipeline=2, strategy="zb-v", steps=steps, model=gemma), tmp_path / "ref"))
+    ckpt = tmp_path / "ckpt"
+    _run(_config(pipeline=2, strategy="zb-v", steps=2, model=gemma, checkpoint_dir=ckpt, every=2), tmp_path / "v")
+    split = _config(pipeline=2, strategy="1f1b", steps=steps, model=gemma, checkpoint_dir=ckpt)
+    assert split.plan["placement"] == [[0], [1]]  # type: ignore[index]
+    second = _run(split, tmp_path / "split")
+    assert _resumed(second) == (2, True)
+    resumed = _losses(second)
+    assert sorted(resumed) == [3, 4]
+    _same_curve(resumed, ref, what="tied gemma zb-v -> 1f1b")

@@ -130,6 +130,10 @@ def test_ctrl_c_stops_every_rank(tmp_path: Path) -> None:
         while _worker_pids(str(workdir)) and time.monotonic() < gone:
             time.sleep(0.1)  # the launcher reaps its ranks before it exits; /proc may lag
         assert _worker_pids(str(workdir)) == [], "ranks still running 15 s after the launcher exited"
+        # The ranks' SIGTERM handler stopped them at a step boundary with a checkpoint of it
+        # (docs/checkpoints.md), although no periodic one was asked for: the rerun resumes.
+        saved = sorted(p.parent.name for p in (workdir / "checkpoints").glob("step-*/rank-*.pt"))
+        assert len(saved) == 2 and len(set(saved)) == 1, f"no checkpoint of one step on both ranks: {saved}"
     finally:
         if proc.poll() is None:
             proc.kill()

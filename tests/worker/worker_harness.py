@@ -160,7 +160,7 @@ def dp_parity_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: 
         cfg = WorkerConfig.model_validate(case["config"])
         t = cfg.training
         ex = Executor(cfg, rank=rank, world_size=world, device=torch.device("cpu"))
-        data = SyntheticTokens(vocab_size=cfg.model.vocab_size, sequence_length=t.sequence_length, seed=t.seed)
+        data = SyntheticTokens(vocab_size=model_vocab(cfg.model), sequence_length=t.sequence_length, seed=t.seed)
         per_step = t.microbatches * t.microbatch_size
         losses, norms, waits, overlapped = [], [], [], []
         grads: dict[str, torch.Tensor] = {}
@@ -188,6 +188,15 @@ def dp_parity_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: 
                     "overlapped": overlapped, "optimizer_state": _state_bytes(ex.optimizer)},
                    Path(out_dir) / f"{case['name']}-{rank}.pt")
     dist.destroy_process_group()
+
+
+def model_vocab(model: ModelSpec) -> int:
+    """The vocabulary of a zoo model or of a Hugging Face model's config."""
+    if model.huggingface is None:
+        return model.vocab_size
+    from adaptis.api.hf_model import hf_layout
+
+    return hf_layout(model.huggingface).vocab_size
 
 
 def _state_bytes(optimizer: Any) -> int:
