@@ -108,6 +108,7 @@ class Adapter:
         self.pending: Decision | None = None  # the re-plan the ranks are being stopped for
         self.decisions: list[dict[str, Any]] = []  # the latest, so a user sees why nothing restarted
         self._said: set[str] = set()
+        self._suggested_s: float | None = None  # the new iteration of the last suggestion said
         self.start(problem=problem, plan=plan)
 
     def start(self, *, problem: Problem, plan: Plan) -> None:
@@ -164,7 +165,11 @@ class Adapter:
             self._announce(decision, record=record, verb="re-planning")
             return True
         past = "" if self.spec.policy == "suggest" else f" (maxReplans {self.spec.max_replans} reached)"
-        if self.suggestion is None or self.suggestion.reason != record.reason:
+        # Said again only when it is better by minGain than the last said: the search may find
+        # an equivalent plan each window, and a line every window would drown the progress.
+        best = self._suggested_s
+        if best is None or decision.new_iteration_seconds < best * (1 - self.spec.min_gain):
+            self._suggested_s = decision.new_iteration_seconds
             self._announce(decision, record=record, verb=f"suggestion{past}")
         self.suggestion = record
         self.window.reset()
