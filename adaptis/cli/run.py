@@ -34,6 +34,7 @@ from adaptis.api.problem import (
     load_problem,
 )
 from adaptis.api.rules import check_job
+from adaptis.cli.adapt import check_slowdown, train
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -59,6 +60,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--metrics-port", type=int,
                    help="first rank's metrics port (rank r: +r); default: spec.metrics.port, 0: off")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    p.add_argument("--adaptation", choices=("off", "suggest", "auto"),
+                   help="override spec.adaptation.policy: re-plan on measured drift (docs/adaptation.md)")
+    p.add_argument("--slowdown", metavar="RANK:FACTOR@STEP[,...]",
+                   help="testing knob: rank RANK computes FACTOR times slower from step STEP on "
+                        "(ADAPTIS_SLOWDOWN; adaptis.worker.slowdown)")
     p.add_argument("--dry-run", action="store_true",
                    help="plan the job's pipeline ranks (estimate unless --problem or --profile "
                         "measure) and print the plan; start nothing (adaptis.cli.dry_run)")
@@ -147,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     from adaptis.worker.errors import PreemptedError, RankFailedError
     from adaptis.worker.preemption import EXIT_PREEMPTED
     from adaptis.worker.launcher import LocalLauncher
+    from adaptis.worker.slowdown import ENV
 
     job = load_job(args.manifest)
     spec = job.spec
@@ -164,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
         "parallelism": parallelism,
         "training": training, "planner": spec.planner.model_copy(update={"strategy": strategy}),
         "checkpoint": spec.checkpoint.model_copy(update={"every_steps": ckpt_every})}))
+    check_slowdown(args.slowdown, ranks=parallelism.ranks)
     if args.dry_run:
         from adaptis.cli.dry_run import dry_run
 
@@ -221,28 +229,26 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=None if port == 0 else port, checkpoint_dir=str(ckpt_dir.resolve()),
         checkpoint_every=ckpt_every, data_parallel=replicas, zero_stage=zero,
     )
-    steps: list[dict[str, Any]] = []
-    starts: dict[int, dict[str, Any]] = {}
-    reduce: list[tuple[float, float]] = []  # (reduce wait, step seconds) of every rank's steps
+    def on_step(event: dict[str, Any]) -> None:
+        _say(args, f"step {event['step']:>4}/{training.steps}  loss {event['loss']:.4f}  "
+                   f"{event['tokens_per_second']:>8.0f} tokens/s  bubble {_pct(event['bubble_ratio'])} "
+                   f"(predicted {_pct(event.get('predicted_bubble_ratio'))})")
 
-    def on_event(event: dict[str, Any]) -> None:
-        if event["event"] == "start":
-            starts[event["rank"]] = event
-        elif event["event"] == "step" and event["step"] > 1:  # the first step pays one-off costs
-            reduce.append((event.get("reduce_wait_seconds", 0.0), event["step_seconds"]))
-        if event["event"] == "step" and event["rank"] == 0:
-            steps.append(event)
-            _say(args, f"step {event['step']:>4}/{training.steps}  loss {event['loss']:.4f}  "
-                       f"{event['tokens_per_second']:>8.0f} tokens/s  bubble {_pct(event['bubble_ratio'])} "
-                       f"(predicted {_pct(pred_bubble)})")
+    def launcher(cfg: WorkerConfig) -> LocalLauncher:
+        # Local ranks share one host: rank r serves metrics on port + r (pods all use the port).
+        return LocalLauncher(cfg, world_size=ranks, workdir=workdir, threads=args.threads,
+                             metrics_base=None if port == 0 else port, device=device,
+                             env={ENV: args.slowdown} if args.slowdown else None)
 
-    # Local ranks share one host: rank r serves metrics on port + r (pods all use the port).
-    launcher = LocalLauncher(config, world_size=ranks, workdir=workdir, threads=args.threads,
-                             metrics_base=None if port == 0 else port,
-                             device=device)
+    adaptation = spec.adaptation
+    if args.adaptation:
+        adaptation = adaptation.model_copy(update={"policy": args.adaptation})
     started = time.perf_counter()
     try:
-        launcher.run(on_event)
+        # The closed loop (adaptis.cli.adapt): one launch, or one per re-plan.
+        done = train(config=config, problem=problem, plan=plan, spec=adaptation, strategy=strategy,
+                     ranks=ranks, replicas=replicas, time_limit_s=float(spec.planner.time_limit_seconds),
+                     launcher=launcher, on_step=on_step, say=lambda text: _say(args, text))
     except RankFailedError as err:
         raise CLIError(str(err)) from None
     except PreemptedError as err:  # a rank got SIGTERM: all checkpointed one step and stopped
@@ -251,11 +257,16 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("adaptis run: interrupted; all ranks stopped", file=sys.stderr)
         return 130
+    plan, steps, starts = done.plan, done.steps, done.starts
+    pred = plan.predicted
+    pred_bubble = pred.bubble_ratio if pred else None
+    pred_iter = pred.iteration_time * TIME_UNIT_SECONDS[pred.time_unit] if pred else None
     summary = _summary(job.metadata.name, strategy=strategy, plan=plan, workers=workers, steps=steps,
-                       mesh=(replicas, pipeline, zero), reduce=reduce,
+                       mesh=(replicas, pipeline, zero), reduce=done.reduce,
                        pred=(pred_bubble, pred_iter), seconds=time.perf_counter() - started,
                        workdir=workdir, ports=[starts[r].get("metrics_port") for r in sorted(starts)],
                        checkpoints=(ckpt_dir, ckpt_every, starts[0]["resumed_step"] if 0 in starts else 0))
+    summary["adaptation"] = done.adaptation
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -375,6 +386,11 @@ def _print_summary(s: dict[str, Any]) -> None:
           f"predicted {_fmt(s['predicted_iteration_seconds'], 's')}")
     if s["phases"]:
         _print_phases(s)
+    ad = s.get("adaptation") or {}
+    if ad.get("history") or ad.get("suggestion"):
+        print(f"  adaptation      {ad['policy']}: {len(ad['history'])} re-plans"
+              + (f"; suggested at step {ad['suggestion']['step']}: {ad['suggestion']['reason']}"
+                 if ad.get("suggestion") else ""))
     print(f"  logs            {s['workdir']}/rank-*.log")
     every = f"every {s['checkpoint_every']} steps" if s["checkpoint_every"] else "none saved (--checkpoint-every 0)"
     began = "started fresh" if s["resumed_from_step"] is None else f"resumed from step {s['resumed_from_step']}"

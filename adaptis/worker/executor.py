@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import resource
 import time
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ from adaptis.worker.pipelining import (
 )
 from adaptis.worker.precision import PRECISION_DTYPE, resolve_precision, wrap_stage
 from adaptis.worker.replicas import GradReducer, Mesh, ZeroOptimizer, create_groups
+from adaptis.worker.slowdown import slowed
 
 __all__ = ["Executor", "StepStats", "transfer_bytes", "parse_plan"]
 
@@ -177,6 +179,9 @@ class Executor:
         self._lr = config.training.optimizer.lr
         self.set_learning_rate(step=0)
         self.timer: ActionTimer = CudaActionTimer() if device.type == "cuda" else WallActionTimer()
+        # ADAPTIS_SLOWDOWN (a testing knob, adaptis.worker.slowdown): this rank as a slower device.
+        self.timer = slowed(self.timer, rank=rank, environ=dict(os.environ),
+                            sync=torch.cuda.synchronize if device.type == "cuda" else None)
         m = train.microbatches
         dtype = PRECISION_DTYPE[self.precision]
         shapes = StageShapes(microbatch_size=train.microbatch_size, sequence_length=train.sequence_length,

@@ -51,7 +51,7 @@ class LocalLauncher:
 
     def __init__(self, config: WorkerConfig, *, world_size: int, workdir: Path, threads: int = 1,
                  linger_s: float = 0.0, metrics_base: int | None = None, device: str = "cpu",
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable, env: dict[str, str] | None = None) -> None:
         self.config = config
         self.world_size = world_size
         self.workdir = workdir
@@ -61,6 +61,7 @@ class LocalLauncher:
         # Ranks on one host cannot share a port: rank r gets base + r (0: each any free port).
         self.metrics_base = metrics_base
         self.device = device  # "cuda": rank r uses GPU r (LOCAL_RANK)
+        self.env = dict(env or {})  # on top of this process's environment (e.g. ADAPTIS_SLOWDOWN)
         self.processes: list[subprocess.Popen[str]] = []
 
     def log_path(self, rank: int) -> Path:
@@ -76,7 +77,7 @@ class LocalLauncher:
         readers = []
         try:
             for rank in range(self.world_size):
-                env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(self.world_size),
+                env = dict(os.environ, **self.env, RANK=str(rank), WORLD_SIZE=str(self.world_size),
                            LOCAL_RANK=str(rank if self.device == "cuda" else 0), MASTER_ADDR="127.0.0.1",
                            MASTER_PORT=str(port), PYTHONUNBUFFERED="1", ADAPTIS_DEVICE=self.device)
                 if self.metrics_base is not None:
@@ -145,6 +146,13 @@ class LocalLauncher:
         rank = (primary or failed)[0]
         return RankFailedError(
             f"rank {rank} failed: {causes[rank]} (log: {self.log_path(rank)})", rank=rank, cause=causes[rank])
+
+    def request_stop(self) -> None:
+        """SIGTERM every rank still running and return: :meth:`run` goes on watching them end
+        (a re-plan stops the ranks this way, from the event callback)."""
+        for p in self.processes:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
 
     def stop(self) -> None:
         """SIGTERM every rank still running, SIGKILL those still there after the grace period."""

@@ -69,6 +69,7 @@ class ActionTimer:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.step = 0  # the training step being run (1-based), set by the run loop
 
     def reset(self) -> None:
         self.seconds.clear()

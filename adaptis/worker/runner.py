@@ -197,12 +197,15 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
     # The data phase runs from here (the end of the previous step's bookkeeping and checkpoint)
     # to the step's common start: the batch fetch, then the wait for every rank at the barrier.
     data_start = time.perf_counter()
+    busy_total = 0.0
     while step < t.steps:
         batch = source.batch(position=shard_position(position=position, replica=executor.replica,
                                                      sequences=per_step),
                              sequences=per_step) if source is not None else None
         executor.set_learning_rate(step=step)  # from the step alone: a resume continues the curve
+        executor.timer.step = step + 1  # the testing slowdown starts at a step (worker.slowdown)
         last = executor.step(batch)
+        busy_total += last.busy_seconds[env.rank]
         data_seconds = executor.started_at - data_start
         step += 1
         position += samples_per_step
@@ -217,6 +220,8 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
               "predicted_post_pipeline_seconds": forecast["post_pipeline_seconds"],
               "bubble_ratio": last.bubble_ratio, "rank_bubble_ratio": last.rank_bubble_ratio,
               "busy_seconds": last.busy_seconds[env.rank], "idle_seconds": last.idle_seconds,
+              # Since this process started, as adaptis_busy_seconds_total: the drift detector's input.
+              "busy_seconds_total": busy_total,
               "grad_norm": last.grad_norm, "reduce_wait_seconds": last.reduce_wait_seconds,
               "tokens": tokens, "samples": samples,
               "sent_bytes": last.sent_bytes, "received_bytes": last.received_bytes,
