@@ -19,13 +19,13 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from adaptis.api.adaptation import AdaptationSpec, ReplanRecord
 from adaptis.api.job import WorkerConfig
-from adaptis.api.plan import STRATEGY_NAMES, Plan
+from adaptis.api.plan import Plan
 from adaptis.api.problem import TIME_UNIT_SECONDS, Problem
 from adaptis.planner.drift import Decision, Drift, DriftWindow, decide, predicted_busy
 from adaptis.planner.errors import PlannerError
@@ -176,26 +176,9 @@ class Adapter:
         return False
 
     def _decide(self, drift: Drift, *, step: int, restart_seconds: float) -> Decision:
-        """:func:`decide` with the job's strategy; when its plan leaves a device without compute
-        (a device slow enough is worth idling, to the planner), the best plan of the other
-        strategies that keeps every rank busy: torch's pipelining runs no rank without actions."""
-        def weigh(strategy: str) -> Decision:
-            return decide(self.problem, self.plan, drift=drift, strategy=strategy,
-                          remaining_steps=self.total_steps - step, restart_seconds=restart_seconds,
-                          min_gain=self.spec.min_gain, time_limit_s=self.time_limit_s)
-
-        first = weigh(self.strategy)
-        idle = _idle(first.plan)
-        if not idle:
-            return first
-        others = [weigh(name) for name in STRATEGY_NAMES if name != self.strategy]
-        runnable = [d for d in others if d.plan is not None and not _idle(d.plan)]
-        why = f"the {self.strategy} plan idles device(s) {idle}, which the ranks cannot run"
-        if not runnable:
-            return replace(first, replan=False, plan=None, reason=f"{why}, and no strategy keeps every device busy")
-        best = min(runnable, key=lambda d: d.new_iteration_seconds)
-        assert best.plan is not None
-        return replace(best, reason=f"{best.reason} ({why}: the best plan on every device, {best.plan.strategy})")
+        return decide(self.problem, self.plan, drift=drift, strategy=self.strategy,
+                      remaining_steps=self.total_steps - step, restart_seconds=restart_seconds,
+                      min_gain=self.spec.min_gain, time_limit_s=self.time_limit_s)
 
     def _record(self, d: Decision, *, step: int, measured: float | None) -> ReplanRecord:
         speeds = [s.speed / p for s, p in zip(d.problem.device_specs(), self.profiled)]
@@ -295,10 +278,6 @@ def train(*, config: WorkerConfig, problem: Problem, plan: Plan, spec: Adaptatio
     adaptation["iteration_seconds"] = [s["iteration_seconds"] for s in steps]
     return Trained(plan=plan, steps=steps, starts=starts, reduce=reduce, segments=segments,
                    adaptation=adaptation)
-
-
-def _idle(plan: Plan | None) -> list[int]:
-    return [] if plan is None else [d for d, actions in enumerate(plan.actions) if not actions]
 
 
 def _restart_seconds(segments: list[Segment]) -> float:

@@ -30,14 +30,14 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from adaptis.api.plan import Plan
+from adaptis.api.plan import STRATEGY_NAMES, Plan
 from adaptis.api.problem import DeviceList, Problem
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import PlannerError
 from adaptis.planner.simulator import simulate
 from adaptis.planner.strategies import plan_strategy
 
-__all__ = ["Decision", "Drift", "DriftWindow", "corrected_problem", "decide", "predicted_busy"]
+__all__ = ["Decision", "Drift", "DriftWindow", "corrected_problem", "decide", "idle_devices", "predicted_busy"]
 
 _SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
@@ -59,7 +59,8 @@ class Drift:
 
     @property
     def worst(self) -> int:
-        return max(range(len(self.deviation)), key=lambda d: abs(self.deviation[d]))
+        # With two devices the median is their mean and both deviate alike: name the slower one.
+        return max(range(len(self.deviation)), key=lambda d: (round(abs(self.deviation[d]), 9), self.ratios[d]))
 
     def describe(self) -> str:
         d = self.worst
@@ -158,22 +159,39 @@ class Decision:
         return 1 - self.new_iteration_seconds / self.old_iteration_seconds
 
 
+def idle_devices(plan: Plan) -> list[int]:
+    """Devices ``plan`` gives no action: a plan the workers cannot run (torch's pipelining runs
+    no rank without actions), though the planner may prefer it for a device slow enough."""
+    return [d for d, actions in enumerate(plan.actions) if not actions]
+
+
 def decide(problem: Problem, plan: Plan, *, drift: Drift, strategy: str, remaining_steps: int,
            restart_seconds: float, min_gain: float, time_limit_s: float | None = None) -> Decision:
     """Re-plan ``problem`` corrected by ``drift`` and weigh the gain against a restart.
 
     Worth it when the new plan saves at least ``min_gain`` of the iteration *and* the time it
     saves over ``remaining_steps`` exceeds ``restart_seconds`` (checkpoint, restart, warm-up:
-    measured by the caller)."""
+    measured by the caller). When ``strategy``'s plan idles a device, the best plan of the other
+    strategies that keeps every device busy stands in (the ranks are already running)."""
     fixed = corrected_problem(problem, ratios=drift.ratios)
     unit = _SECONDS[problem.time_unit]
     old = simulate(Costs.from_problem(fixed), plan)
     if not old.feasible:  # the old plan cannot be judged on the corrected problem: never worse
         raise PlannerError(f"the running plan does not replay on the corrected problem: {old.reason}")
-    outcome = plan_strategy(fixed, strategy, time_limit_s=time_limit_s)
     old_s = old.iteration_time * unit
-    if outcome.plan is None or outcome.simulation is None:
-        return Decision(replan=False, reason=f"no plan for the corrected problem: {outcome.result.reason}",
+    outcome = plan_strategy(fixed, strategy, time_limit_s=time_limit_s)
+    note = ""
+    if outcome.plan is not None and idle_devices(outcome.plan):
+        note = (f" (the {strategy} plan idles device(s) {idle_devices(outcome.plan)}, which the "
+                "ranks cannot run: the best plan on every device)")
+        others = [plan_strategy(fixed, name, time_limit_s=time_limit_s)
+                  for name in STRATEGY_NAMES if name != strategy]
+        runnable = [o for o in others if o.plan is not None and o.simulation is not None
+                    and not idle_devices(o.plan)]
+        outcome = min(runnable, key=lambda o: o.simulation.iteration_time) if runnable else None
+    if outcome is None or outcome.plan is None or outcome.simulation is None:
+        why = note if outcome is None or note else f": {outcome.result.reason}"
+        return Decision(replan=False, reason=f"no runnable plan for the corrected problem{why}",
                         old_iteration_seconds=old_s, new_iteration_seconds=old_s, plan=None,
                         problem=fixed)
     new_s = outcome.simulation.iteration_time * unit
@@ -188,6 +206,6 @@ def decide(problem: Problem, plan: Plan, *, drift: Drift, strategy: str, remaini
         why = (f"{drift.describe()}: re-planned {old_s * 1e3:.1f} -> {new_s * 1e3:.1f} ms per "
                f"iteration, saving {saved:.0f} s over {remaining_steps} steps against a "
                f"{restart_seconds:.0f} s restart")
-    return Decision(replan=gain >= min_gain and saved > restart_seconds, reason=why,
+    return Decision(replan=gain >= min_gain and saved > restart_seconds, reason=why + note,
                     old_iteration_seconds=old_s, new_iteration_seconds=new_s,
                     plan=outcome.plan, problem=fixed)
