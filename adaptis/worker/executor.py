@@ -35,17 +35,13 @@ from adaptis.api.plan import Plan
 from adaptis.api.rules import layer_count
 from adaptis.worker.data import Batch
 from adaptis.worker.errors import PlanMismatchError
-from adaptis.worker.hf_stages import HFStage, build_hf_stages
-from adaptis.worker.layers import Embedding, Head
+from adaptis.worker.hf_stages import build_hf_stages
+from adaptis.worker.lr_schedule import learning_rate
 from adaptis.worker.models import (
-    StageModule,
     build_stages,
-    find_layer,
-    layer_parameters,
     set_aux_loss_scale,
     token_loss,
 )
-from adaptis.worker.lr_schedule import learning_rate
 from adaptis.worker.pipelining import (
     ActionTimer,
     CudaActionTimer,
@@ -294,18 +290,11 @@ class Executor:
         weight.grad.add_(other)
 
     def _tied_weight(self) -> torch.Tensor | None:
-        for m in self.modules:
-            if isinstance(m, HFStage) and m.embed_tokens is not None:
-                return m.embed_tokens.weight
-        emb = find_layer(self.modules, Embedding)
-        return emb.weight if emb is not None else self._head_weight()
+        emb = next((m.embedding_weight for m in self.modules if m.embedding_weight is not None), None)
+        return emb if emb is not None else self._head_weight()
 
     def _head_weight(self) -> torch.Tensor | None:
-        for m in self.modules:
-            if isinstance(m, HFStage) and m.lm_head is not None:
-                return m.lm_head.weight
-        head = find_layer(self.modules, Head)
-        return head.weight if head is not None else None
+        return next((m.head_weight for m in self.modules if m.head_weight is not None), None)
 
     def step(self, batch: Batch | None) -> StepStats:
         """One training step. ``batch`` is needed only on the ranks holding stage 0 or the
@@ -376,17 +365,16 @@ class Executor:
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
 
     def named_parameters(self) -> dict[str, nn.Parameter]:
-        """Parameters named ``<global layer index>.<name inside the layer>``, as the reference
-        model names them (see :func:`adaptis.worker.models.layer_parameters`)."""
+        """Parameters by partition-independent name, as the reference model names them: the
+        zoo's ``<global layer index>.<name inside the layer>``
+        (:func:`adaptis.worker.models.layer_parameters`), a Hugging Face model's transformers
+        names. A weight tied across two local stages keeps both names or one, as the reference
+        does (``names_tied_weight_once``)."""
         out: dict[str, nn.Parameter] = {}
         for module in self.modules:
-            if isinstance(module, StageModule):
-                out.update(layer_parameters(module))
-            elif isinstance(module, HFStage):  # by transformers' names; a shared tie once
-                seen = {id(p) for p in out.values()}
-                out.update({k: p for k, p in module.hf_parameters().items() if id(p) not in seen})
+            seen = {id(p) for p in out.values()} if module.names_tied_weight_once else set()
+            out.update({k: p for k, p in module.global_parameters().items() if id(p) not in seen})
         return out
-
 
 def _dims(config: WorkerConfig) -> tuple[int, int, bool]:
     """Hidden size, vocabulary and tied embeddings of the zoo model or the Hugging Face one."""

@@ -119,7 +119,19 @@ class HFStage(nn.Module):
             h = self.lm_head(self.norm(h))
         return h
 
-    def hf_parameters(self) -> dict[str, nn.Parameter]:
+    #: transformers names a tied weight once (``model.embed_tokens.weight``), even when the
+    #: embedding and the head are two stages of one rank.
+    names_tied_weight_once = True
+
+    @property
+    def embedding_weight(self) -> nn.Parameter | None:
+        return self.embed_tokens.weight if self.embed_tokens is not None else None
+
+    @property
+    def head_weight(self) -> nn.Parameter | None:
+        return self.lm_head.weight if self.lm_head is not None else None
+
+    def global_parameters(self) -> dict[str, nn.Parameter]:
         """This stage's parameters by the name ``AutoModelForCausalLM`` gives them (a tied LM
         head held apart from its embedding keeps the name ``lm_head.weight``)."""
         out: dict[str, nn.Parameter] = {}

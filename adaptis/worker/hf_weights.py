@@ -61,7 +61,7 @@ def load_stage_weights(stages: Sequence[HFStage], *, directory: str | Path) -> i
     where = weight_files(root)
     wanted: dict[str, torch.nn.Parameter] = {}
     for stage in stages:
-        wanted.update(stage.hf_parameters())
+        wanted.update(stage.global_parameters())
     by_file: dict[Path, list[tuple[str, str]]] = {}
     for name in wanted:
         source = name if name in where else (_EMBEDDING if name == _HEAD else None)

@@ -123,6 +123,24 @@ class StageModule(nn.Module):
             x = layer(x)
         return x
 
+    # What the executor and checkpoints ask of any stage, zoo or Hugging Face (HFStage).
+    #: The reference model names a tied embedding/head weight under both layer indices.
+    names_tied_weight_once = False
+
+    def global_parameters(self) -> dict[str, nn.Parameter]:
+        """Parameters by partition-independent name (:func:`layer_parameters`)."""
+        return layer_parameters(self)
+
+    @property
+    def embedding_weight(self) -> nn.Parameter | None:
+        emb = find_layer([self], Embedding)
+        return emb.weight if emb is not None else None
+
+    @property
+    def head_weight(self) -> nn.Parameter | None:
+        head = find_layer([self], Head)
+        return head.weight if head is not None else None
+
 
 def build_stages(
     model: ModelSpec, *, stages: Sequence[tuple[int, int]], seed: int

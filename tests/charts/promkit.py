@@ -47,8 +47,12 @@ def write_config(path: Path, *, targets: Sequence[Target], rule_files: Sequence[
         "scrape_configs": [{
             "job_name": "adaptis-workers",
             "metrics_path": "/metrics",
-            # As the PodMonitor: the workers' own adaptis_job and rank labels win.
-            "honor_labels": True,
+            # As the PodMonitor: the target's labels win, but a sample's own rank is kept.
+            "honor_labels": False,
+            "metric_relabel_configs": [
+                {"source_labels": ["exported_rank"], "regex": "(.+)", "target_label": "rank"},
+                {"regex": "exported_.*", "action": "labeldrop"},
+            ],
             "static_configs": [{"targets": [f"127.0.0.1:{t.port}"], "labels": dict(t.labels)}
                                for t in targets],
         }],

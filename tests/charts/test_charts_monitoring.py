@@ -43,7 +43,12 @@ def test_pod_monitor_scrapes_the_workers_metrics_port(full_objects: list[dict[st
     keep = endpoint["relabelings"][0]
     assert (keep["sourceLabels"], keep["regex"], keep["action"]) == (
         ["__meta_kubernetes_pod_container_port_name"], "metrics(-[0-9]+)?", "keep")
-    assert endpoint["honorLabels"] is True
+    # A worker's samples cannot override the target's namespace or job (tenancy); its rank
+    # (one process of a multi-GPU pod) comes back from exported_rank.
+    assert endpoint["honorLabels"] is False
+    assert endpoint["metricRelabelings"] == [
+        {"sourceLabels": ["exported_rank"], "regex": "(.+)", "targetLabel": "rank"},
+        {"regex": "exported_.*", "action": "labeldrop"}]
     targets = {r.get("targetLabel") for r in endpoint["relabelings"]}
     assert {"adaptis_job", "rank", "local_rank"} <= targets
     everywhere = chartkit.render(home=helm_home, sets={"monitoring.podMonitor.enabled": True})

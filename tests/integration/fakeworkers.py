@@ -31,9 +31,12 @@ BUSY, STEPS = "adaptis_busy_seconds_total", "adaptis_steps_total"
 class Gang:
     """The counters of one gang, advanced one step at a time."""
 
-    def __init__(self, *, job: str, slow: dict[int, float]) -> None:
+    def __init__(self, *, job: str, slow: dict[int, float], claim_namespace: str | None = None) -> None:
         self.job = job
         self.slow = slow
+        # A worker that labels its own samples with another namespace (a tenant's spoof): the
+        # PodMonitor's target labels must win over it.
+        self.claim = {"namespace": claim_namespace} if claim_namespace else {}
         self.lock = threading.Lock()
         self.predicted: tuple[float, ...] = ()
         self.steps = 0
@@ -56,13 +59,13 @@ class Gang:
         with self.lock:
             if not self.predicted:
                 return
+            names = ["adaptis_job", "rank", *self.claim]
             busy = CounterMetricFamily(BUSY[:-6], "Compute time of this rank (F, B, W actions).",
-                                       labels=["adaptis_job", "rank"])
-            steps = CounterMetricFamily(STEPS[:-6], "Training steps completed.",
-                                        labels=["adaptis_job", "rank"])
+                                       labels=names)
+            steps = CounterMetricFamily(STEPS[:-6], "Training steps completed.", labels=names)
             for r, seconds in enumerate(self.busy):
-                busy.add_metric([self.job, str(r)], seconds)
-                steps.add_metric([self.job, str(r)], float(self.steps))
+                busy.add_metric([self.job, str(r), *self.claim.values()], seconds)
+                steps.add_metric([self.job, str(r), *self.claim.values()], float(self.steps))
         yield busy
         yield steps
 
@@ -88,9 +91,10 @@ def main() -> None:
     parser.add_argument("--operator", required=True, help="the operator's /metrics URL")
     parser.add_argument("--slow", action="append", default=[], metavar="RANK=FACTOR")
     parser.add_argument("--step-seconds", type=float, default=0.25)
+    parser.add_argument("--claim-namespace", help="label the samples with this namespace")
     args = parser.parse_args()
     slow = {int(k): float(v) for k, v in (s.split("=") for s in args.slow)}
-    gang = Gang(job=args.job, slow=slow)
+    gang = Gang(job=args.job, slow=slow, claim_namespace=args.claim_namespace)
     registry = CollectorRegistry()
     registry.register(gang)  # type: ignore[arg-type]
     server, _ = start_http_server(args.port, addr="127.0.0.1", registry=registry)

@@ -94,12 +94,13 @@ def env(control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     with promkit.PrometheusServer(config, workdir=workdir) as prom:
         op = OperatorProcess(cp, workdir / "operator.log", namespace=NS)
         try:
-            for port, slow in ((honest, "1=2.0"), (liar, "0=5.0")):
+            # The liar, in another tenant's namespace, also labels its samples with ours.
+            for port, slow, claim in ((honest, "1=2.0", []), (liar, "0=5.0", ["--claim-namespace", NS])):
                 log = workdir / f"fakeworkers-{port}.log"
                 logs.append(log)
                 procs.append(subprocess.Popen(  # noqa: S603 - our own helper
                     [sys.executable, str(HERE / "fakeworkers.py"), "--port", str(port),
-                     "--job", JOB, "--operator", operator_metrics, "--slow", slow],
+                     "--job", JOB, "--operator", operator_metrics, "--slow", slow, *claim],
                     cwd=HERE, env=cp.env(), stdout=log.open("wb"), stderr=subprocess.STDOUT))
             op.start(extra_args=["--metrics-port", str(metrics_port), "--prometheus-url", prom.url,
                                  "--adaptation-poll-seconds", "1", "--restart-cost-seconds", "0"])

@@ -6,7 +6,8 @@ with the pod's environment and its mounted worker.json, where only what a pod ne
 free is replaced: MASTER_ADDR is loopback, and each rank serves metrics on its own port
 (ADAPTIS_METRICS_PORT) since the ranks share one host. Debian's Prometheus scrapes them every
 second with the chart's rules loaded (deploy/prometheus/adaptis-rules.yaml) and the target labels
-the chart's PodMonitor gives (namespace, pod, adaptis_job, rank; honor_labels).
+the chart's PodMonitor gives (namespace, pod, adaptis_job, rank; the target's labels win but a
+sample's own rank is kept).
 
 Checked: the bubble ratio, the step phases and the recording rules come back from PromQL and
 agree with the workers' own counters; every dashboard query returns data; the dashboard reads

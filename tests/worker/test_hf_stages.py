@@ -57,7 +57,7 @@ def test_partitioned_stages_equal_the_model(name: str) -> None:
     token_loss(want, targets).backward()
     got: dict[str, torch.Tensor] = {}
     for stage in stages:
-        got.update({k: p.grad for k, p in stage.hf_parameters().items() if p.grad is not None})
+        got.update({k: p.grad for k, p in stage.global_parameters().items() if p.grad is not None})
     ref = {k: p.grad for k, p in plain.named_parameters() if p.grad is not None}
     if "lm_head.weight" in got and "lm_head.weight" not in ref:  # tied, one Parameter here
         got.pop("lm_head.weight")
@@ -70,14 +70,14 @@ def test_weights_do_not_depend_on_the_partition() -> None:
     from adaptis.worker.hf_stages import build_hf_stages
 
     model = _model("tiny-qwen2-moe")
-    one = build_hf_stages(model, stages=[(0, 6)], seed=2)[0].hf_parameters()
+    one = build_hf_stages(model, stages=[(0, 6)], seed=2)[0].global_parameters()
     split: dict[str, torch.Tensor] = {}
     for ranges in ([(4, 6)], [(1, 2), (3, 4)], [(2, 3), (0, 1)]):  # one call a rank
         for stage in build_hf_stages(model, stages=ranges, seed=2):
-            split.update(stage.hf_parameters())
+            split.update(stage.global_parameters())
     assert set(one) == set(split)
     assert all(torch.equal(one[k], split[k]) for k in one)
-    other = build_hf_stages(model, stages=[(0, 6)], seed=3)[0].hf_parameters()
+    other = build_hf_stages(model, stages=[(0, 6)], seed=3)[0].global_parameters()
     assert not torch.equal(one["model.layers.1.self_attn.q_proj.weight"],
                            other["model.layers.1.self_attn.q_proj.weight"])
 
