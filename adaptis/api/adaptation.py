@@ -40,7 +40,9 @@ class AdaptationSpec(Spec):
         description="Least fraction of the iteration time the new plan must save; it must also save "
         "more over the remaining steps than a restart costs (measured).")
     max_replans: int = Field(
-        default=3, ge=0, le=100, description="Most automatic re-plans in the job's life.")
+        default=3, ge=0, le=MAX_HISTORY,
+        description=f"Most automatic re-plans in the job's life (at most {MAX_HISTORY}: status "
+        "keeps a record of each, and counts them by their records).")
 
 
 class ReplanRecord(Spec):

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from adaptis.api.adaptation import MAX_HISTORY, AdaptationStatus, ReplanRecord
+from adaptis.api.adaptation import AdaptationStatus, ReplanRecord
 from adaptis.api.job import JobSpec
 from adaptis.operator.errors import OperatorError, PlanTooLarge, Unsatisfiable
 from adaptis.operator.manifests import plan_hash, render_config_map
@@ -192,10 +192,10 @@ class Adapter:
             old_predicted_iteration_seconds=round(decision.old_iteration_seconds, 6),
             new_predicted_iteration_seconds=round(decision.new_iteration_seconds, 6),
             device_speed=[round(f, 4) for f in factors], stages=len(decision.plan.stages))
-        # Applied re-plans are counted by their records, which status keeps MAX_HISTORY of:
-        # past that many, auto only suggests (a cap the spec's maxReplans cannot lift).
+        # Applied re-plans are counted by their records (maxReplans is at most the MAX_HISTORY
+        # status keeps): past that many, auto only suggests.
         applied = len(p.status.adaptation.history) if p.status.adaptation else 0
-        if policy == "suggest" or applied >= min(spec.adaptation.max_replans, MAX_HISTORY):
+        if policy == "suggest" or applied >= spec.adaptation.max_replans:
             return self._suggest(p, key, rec=rec, capped=policy == "auto", spec=spec, record=record)
         try:
             return self._apply(p, key, spec=spec, record=record, decision=decision,
@@ -226,9 +226,8 @@ class Adapter:
 
     def _suggest(self, p: PassState, key: JobKey, *, rec: ReplanRecord, capped: bool,
                  spec: JobSpec, record: PlanRecord) -> PlanRecord:
-        cap = min(spec.adaptation.max_replans, MAX_HISTORY)
-        note = (f"; not applied: {cap} re-plans done (spec.adaptation.maxReplans: "
-                f"{spec.adaptation.max_replans}, at most {MAX_HISTORY})" if capped else "")
+        note = (f"; not applied: {spec.adaptation.max_replans} re-plans done "
+                "(spec.adaptation.maxReplans)" if capped else "")
         self._set_adaptation(p, suggestion=rec)
         p.condition("ReplanSuggested", "True", reason="MaxReplansReached" if capped
                     else "BetterPlan", message=rec.reason + note, event="Normal")
