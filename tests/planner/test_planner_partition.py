@@ -15,7 +15,8 @@ from adaptis.planner.partition import balanced_partition, body_span, bottleneck,
 
 
 def _model(kinds_work: list[tuple[str | None, float]]) -> Costs:
-    layers = [{"name": f"l{i}", "forward": work, **({"kind": k} if k else {})} for i, (k, work) in enumerate(kinds_work)]
+    layers = [{"name": f"l{i}", "forward": work, **({"kind": k} if k else {})}
+              for i, (k, work) in enumerate(kinds_work)]
     return Costs.from_problem(parse_problem({"microbatches": 1, "layers": layers, "devices": {"count": 1}}))
 
 
