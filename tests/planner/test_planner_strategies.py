@@ -1,0 +1,151 @@
+"""Strategies by name (adaptis.planner.strategies) against known answers.
+
+A pipeline of 4 equal layers (F 1, B 2, W 1 ms; 100 bytes of parameters and 10 of activations
+each) on 2 devices with 4 microbatches: every baseline splits it 2 + 2, so a stage's F+B+W is
+8 ms; GPipe and 1F1B take (m + p - 1) x 8 = 40 ms, and no plan beats the work spread evenly,
+4 x 4 x 4 / 2 = 32 ms. Device 0 of 1F1B holds p = 2 microbatches (2 layers' activations each):
+200 + 2 x 20 = 240 bytes; device 1 holds one: 220 bytes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import adaptis.planner.strategies as strategies
+from adaptis.api.plan import STRATEGY_NAMES, Plan
+from adaptis.api.problem import Problem, parse_problem
+from adaptis.planner.baselines import BASELINES
+from adaptis.planner.bounds import assignment_bound, pipeline_bound
+from adaptis.planner.costs import Costs
+from adaptis.planner.errors import PlannerError
+from adaptis.planner.strategies import compare, lower_bound, plan_strategy
+
+
+def _problem(*, memory_bytes: float | None = None, microbatches: int = 4) -> Problem:
+    layers = [{"name": f"l{i}", "forward": 1.0, "backward": 2.0, "weight": 1.0, "activation_bytes": 10.0,
+               "param_bytes": 100.0} for i in range(4)]
+    devices: dict[str, object] = {"count": 2}
+    if memory_bytes is not None:
+        devices["memory_bytes"] = memory_bytes
+    return parse_problem({"name": "four", "microbatches": microbatches, "layers": layers, "devices": devices})
+
+
+def test_a_baseline_by_name_reports_its_simulated_figures() -> None:
+    out = plan_strategy(_problem(), "1f1b")
+    r = out.result
+    assert out.name == "1f1b" and r.feasible and r.reason is None
+    assert (r.iteration_time, r.step_time, r.post_pipeline_time) == (40.0, 40.0, 0.0)
+    assert r.bubble_ratio == pytest.approx(0.2)  # 1 - 32 / 40
+    assert r.peak_memory_bytes == [240.0, 220.0]
+    assert (r.stages, r.placement) == (2, [[0], [1]])
+    assert r.search_seconds is not None and 0 <= r.search_seconds < 60
+    assert r.cut_short is None
+    plan = out.plan
+    assert plan is not None and (plan.strategy, plan.microbatches) == ("1f1b", 4)
+    p = plan.predicted
+    assert p is not None and (p.iteration_time, p.time_unit, p.step_time, p.post_pipeline_time) == (
+        40.0, "ms", 40.0, 0.0)
+    assert p.bubble_ratio == pytest.approx(0.2) and p.peak_memory_bytes == [240.0, 220.0]
+    assert out.simulation is not None and out.simulation.iteration_time == 40.0
+
+
+def test_compare_runs_every_strategy_adaptis_first_and_bounds_them() -> None:
+    comparison, outcomes = compare(_problem())
+    assert list(comparison.strategies) == list(outcomes) == ["adaptis", *BASELINES]
+    assert set(outcomes) == set(STRATEGY_NAMES)
+    assert (comparison.name, comparison.time_unit) == ("four", "ms")
+    costs = Costs.from_problem(_problem())
+    assert comparison.lower_bound == lower_bound(costs) == max(pipeline_bound(costs), assignment_bound(costs))
+    assert comparison.lower_bound == 32.0
+    assert comparison.strategies["gpipe"].iteration_time == comparison.strategies["1f1b"].iteration_time == 40.0
+    best = min(r.iteration_time or math.inf for n, r in comparison.strategies.items() if n != "adaptis")
+    adaptis = outcomes["adaptis"]
+    assert adaptis.plan is not None and adaptis.plan.strategy == "adaptis"
+    assert 32.0 <= (adaptis.result.iteration_time or 0) <= best
+    assert adaptis.result.cut_short is None
+    # The adaptis plan is a real one of its own: it replays to its figure.
+    assert adaptis.simulation is not None and adaptis.simulation.iteration_time == adaptis.result.iteration_time
+
+
+def test_adaptis_alone_may_fit_where_most_baselines_do_not() -> None:
+    # 230 bytes: parameters (200) and 3 microbatches' activations of one layer, or 1 of two.
+    comparison, outcomes = compare(_problem(memory_bytes=230))
+    assert not comparison.strategies["1f1b"].feasible
+    assert comparison.strategies["1f1b"].reason == "device 0 needs 240 bytes, has 230"
+    adaptis = comparison.strategies["adaptis"]
+    assert adaptis.feasible and max(adaptis.peak_memory_bytes or [math.inf]) <= 230
+    fitting = [r.iteration_time or math.inf for n, r in comparison.strategies.items() if n != "adaptis" and r.feasible]
+    assert (adaptis.iteration_time or math.inf) <= min(fitting, default=math.inf)
+
+
+def test_nothing_fits_names_the_leanest_plan_and_every_device() -> None:
+    comparison, outcomes = compare(_problem(memory_bytes=205))
+    adaptis = outcomes["adaptis"]
+    assert adaptis.plan is None and adaptis.simulation is None and not adaptis.result.feasible
+    # 1F1B and balanced both need 240 bytes on device 0; the first in the contract's order wins.
+    assert adaptis.result.reason == (
+        "no partition fits in device memory: the leanest plan seen (1f1b) needs 240 bytes on "
+        "device 0, which has 205 (1.17x); device 0 needs 240 bytes, has 205; device 1 needs 220 "
+        "bytes, has 205")
+    assert adaptis.result.cut_short is None and adaptis.result.search_seconds is not None
+    assert not any(r.feasible for r in comparison.strategies.values())
+
+
+def test_nothing_fits_and_nothing_simulated() -> None:
+    assert strategies._least_memory_reason(Costs.from_problem(_problem()), {}) == "no partition fits in device memory"
+
+
+@pytest.mark.parametrize("seconds", [0, -1.0, math.nan, math.inf])
+def test_a_time_limit_must_be_a_positive_finite_number(seconds: float) -> None:
+    with pytest.raises(PlannerError, match=f"^time limit: {seconds} s; give a positive number of seconds$"):
+        plan_strategy(_problem(), "1f1b", time_limit_s=seconds)
+    with pytest.raises(PlannerError, match="give a positive number of seconds"):
+        compare(_problem(), time_limit_s=seconds)
+
+
+def test_an_unknown_strategy_names_the_choices() -> None:
+    with pytest.raises(PlannerError, match=r"^unknown strategy 'zb-2p'; choose one of adaptis, gpipe, 1f1b, "):
+        plan_strategy(_problem(), "zb-2p")
+
+
+def test_a_baseline_that_deadlocks_or_refuses_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    def deadlocking(costs: Costs, *, deadline: float | None = None) -> Plan:
+        # Device 1's B waits on a forward that never comes first: each device waits on the other.
+        return Plan(strategy="gpipe", microbatches=1, stages=[(0, 2), (2, 4)], placement=[[0], [1]],
+                    actions=[[("B", 0, 0), ("F", 0, 0), ("W", 0, 0)], [("B", 1, 0), ("F", 1, 0), ("W", 1, 0)]])
+
+    def refusing(costs: Costs, *, deadline: float | None = None) -> Plan:
+        raise PlannerError("zb-v needs an even number of stages")
+
+    monkeypatch.setitem(BASELINES, "gpipe", deadlocking)
+    monkeypatch.setitem(BASELINES, "zb-v", refusing)
+    comparison, outcomes = compare(_problem(microbatches=1))
+    gpipe, zbv = comparison.strategies["gpipe"], comparison.strategies["zb-v"]
+    assert not gpipe.feasible and "deadlock" in (gpipe.reason or "").lower()
+    assert outcomes["gpipe"].plan is None and outcomes["gpipe"].simulation is None
+    assert not zbv.feasible and zbv.reason == "zb-v needs an even number of stages"
+    assert comparison.strategies["adaptis"].feasible and comparison.strategies["1f1b"].feasible
+
+
+def test_under_a_time_limit_the_baselines_run_cheapest_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[str] = []
+    for name, make in list(BASELINES.items()):
+        def tracked(costs: Costs, *, deadline: float | None = None, _name: str = name, _make=make) -> Plan:
+            ran.append(_name)
+            return _make(costs, deadline=deadline)
+        monkeypatch.setitem(BASELINES, name, tracked)
+    compare(_problem(), time_limit_s=3600)
+    assert ran == ["1f1b", "balanced", "gpipe", "zb-h1", "zb-v", "i1f1b"]
+    ran.clear()
+    comparison, _ = compare(_problem(), time_limit_s=1e-9)
+    assert ran == ["1f1b"]
+    for name in ("balanced", "gpipe", "zb-h1", "zb-v", "i1f1b"):
+        assert comparison.strategies[name].reason == (
+            "not tried: the baselines' half of the time limit (1e-09 s) ran out")
+    note = comparison.strategies["adaptis"].cut_short
+    assert note == ("the best baseline (1f1b) found within the time limit (1e-09 s), 0 search "
+                    "candidates; baselines not tried: gpipe, i1f1b, zb-h1, zb-v, balanced")
+    # Past the limit, the comparison's bound is the pipeline terms only.
+    assert comparison.lower_bound == pipeline_bound(Costs.from_problem(_problem()))
