@@ -61,12 +61,11 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/planner/test_planner_properties.py::test_spread_partition_keeps_the_bottleneck_and_evens_the_rest",
         "tests/planner/test_planner_properties.py::test_spread_partition_leaves_no_idle_tail",
     ),
-    # Every test that plans by strategy name (plan_strategy, compare) in process.
+    # Its own tests and those of its time limit, memory fallback and bound (properties, search
+    # and the CLI plan by name too, but each survivor would re-run them all: minutes each).
     "adaptis/planner/strategies.py": (
-        "tests/planner/test_planner_strategies.py", "tests/planner/test_planner_bounds.py",
-        "tests/planner/test_planner_feasibility.py", "tests/planner/test_planner_post_pipeline.py",
-        "tests/planner/test_planner_properties.py", "tests/planner/test_planner_search.py",
-        "tests/planner/test_planner_time_limit.py", "tests/planner/test_planner_cli.py",
+        "tests/planner/test_planner_strategies.py", "tests/planner/test_planner_time_limit.py",
+        "tests/planner/test_planner_feasibility.py", "tests/planner/test_planner_bounds.py",
     ),
     "adaptis/operator/status.py": (
         "tests/operator/test_operator_status.py", "tests/operator/test_operator_reconcile.py",
