@@ -120,3 +120,13 @@ def test_spread_evens_the_stages_under_the_bottleneck() -> None:
     # Unequal speeds: the spread minimises the sum of squared *times*, so the fast stage takes more.
     got = balanced_partition(_plain(*([1.0] * 9)), stages_count=3, speeds=[2.0, 1.0, 1.0], spread=True)
     assert got == [(0, 5), (5, 7), (7, 9)]
+
+
+def test_spread_may_leave_single_layer_stages_first() -> None:
+    """Layers of work 1, 1, 3, 3, 1 on devices of speed 2, 1, 1, 2: the bottleneck is 3 (a layer
+    of 3 alone on a speed-1 device). Two partitions reach it: 1 | 1 | 3 | 3+1 (stage times 0.5,
+    1, 3, 2; squares 14.25) and 1+1 | 3 | 3 | 1 (1, 3, 3, 0.5; squares 19.25): spread takes the
+    first, whose first stages have one layer each."""
+    costs = _plain(1, 1, 3, 3, 1)
+    speeds = [2.0, 1.0, 1.0, 2.0]
+    assert balanced_partition(costs, stages_count=4, speeds=speeds, spread=True) == [(0, 1), (1, 2), (2, 3), (3, 5)]

@@ -149,3 +149,59 @@ def test_under_a_time_limit_the_baselines_run_cheapest_first(monkeypatch: pytest
                     "candidates; baselines not tried: gpipe, i1f1b, zb-h1, zb-v, balanced")
     # Past the limit, the comparison's bound is the pipeline terms only.
     assert comparison.lower_bound == pipeline_bound(Costs.from_problem(_problem()))
+
+
+def test_the_leanest_plan_is_the_one_whose_worst_device_overshoots_least() -> None:
+    """Layer 0 (work 2) holds 10 bytes of parameters, the others 1; 1 byte of activations each.
+    1F1B splits by count (2 + 1 layers): device 0 holds 11 + 2 microbatches x 2 = 15 bytes.
+    Balanced splits by work (1 + 2): device 0 holds 10 + 2 x 1 = 12, device 1 2 + 2 = 4."""
+    layers = [{"name": "l0", "forward": 2.0, "activation_bytes": 1.0, "param_bytes": 10.0},
+              *({"name": f"l{i}", "forward": 1.0, "activation_bytes": 1.0, "param_bytes": 1.0} for i in (1, 2))]
+    problem = parse_problem({"name": "lean", "microbatches": 2, "layers": layers,
+                             "devices": {"count": 2, "memory_bytes": 1.0}})
+    comparison, _ = compare(problem, bound=False)
+    assert comparison.lower_bound == 0.0
+    assert comparison.strategies["1f1b"].peak_memory_bytes == [15.0, 2.0]
+    assert comparison.strategies["adaptis"].reason == (
+        "no partition fits in device memory: the leanest plan seen (balanced) needs 12 bytes on "
+        "device 0, which has 1 (12.00x); device 0 needs 12 bytes, has 1; device 1 needs 4 bytes, has 1")
+
+
+def test_adaptis_by_name_is_the_comparisons_adaptis_and_reports_its_progress() -> None:
+    seen: list[tuple[int, int, float]] = []
+    out = plan_strategy(_problem(), "adaptis", on_progress=lambda e, b, best: seen.append((e, b, best)))
+    _, outcomes = compare(_problem())
+    assert out.name == "adaptis" and out.plan is not None and out.plan.strategy == "adaptis"
+    assert out.result.iteration_time == outcomes["adaptis"].result.iteration_time
+    assert seen and all(best >= 32.0 for _e, _b, best in seen)
+
+
+def test_plan_strategy_passes_its_time_limit_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    deadlines: list[float | None] = []
+    make = BASELINES["1f1b"]
+
+    def tracked(costs: Costs, *, deadline: float | None = None) -> Plan:
+        deadlines.append(deadline)
+        return make(costs, deadline=deadline)
+
+    monkeypatch.setitem(BASELINES, "1f1b", tracked)
+    before = strategies.time.monotonic()
+    plan_strategy(_problem(), "1f1b", time_limit_s=100.0)
+    # A baseline by name has the whole limit; under adaptis the baselines have its first half.
+    assert deadlines[0] is not None and before + 100.0 <= deadlines[0] <= strategies.time.monotonic() + 100.0
+    plan_strategy(_problem(), "1f1b")
+    assert deadlines[1] is None
+    plan_strategy(_problem(), "adaptis", time_limit_s=100.0)
+    assert deadlines[2] is not None and before + 50.0 <= deadlines[2] <= strategies.time.monotonic() + 50.0
+    out = plan_strategy(_problem(), "adaptis", time_limit_s=1e-9)
+    assert out.result.cut_short is not None and "baselines not tried: gpipe" in out.result.cut_short
+
+
+def test_the_bound_past_its_deadline_is_the_loosest_found() -> None:
+    """Three equal layers (F+B+W 1) on two devices, 8 microbatches: one device runs two of
+    the layers, 2 x 8 = 16; the work spread evenly gives only 3 x 8 / 2 = 12."""
+    layers = [{"name": f"l{i}", "forward": 1.0} for i in range(3)]
+    costs = Costs.from_problem(parse_problem({"microbatches": 8, "layers": layers, "devices": {"count": 2}}))
+    assert lower_bound(costs) == pytest.approx(16.0, rel=1e-6)
+    assert pipeline_bound(costs) == 12.0
+    assert 12.0 <= lower_bound(costs, deadline=strategies.time.monotonic() - 1) < 15.9
