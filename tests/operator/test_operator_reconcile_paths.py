@@ -1,0 +1,74 @@
+"""Reconciler paths the lifecycle tests pass through without pinning: the exact requeue delays,
+the re-plan of a placement that stays unschedulable and how long its nodes stay avoided, the
+messages and events a user reads (in-memory API, as test_operator_reconcile.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adaptis.operator.passes import ReconcileSettings
+from adaptis.operator.reconcile import Reconciler
+
+
+def _cond(job: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in job["status"]["conditions"] if c["type"] == type_)
+
+
+def _nodes(cluster: Any) -> set[str]:
+    return {r["node"] for r in cluster.job()["status"]["placement"]}
+
+
+def _unschedulable(cluster: Any, stamp: str) -> None:
+    for pod in cluster.pods():
+        pod["status"] = {"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/4 nodes are available", "lastTransitionTime": stamp}]}
+
+
+def test_a_placement_unschedulable_past_its_limit_is_replanned_without_its_nodes(
+        cluster: Any, make_job: Any, clock: Any) -> None:
+    cluster.add_job(make_job(spec={"parallelism": {"workers": 2, "gpusPerWorker": 1}}))
+    rec = Reconciler(cluster, clock=clock, settings=ReconcileSettings(unschedulable_replan_s=60))
+    rec.reconcile("ns", "demo")
+    first = _nodes(cluster)
+    _unschedulable(cluster, clock.now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    clock.advance(20)
+    # 40 s left of the 60, and a second's margin past it.
+    assert rec.reconcile("ns", "demo").requeue_after == 41.0
+    assert not any(p["metadata"].get("deletionTimestamp") for p in cluster.pods())
+    assert cluster.job()["status"]["message"].startswith("unschedulable: ")
+    assert not any(c["type"] == "Restarting" for c in cluster.job()["status"]["conditions"])
+    clock.advance(40)
+    calls = len(cluster.calls)
+    result = rec.reconcile("ns", "demo")
+    assert result.requeue_after == 2.0  # the deleted pods' names free up soon
+    job = cluster.job()
+    assert job["status"]["phase"] == "Restarting"
+    restarting = _cond(job, "Restarting")
+    message = (f"unschedulable for 60s on {', '.join(sorted(first))}: re-planning on the GPUs free now, "
+               "without those nodes for a while")
+    assert (restarting["status"], restarting["reason"], restarting["message"]) == ("True", "Unschedulable", message)
+    assert ("Warning", "Unschedulable", message) in [e[1:4] for e in cluster.events]
+    assert all(p["metadata"].get("deletionTimestamp") for p in cluster.pods())
+    # The status is written before the pods go (a crash in between still says why).
+    new = cluster.calls[calls:]
+    assert new.index("patch_status") < new.index("delete Pod")
+    cluster.finish_deletions()
+    rec.reconcile("ns", "demo")
+    assert not _nodes(cluster) & first and len(cluster.pods()) == 2
+    # The nodes stay avoided for 5 limits (300 s): a re-plan within them still leaves them out,
+    # one after them may use them again.
+    clock.advance(100)
+    cluster.job()["spec"]["parallelism"]["workers"] = 1
+    cluster.job()["metadata"]["generation"] = 2
+    rec.reconcile("ns", "demo")
+    cluster.finish_deletions()
+    rec.reconcile("ns", "demo")
+    assert not _nodes(cluster) & first
+    clock.advance(201)
+    cluster.job()["spec"]["parallelism"]["workers"] = 2
+    cluster.job()["metadata"]["generation"] = 3
+    rec.reconcile("ns", "demo")
+    cluster.finish_deletions()
+    rec.reconcile("ns", "demo")
+    assert _nodes(cluster) == first
