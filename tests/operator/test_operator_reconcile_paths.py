@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from adaptis.operator.capacity import CapacityLedger
 from adaptis.operator.passes import ReconcileSettings
 from adaptis.operator.reconcile import Reconciler
 
@@ -72,3 +73,43 @@ def test_a_placement_unschedulable_past_its_limit_is_replanned_without_its_nodes
     cluster.finish_deletions()
     rec.reconcile("ns", "demo")
     assert _nodes(cluster) == first
+
+
+def _run_all(cluster: Any) -> None:
+    for pod in cluster.pods():
+        cluster.set_pod_phase(pod["metadata"]["name"], "Running")
+
+
+def test_a_failure_stops_only_live_pods_releases_the_gpus_and_says_why(cluster: Any, make_job: Any) -> None:
+    ledger = CapacityLedger()
+    cluster.add_job(make_job(spec={"backoffLimit": 0}))
+    rec = Reconciler(cluster, ledger=ledger)
+    rec.reconcile("ns", "demo")
+    assert ledger.reservation(("ns", "demo"))
+    _run_all(cluster)
+    cluster.set_pod_phase("demo-worker-1", "Failed", ready=False)
+    cluster.set_pod_phase("demo-worker-2", "Succeeded", ready=False)
+    rec.reconcile("ns", "demo")
+    st = cluster.job()["status"]
+    assert st["phase"] == "Failed" and st["completionTime"]
+    assert st["message"] == "spec.backoffLimit: 0 restart(s) used; demo-worker-1: failed"
+    failed, running = _cond(cluster.job(), "Failed"), _cond(cluster.job(), "Running")
+    assert (failed["status"], failed["reason"], failed["message"]) == ("True", "BackoffLimitExceeded", st["message"])
+    assert (running["status"], running["reason"]) == ("False", "BackoffLimitExceeded")
+    # The finished pods stay (their logs and exit codes); the two running ones are stopped.
+    assert cluster.calls.count("delete Pod") == 2
+    deleting = {p["metadata"]["name"] for p in cluster.pods() if p["metadata"].get("deletionTimestamp")}
+    assert deleting == {"demo-worker-0", "demo-worker-3"}
+    assert ledger.reservation(("ns", "demo")) is None
+    assert ("Warning", "BackoffLimitExceeded", st["message"]) in [e[1:4] for e in cluster.events]
+
+
+def test_a_finished_job_holds_no_gpus_and_ignores_a_ttl_that_is_not_a_number(
+        cluster: Any, make_job: Any) -> None:
+    ledger = CapacityLedger()
+    cluster.add_job(make_job(spec={"ttlSecondsAfterFinished": "10"}))
+    cluster.job()["status"] = {"phase": "Succeeded", "completionTime": "2026-01-01T00:00:00Z"}
+    ledger.reserve(("ns", "demo"), {"h100-0": 2})  # e.g. left by a pass before the job ended
+    result = Reconciler(cluster, ledger=ledger).reconcile("ns", "demo")
+    assert ledger.reservation(("ns", "demo")) is None
+    assert result.requeue_after is None and ("ns", "demo") in cluster.jobs
