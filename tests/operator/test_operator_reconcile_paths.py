@@ -113,3 +113,15 @@ def test_a_finished_job_holds_no_gpus_and_ignores_a_ttl_that_is_not_a_number(
     result = Reconciler(cluster, ledger=ledger).reconcile("ns", "demo")
     assert ledger.reservation(("ns", "demo")) is None
     assert result.requeue_after is None and ("ns", "demo") in cluster.jobs
+
+
+def test_the_ttl_counts_from_the_completion_to_the_second(cluster: Any, make_job: Any, clock: Any) -> None:
+    cluster.add_job(make_job(spec={"ttlSecondsAfterFinished": 10}))
+    cluster.job()["status"] = {"phase": "Succeeded", "completionTime": "2026-01-01T00:00:00Z"}
+    rec = Reconciler(cluster, clock=clock)  # the clock starts at the completion time
+    clock.advance(9.5)
+    assert rec.reconcile("ns", "demo").requeue_after == 0.5
+    assert ("ns", "demo") in cluster.jobs
+    clock.advance(0.5)  # exactly the TTL: deleted now, not looked at again in 0 s
+    assert rec.reconcile("ns", "demo").requeue_after is None
+    assert ("ns", "demo") not in cluster.jobs and "delete_job" in cluster.calls

@@ -8,6 +8,7 @@ without starting a job, with known answers from hand-made steps.
 
 from __future__ import annotations
 
+import logging
 import urllib.error
 import urllib.request
 
@@ -139,11 +140,15 @@ def test_a_prediction_the_plan_lacks_stays_absent() -> None:
     assert v["adaptis_predicted_bubble_ratio"] == 0.2  # None leaves the earlier value
 
 
-def test_serve_exposes_the_registry_on_a_free_port_until_closed() -> None:
+def test_serve_exposes_the_registry_on_a_free_port_until_closed(caplog: pytest.LogCaptureFixture) -> None:
     metrics = WorkerMetrics(job="demo", rank=1)
     metrics.record(_step(), tokens=512, samples=4)
-    port = metrics.serve(port=0, addr="127.0.0.1")
+    with caplog.at_level(logging.INFO, logger="adaptis.worker.metrics"):
+        port = metrics.serve(port=0, addr="127.0.0.1")
     assert port > 0
+    # The rank's log says where to scrape, and it listens on the address asked for only.
+    assert f"metrics on http://127.0.0.1:{port}/metrics" in caplog.messages
+    assert metrics._server is not None and metrics._server.server_address[0] == "127.0.0.1"
     try:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         assert 'adaptis_tokens_total{adaptis_job="demo",rank="1"} 512.0' in text
