@@ -139,11 +139,13 @@ def test_under_a_time_limit_the_baselines_run_cheapest_first(monkeypatch: pytest
     compare(_problem(), time_limit_s=3600)
     assert ran == ["1f1b", "balanced", "gpipe", "zb-h1", "zb-v", "i1f1b"]
     ran.clear()
-    comparison, _ = compare(_problem(), time_limit_s=1e-9)
+    comparison, outcomes = compare(_problem(), time_limit_s=1e-9)
     assert ran == ["1f1b"]
     for name in ("balanced", "gpipe", "zb-h1", "zb-v", "i1f1b"):
         assert comparison.strategies[name].reason == (
             "not tried: the baselines' half of the time limit (1e-09 s) ran out")
+        assert not comparison.strategies[name].feasible
+        assert (outcomes[name].name, outcomes[name].plan, outcomes[name].simulation) == (name, None, None)
     note = comparison.strategies["adaptis"].cut_short
     assert note == ("the best baseline (1f1b) found within the time limit (1e-09 s), 0 search "
                     "candidates; baselines not tried: gpipe, i1f1b, zb-h1, zb-v, balanced")
@@ -205,3 +207,25 @@ def test_the_bound_past_its_deadline_is_the_loosest_found() -> None:
     assert lower_bound(costs) == pytest.approx(16.0, rel=1e-6)
     assert pipeline_bound(costs) == 12.0
     assert 12.0 <= lower_bound(costs, deadline=strategies.time.monotonic() - 1) < 15.9
+    problem = parse_problem({"microbatches": 8, "layers": layers, "devices": {"count": 2}})
+    assert compare(problem)[0].lower_bound == pytest.approx(16.0, rel=1e-6)
+
+
+def test_the_comparisons_bound_runs_within_the_calls_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    deadlines: list[float | None] = []
+    real = strategies.assignment_bound
+
+    def tracked(costs: Costs, *, deadline: float | None = None) -> float:
+        deadlines.append(deadline)
+        return real(costs, deadline=deadline)
+
+    monkeypatch.setattr(strategies, "assignment_bound", tracked)
+    before = strategies.time.monotonic()
+    compare(_problem(), time_limit_s=100.0)
+    assert deadlines[0] is not None and before + 100.0 <= deadlines[0] <= strategies.time.monotonic() + 100.0
+
+
+def test_compare_reports_the_searchs_progress() -> None:
+    seen: list[float] = []
+    comparison, _ = compare(_problem(), on_progress=lambda evals, budget, best: seen.append(best))
+    assert seen and min(seen) == comparison.strategies["adaptis"].iteration_time
