@@ -121,6 +121,11 @@ def mutmut_config(module: str, tests: tuple[str, ...], *, also_copy: list[str]) 
         f"pytest_add_cli_args_test_selection = {json.dumps(list(tests))}\n"
         'pytest_add_cli_args = ["-m", "not integration and not slow", "-p", "no:cacheprovider"]\n'
         f'process_isolation = "{isolation}"\n'
+        # A mutant that hangs (a loop that never ends) is stopped after (its tests' CPU time +
+        # 5 s) x 10 CPU seconds, not mutmut's (time + 1 s) x 30: on 2 shared cores the default
+        # made each hanging partition mutant cost minutes. Either way it counts as caught.
+        "timeout_multiplier = 5.0\n"
+        "timeout_constant = 5.0\n"
         "use_git_change_detection = false\n"
     )
 
