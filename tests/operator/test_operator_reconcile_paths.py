@@ -125,3 +125,47 @@ def test_the_ttl_counts_from_the_completion_to_the_second(cluster: Any, make_job
     clock.advance(0.5)  # exactly the TTL: deleted now, not looked at again in 0 s
     assert rec.reconcile("ns", "demo").requeue_after is None
     assert ("ns", "demo") not in cluster.jobs and "delete_job" in cluster.calls
+
+
+def test_success_counts_finished_ranks_as_ready_and_says_so(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job())
+    rec = Reconciler(cluster)
+    rec.reconcile("ns", "demo")
+    _run_all(cluster)
+    rec.reconcile("ns", "demo")
+    for name in ("demo-worker-0", "demo-worker-1"):
+        cluster.set_pod_phase(name, "Succeeded", ready=False)
+    rec.reconcile("ns", "demo")
+    assert cluster.job()["status"]["workersReady"] == "4/4"  # 2 ready + 2 finished
+    cluster.job()["status"]["message"] = "left from an earlier pass"
+    for name in ("demo-worker-2", "demo-worker-3"):
+        cluster.set_pod_phase(name, "Succeeded", ready=False)
+    rec.reconcile("ns", "demo")
+    job = cluster.job()
+    assert job["status"]["phase"] == "Succeeded" and job["status"].get("message") is None
+    succeeded, running = _cond(job, "Succeeded"), _cond(job, "Running")
+    assert (succeeded["status"], succeeded["reason"], succeeded["message"]) == (
+        "True", "Completed", "all 4 ranks finished")
+    assert (running["status"], running["reason"]) == ("False", "Completed")
+    assert cluster.events[-1][1:4] == ("Normal", "Completed", "all 4 ranks finished")
+
+
+def test_a_rank_whose_old_pod_still_terminates_waits_for_it(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job(spec={"backoffLimit": 2}))
+    rec = Reconciler(cluster)
+    rec.reconcile("ns", "demo")
+    _run_all(cluster)
+    cluster.set_pod_phase("demo-worker-1", "Failed", ready=False)
+    rec.reconcile("ns", "demo")  # a gang restart: every pod of attempt 0 is deleted
+    creates = cluster.calls.count("create Pod")
+    # Only rank 3's old pod is gone: it gets its attempt-1 pod, the others wait for their names.
+    del cluster.objects[("Pod", "ns", "demo-worker-3")]
+    result = rec.reconcile("ns", "demo")
+    assert cluster.calls.count("create Pod") == creates + 1
+    assert result.requeue_after == 2.0
+    assert cluster.job()["status"]["launched"].endswith("/0")  # attempt 1 is not launched yet
+    cluster.finish_deletions()
+    rec.reconcile("ns", "demo")
+    assert cluster.calls.count("create Pod") == creates + 4
+    assert cluster.job()["status"]["launched"].endswith("/1")
+    assert {p["metadata"]["labels"]["adaptis.io/attempt"] for p in cluster.pods()} == {"1"}
