@@ -51,6 +51,9 @@ def test_megatron_partition_with_as_many_body_layers_as_stages() -> None:
     costs = _model([("embedding", 1.0), (None, 1.0), (None, 1.0), ("head", 1.0)])
     # body == stages: each body layer is a stage, the embedding and the head pinned to them.
     assert megatron_partition(costs, stages_count=2) == [(0, 2), (2, 4)]
+    # Two heads: the pinned split (2 | 3) is not the even one by count (3 | 2).
+    two_heads = _model([("embedding", 1.0), (None, 1.0), (None, 1.0), ("head", 1.0), ("head", 1.0)])
+    assert megatron_partition(two_heads, stages_count=2) == [(0, 2), (2, 5)]
     # body < stages: all four layers split by count.
     assert megatron_partition(costs, stages_count=3) == [(0, 2), (2, 3), (3, 4)]
     assert megatron_partition(costs, stages_count=4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
