@@ -81,7 +81,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     # Every test that runs reconcile passes against the fake cluster (the plan runner's tests
     # wait on planner processes: the same passes, seconds slower).
     "adaptis/operator/reconcile.py": (
-        "tests/operator/test_operator_reconcile.py", "tests/operator/test_operator_capacity.py",
+        "tests/operator/test_operator_reconcile.py", "tests/operator/test_operator_reconcile_paths.py",
+        "tests/operator/test_operator_capacity.py",
         "tests/operator/test_operator_children.py", "tests/operator/test_operator_handlers.py",
         "tests/operator/test_operator_placement.py", "tests/operator/test_operator_pod_security.py",
         "tests/operator/test_operator_profiler_pods.py", "tests/operator/test_operator_validation.py",
