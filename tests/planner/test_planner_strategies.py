@@ -126,6 +126,7 @@ def test_a_baseline_that_deadlocks_or_refuses_is_reported_not_raised(monkeypatch
     assert not gpipe.feasible and "deadlock" in (gpipe.reason or "").lower()
     assert outcomes["gpipe"].plan is None and outcomes["gpipe"].simulation is None
     assert not zbv.feasible and zbv.reason == "zb-v needs an even number of stages"
+    assert (outcomes["zb-v"].name, outcomes["gpipe"].name) == ("zb-v", "gpipe")
     assert comparison.strategies["adaptis"].feasible and comparison.strategies["1f1b"].feasible
 
 
@@ -229,3 +230,28 @@ def test_compare_reports_the_searchs_progress() -> None:
     seen: list[float] = []
     comparison, _ = compare(_problem(), on_progress=lambda evals, budget, best: seen.append(best))
     assert seen and min(seen) == comparison.strategies["adaptis"].iteration_time
+
+
+def test_without_a_search_result_adaptis_is_the_best_baseline(monkeypatch: pytest.MonkeyPatch) -> None:
+    deadlines: list[float | None] = []
+
+    def nothing(costs: Costs, **kwargs: object) -> None:
+        deadlines.append(kwargs.get("deadline"))  # type: ignore[arg-type]
+        return None
+
+    monkeypatch.setattr(strategies, "joint_search", nothing)
+    before = strategies.time.monotonic()
+    comparison, outcomes = compare(_problem(), time_limit_s=100.0)
+    best = min((n for n in BASELINES), key=lambda n: comparison.strategies[n].iteration_time or math.inf)
+    assert comparison.strategies[best].iteration_time < comparison.strategies["gpipe"].iteration_time
+    adaptis = outcomes["adaptis"]
+    assert adaptis.plan is not None and adaptis.plan.strategy == "adaptis"
+    assert adaptis.result.iteration_time == comparison.strategies[best].iteration_time
+    assert adaptis.plan.actions == outcomes[best].plan.actions  # type: ignore[union-attr]
+    # The search had the whole call's deadline.
+    assert deadlines[0] is not None and before + 100.0 <= deadlines[0] <= strategies.time.monotonic() + 100.0
+    # Every baseline's outcome is named and timed.
+    for name in BASELINES:
+        assert outcomes[name].name == name
+        seconds = comparison.strategies[name].search_seconds
+        assert seconds is not None and 0 <= seconds < 60
