@@ -169,3 +169,38 @@ def test_a_rank_whose_old_pod_still_terminates_waits_for_it(cluster: Any, make_j
     assert cluster.calls.count("create Pod") == creates + 4
     assert cluster.job()["status"]["launched"].endswith("/1")
     assert {p["metadata"]["labels"]["adaptis.io/attempt"] for p in cluster.pods()} == {"1"}
+
+
+def test_running_and_a_gang_restart_as_the_user_reads_them(cluster: Any, make_job: Any, clock: Any) -> None:
+    cluster.add_job(make_job(spec={"backoffLimit": 3}))
+    rec = Reconciler(cluster, clock=clock)
+    rec.reconcile("ns", "demo")
+    assert ("Normal", "CreatedPods", "created 4 worker pod(s)") in [e[1:4] for e in cluster.events]
+    started = cluster.job()["status"]["startTime"]
+    cluster.job()["status"]["message"] = "left from an earlier pass"
+    _run_all(cluster)
+    for name in ("demo-worker-0", "demo-worker-1"):
+        cluster.set_pod_phase(name, "Succeeded", ready=False)
+    rec.reconcile("ns", "demo")
+    job = cluster.job()
+    assert job["status"]["phase"] == "Running" and job["status"].get("message") is None
+    running = _cond(job, "Running")
+    assert (running["status"], running["reason"], running["message"]) == (
+        "True", "AllRanksRunning", "2 running, 2 finished")
+    assert cluster.events[-1][1:4] == ("Normal", "AllRanksRunning", "2 running, 2 finished")
+    # Every rank fails: the restart names the first three, restarts the gang, looks again soon.
+    for r in range(4):
+        cluster.set_pod_phase(f"demo-worker-{r}", "Failed", ready=False)
+    result = rec.reconcile("ns", "demo")
+    job = cluster.job()
+    detail = "; ".join(f"demo-worker-{r}: failed" for r in range(3))
+    assert job["status"]["message"] == detail and job["status"]["restarts"] == 1
+    restarting, running = _cond(job, "Restarting"), _cond(job, "Running")
+    assert (restarting["reason"], restarting["message"]) == ("PodFailed", f"gang restart 1/3: {detail}")
+    assert (running["status"], running["reason"]) == ("False", "Restarting")
+    assert result.requeue_after == 2.0
+    cluster.finish_deletions()
+    clock.advance(60)
+    rec.reconcile("ns", "demo")
+    assert len(cluster.pods()) == 4
+    assert cluster.job()["status"]["startTime"] == started  # the job's start, not the attempt's
