@@ -133,3 +133,9 @@ def test_spread_may_leave_single_layer_stages_first() -> None:
     costs = _plain(1, 1, 3, 3, 1)
     speeds = [2.0, 1.0, 1.0, 2.0]
     assert balanced_partition(costs, stages_count=4, speeds=speeds, spread=True) == [(0, 1), (1, 2), (2, 3), (3, 5)]
+
+
+def test_balanced_partition_of_layers_far_below_one_time_unit() -> None:
+    # The bisection starts from 0, not from any fixed time: microsecond layers split as well.
+    costs = _plain(1e-3, 1e-3, 3e-3, 1e-3, 1e-3)
+    assert balanced_partition(costs, stages_count=3) == [(0, 2), (2, 3), (3, 5)]
