@@ -65,6 +65,7 @@ def test_compare_runs_every_strategy_adaptis_first_and_bounds_them() -> None:
     assert adaptis.plan is not None and adaptis.plan.strategy == "adaptis"
     assert 32.0 <= (adaptis.result.iteration_time or 0) <= best
     assert adaptis.result.cut_short is None
+    assert adaptis.result.search_seconds is not None and 0 <= adaptis.result.search_seconds < 60
     # The adaptis plan is a real one of its own: it replays to its figure.
     assert adaptis.simulation is not None and adaptis.simulation.iteration_time == adaptis.result.iteration_time
 
@@ -255,3 +256,14 @@ def test_without_a_search_result_adaptis_is_the_best_baseline(monkeypatch: pytes
         assert outcomes[name].name == name
         seconds = comparison.strategies[name].search_seconds
         assert seconds is not None and 0 <= seconds < 60
+
+
+def test_nothing_fits_within_the_time_limit_says_both() -> None:
+    comparison, outcomes = compare(_problem(memory_bytes=205), time_limit_s=1e-9)
+    adaptis = outcomes["adaptis"].result
+    assert not adaptis.feasible and adaptis.cut_short == "no plan: the time limit ran out first"
+    assert adaptis.reason == (
+        "the time limit (1e-09 s) ran out before any plan fit; no partition fits in device memory: the "
+        "leanest plan seen (1f1b) needs 240 bytes on device 0, which has 205 (1.17x); device 0 needs 240 "
+        "bytes, has 205; device 1 needs 220 bytes, has 205")
+    assert adaptis.search_seconds is not None and 0 <= adaptis.search_seconds < 60
