@@ -1,0 +1,206 @@
+"""Reconciler paths the lifecycle tests pass through without pinning: the exact requeue delays,
+the re-plan of a placement that stays unschedulable and how long its nodes stay avoided, the
+messages and events a user reads (in-memory API, as test_operator_reconcile.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adaptis.operator.capacity import CapacityLedger
+from adaptis.operator.passes import ReconcileSettings
+from adaptis.operator.reconcile import Reconciler
+
+
+def _cond(job: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in job["status"]["conditions"] if c["type"] == type_)
+
+
+def _nodes(cluster: Any) -> set[str]:
+    return {r["node"] for r in cluster.job()["status"]["placement"]}
+
+
+def _unschedulable(cluster: Any, stamp: str) -> None:
+    for pod in cluster.pods():
+        pod["status"] = {"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/4 nodes are available", "lastTransitionTime": stamp}]}
+
+
+def test_a_placement_unschedulable_past_its_limit_is_replanned_without_its_nodes(
+        cluster: Any, make_job: Any, clock: Any) -> None:
+    cluster.add_job(make_job(spec={"parallelism": {"workers": 2, "gpusPerWorker": 1}}))
+    rec = Reconciler(cluster, clock=clock, settings=ReconcileSettings(unschedulable_replan_s=60))
+    rec.reconcile("ns", "demo")
+    first = _nodes(cluster)
+    _unschedulable(cluster, clock.now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    clock.advance(20)
+    # 40 s left of the 60, and a second's margin past it.
+    assert rec.reconcile("ns", "demo").requeue_after == 41.0
+    assert not any(p["metadata"].get("deletionTimestamp") for p in cluster.pods())
+    assert cluster.job()["status"]["message"].startswith("unschedulable: ")
+    assert not any(c["type"] == "Restarting" for c in cluster.job()["status"]["conditions"])
+    clock.advance(40)
+    calls = len(cluster.calls)
+    result = rec.reconcile("ns", "demo")
+    assert result.requeue_after == 2.0  # the deleted pods' names free up soon
+    job = cluster.job()
+    assert job["status"]["phase"] == "Restarting"
+    restarting = _cond(job, "Restarting")
+    message = (f"unschedulable for 60s on {', '.join(sorted(first))}: re-planning on the GPUs free now, "
+               "without those nodes for a while")
+    assert (restarting["status"], restarting["reason"], restarting["message"]) == ("True", "Unschedulable", message)
+    assert ("Warning", "Unschedulable", message) in [e[1:4] for e in cluster.events]
+    assert all(p["metadata"].get("deletionTimestamp") for p in cluster.pods())
+    # The status is written before the pods go (a crash in between still says why).
+    new = cluster.calls[calls:]
+    assert new.index("patch_status") < new.index("delete Pod")
+    cluster.finish_deletions()
+    rec.reconcile("ns", "demo")
+    assert not _nodes(cluster) & first and len(cluster.pods()) == 2
+    # The nodes stay avoided for 5 limits (300 s): a re-plan within them still leaves them out,
+    # one after them may use them again.
+    clock.advance(100)
+    cluster.job()["spec"]["parallelism"]["workers"] = 1
+    cluster.job()["metadata"]["generation"] = 2
+    rec.reconcile("ns", "demo")
+    cluster.finish_deletions()
+    rec.reconcile("ns", "demo")
+    assert not _nodes(cluster) & first
+    clock.advance(201)
+    cluster.job()["spec"]["parallelism"]["workers"] = 2
+    cluster.job()["metadata"]["generation"] = 3
+    rec.reconcile("ns", "demo")
+    cluster.finish_deletions()
+    rec.reconcile("ns", "demo")
+    assert _nodes(cluster) == first
+
+
+def _run_all(cluster: Any) -> None:
+    for pod in cluster.pods():
+        cluster.set_pod_phase(pod["metadata"]["name"], "Running")
+
+
+def test_a_failure_stops_only_live_pods_releases_the_gpus_and_says_why(cluster: Any, make_job: Any) -> None:
+    ledger = CapacityLedger()
+    cluster.add_job(make_job(spec={"backoffLimit": 0}))
+    rec = Reconciler(cluster, ledger=ledger)
+    rec.reconcile("ns", "demo")
+    assert ledger.reservation(("ns", "demo"))
+    _run_all(cluster)
+    cluster.set_pod_phase("demo-worker-1", "Failed", ready=False)
+    cluster.set_pod_phase("demo-worker-2", "Succeeded", ready=False)
+    rec.reconcile("ns", "demo")
+    st = cluster.job()["status"]
+    assert st["phase"] == "Failed" and st["completionTime"]
+    assert st["message"] == "spec.backoffLimit: 0 restart(s) used; demo-worker-1: failed"
+    failed, running = _cond(cluster.job(), "Failed"), _cond(cluster.job(), "Running")
+    assert (failed["status"], failed["reason"], failed["message"]) == ("True", "BackoffLimitExceeded", st["message"])
+    assert (running["status"], running["reason"]) == ("False", "BackoffLimitExceeded")
+    # The finished pods stay (their logs and exit codes); the two running ones are stopped.
+    assert cluster.calls.count("delete Pod") == 2
+    deleting = {p["metadata"]["name"] for p in cluster.pods() if p["metadata"].get("deletionTimestamp")}
+    assert deleting == {"demo-worker-0", "demo-worker-3"}
+    assert ledger.reservation(("ns", "demo")) is None
+    assert ("Warning", "BackoffLimitExceeded", st["message"]) in [e[1:4] for e in cluster.events]
+
+
+def test_a_finished_job_holds_no_gpus_and_ignores_a_ttl_that_is_not_a_number(
+        cluster: Any, make_job: Any) -> None:
+    ledger = CapacityLedger()
+    cluster.add_job(make_job(spec={"ttlSecondsAfterFinished": "10"}))
+    cluster.job()["status"] = {"phase": "Succeeded", "completionTime": "2026-01-01T00:00:00Z"}
+    ledger.reserve(("ns", "demo"), {"h100-0": 2})  # e.g. left by a pass before the job ended
+    result = Reconciler(cluster, ledger=ledger).reconcile("ns", "demo")
+    assert ledger.reservation(("ns", "demo")) is None
+    assert result.requeue_after is None and ("ns", "demo") in cluster.jobs
+
+
+def test_the_ttl_counts_from_the_completion_to_the_second(cluster: Any, make_job: Any, clock: Any) -> None:
+    cluster.add_job(make_job(spec={"ttlSecondsAfterFinished": 10}))
+    cluster.job()["status"] = {"phase": "Succeeded", "completionTime": "2026-01-01T00:00:00Z"}
+    rec = Reconciler(cluster, clock=clock)  # the clock starts at the completion time
+    clock.advance(9.5)
+    assert rec.reconcile("ns", "demo").requeue_after == 0.5
+    assert ("ns", "demo") in cluster.jobs
+    clock.advance(0.5)  # exactly the TTL: deleted now, not looked at again in 0 s
+    assert rec.reconcile("ns", "demo").requeue_after is None
+    assert ("ns", "demo") not in cluster.jobs and "delete_job" in cluster.calls
+
+
+def test_success_counts_finished_ranks_as_ready_and_says_so(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job())
+    rec = Reconciler(cluster)
+    rec.reconcile("ns", "demo")
+    _run_all(cluster)
+    rec.reconcile("ns", "demo")
+    for name in ("demo-worker-0", "demo-worker-1"):
+        cluster.set_pod_phase(name, "Succeeded", ready=False)
+    rec.reconcile("ns", "demo")
+    assert cluster.job()["status"]["workersReady"] == "4/4"  # 2 ready + 2 finished
+    cluster.job()["status"]["message"] = "left from an earlier pass"
+    for name in ("demo-worker-2", "demo-worker-3"):
+        cluster.set_pod_phase(name, "Succeeded", ready=False)
+    rec.reconcile("ns", "demo")
+    job = cluster.job()
+    assert job["status"]["phase"] == "Succeeded" and job["status"].get("message") is None
+    succeeded, running = _cond(job, "Succeeded"), _cond(job, "Running")
+    assert (succeeded["status"], succeeded["reason"], succeeded["message"]) == (
+        "True", "Completed", "all 4 ranks finished")
+    assert (running["status"], running["reason"]) == ("False", "Completed")
+    assert cluster.events[-1][1:4] == ("Normal", "Completed", "all 4 ranks finished")
+
+
+def test_a_rank_whose_old_pod_still_terminates_waits_for_it(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job(spec={"backoffLimit": 2}))
+    rec = Reconciler(cluster)
+    rec.reconcile("ns", "demo")
+    _run_all(cluster)
+    cluster.set_pod_phase("demo-worker-1", "Failed", ready=False)
+    rec.reconcile("ns", "demo")  # a gang restart: every pod of attempt 0 is deleted
+    creates = cluster.calls.count("create Pod")
+    # Only rank 3's old pod is gone: it gets its attempt-1 pod, the others wait for their names.
+    del cluster.objects[("Pod", "ns", "demo-worker-3")]
+    result = rec.reconcile("ns", "demo")
+    assert cluster.calls.count("create Pod") == creates + 1
+    assert result.requeue_after == 2.0
+    assert cluster.job()["status"]["launched"].endswith("/0")  # attempt 1 is not launched yet
+    cluster.finish_deletions()
+    rec.reconcile("ns", "demo")
+    assert cluster.calls.count("create Pod") == creates + 4
+    assert cluster.job()["status"]["launched"].endswith("/1")
+    assert {p["metadata"]["labels"]["adaptis.io/attempt"] for p in cluster.pods()} == {"1"}
+
+
+def test_running_and_a_gang_restart_as_the_user_reads_them(cluster: Any, make_job: Any, clock: Any) -> None:
+    cluster.add_job(make_job(spec={"backoffLimit": 3}))
+    rec = Reconciler(cluster, clock=clock)
+    rec.reconcile("ns", "demo")
+    assert ("Normal", "CreatedPods", "created 4 worker pod(s)") in [e[1:4] for e in cluster.events]
+    started = cluster.job()["status"]["startTime"]
+    cluster.job()["status"]["message"] = "left from an earlier pass"
+    _run_all(cluster)
+    for name in ("demo-worker-0", "demo-worker-1"):
+        cluster.set_pod_phase(name, "Succeeded", ready=False)
+    rec.reconcile("ns", "demo")
+    job = cluster.job()
+    assert job["status"]["phase"] == "Running" and job["status"].get("message") is None
+    running = _cond(job, "Running")
+    assert (running["status"], running["reason"], running["message"]) == (
+        "True", "AllRanksRunning", "2 running, 2 finished")
+    assert cluster.events[-1][1:4] == ("Normal", "AllRanksRunning", "2 running, 2 finished")
+    # Every rank fails: the restart names the first three, restarts the gang, looks again soon.
+    for r in range(4):
+        cluster.set_pod_phase(f"demo-worker-{r}", "Failed", ready=False)
+    result = rec.reconcile("ns", "demo")
+    job = cluster.job()
+    detail = "; ".join(f"demo-worker-{r}: failed" for r in range(3))
+    assert job["status"]["message"] == detail and job["status"]["restarts"] == 1
+    restarting, running = _cond(job, "Restarting"), _cond(job, "Running")
+    assert (restarting["reason"], restarting["message"]) == ("PodFailed", f"gang restart 1/3: {detail}")
+    assert (running["status"], running["reason"]) == ("False", "Restarting")
+    assert result.requeue_after == 2.0
+    cluster.finish_deletions()
+    clock.advance(60)
+    rec.reconcile("ns", "demo")
+    assert len(cluster.pods()) == 4
+    assert cluster.job()["status"]["startTime"] == started  # the job's start, not the attempt's

@@ -1,0 +1,128 @@
+"""The list scheduler's rules (adaptis.planner.scheduler) on pipelines small enough to work by hand.
+
+test_planner_scheduler.py checks that every schedule replays to the time it reports; these
+check *which* schedule: B before F before W, oldest microbatch first, a microbatch admitted
+only where memory holds it, and the capacities that admission reads.
+
+Two stages of one layer each on two devices, F = B = W = 1, no transfers, 3 microbatches:
+device 0 runs F0 (0-1), F1, F2 (to 3), then B0 as soon as device 1's B0 ends (3), W0 in the
+gap before B1 arrives (5), and so on; device 1 alternates F and B from 1 and runs its Ws last.
+Each device does 9 units of work and device 1 cannot start before 1: 10 is optimal.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from adaptis.api.problem import parse_problem
+from adaptis.planner.costs import Costs
+from adaptis.planner.errors import OutOfTime
+from adaptis.planner.scheduler import Policy, inflight_caps, list_schedule
+
+TWO = [(0, 1), (1, 2)]
+
+
+def _costs(*, microbatches: int = 3, layers: int = 2, devices: int = 2, memory: float | None = None,
+           activation: float = 0.0, params: float = 0.0, w: float = 1.0, overhead: float = 0.0) -> Costs:
+    docs = [{"name": f"l{i}", "forward": 1.0, "backward": 1.0, "weight": w, "activation_bytes": activation,
+             "param_bytes": params} for i in range(layers)]
+    dev: dict[str, object] = {"count": devices}
+    if memory is not None:
+        dev["memory_bytes"] = memory
+    return Costs.from_problem(parse_problem({"name": "t", "microbatches": microbatches, "layers": docs,
+                                             "devices": dev, "time_unit": "s", "action_overhead_s": overhead}))
+
+
+def _order(actions: tuple[tuple[tuple[str, int, int], ...], ...]) -> list[str]:
+    return [" ".join(f"{k}{mb}" for k, _s, mb in dev) for dev in actions]
+
+
+def test_b_before_f_before_w_oldest_first() -> None:
+    sched = list_schedule(_costs(), stages=TWO, owner=[0, 1])
+    assert sched.feasible and sched.reason is None
+    assert _order(sched.actions) == ["F0 F1 F2 B0 W0 B1 W1 B2 W2", "F0 B0 F1 B1 F2 B2 W0 W1 W2"]
+    assert sched.iteration_time == 10.0
+    assert all(s == 0 for _k, s, _mb in sched.actions[0]) and all(s == 1 for _k, s, _mb in sched.actions[1])
+
+
+def test_fused_backward_runs_bw_actions() -> None:
+    """BW takes B + W = 2: device 1's BW0 ends at 4, device 0's BWs run 4-6, 7-9 and 10-12."""
+    sched = list_schedule(_costs(), stages=TWO, owner=[0, 1], policy=Policy(split_backward=False))
+    assert _order(sched.actions) == ["F0 F1 F2 BW0 BW1 BW2", "F0 BW0 F1 BW1 F2 BW2"]
+    assert sched.iteration_time == 12.0
+
+
+def test_at_most_one_microbatch_in_flight_runs_them_one_by_one() -> None:
+    """A microbatch is admitted once both devices ran its W: F F B B W, 5 each, 15 in all."""
+    sched = list_schedule(_costs(), stages=TWO, owner=[0, 1], policy=Policy(max_inflight=1))
+    assert _order(sched.actions) == ["F0 B0 W0 F1 B1 W1 F2 B2 W2"] * 2
+    assert sched.iteration_time == 15.0
+
+
+def test_memory_for_one_microbatch_admits_one_at_a_time() -> None:
+    """Parameters 4 bytes, activations 2 a microbatch, memory 7: one microbatch fits, not two."""
+    costs = _costs(memory=7.0, activation=2.0, params=4.0)
+    sched = list_schedule(costs, stages=TWO, owner=[0, 1])
+    assert _order(sched.actions) == ["F0 B0 W0 F1 B1 W1 F2 B2 W2"] * 2
+    # Per device, device 0 takes the next microbatch once its own W frees the first.
+    per_device = list_schedule(costs, stages=TWO, owner=[0, 1], policy=Policy(admit_per_device=True))
+    assert per_device.iteration_time <= sched.iteration_time == 15.0
+
+
+def test_per_device_admission_with_room_for_all_is_the_unlimited_schedule() -> None:
+    sched = list_schedule(_costs(), stages=TWO, owner=[0, 1], policy=Policy(admit_per_device=True))
+    assert _order(sched.actions) == ["F0 F1 F2 B0 W0 B1 W1 B2 W2", "F0 B0 F1 B1 F2 B2 W0 W1 W2"]
+
+
+def test_two_stages_on_one_device_run_the_older_microbatch_first() -> None:
+    sched = list_schedule(_costs(devices=1, microbatches=2), stages=TWO, owner=[0, 0])
+    # F of stage 0 then stage 1 for microbatch 0 (older first beats the new F of stage 0), its B
+    # on the last stage at once, then stage 0's B; the Ws fill in at the end.
+    assert [f"{k}{s}.{mb}" for k, s, mb in sched.actions[0]] == [
+        "F0.0", "F1.0", "B1.0", "B0.0", "F0.1", "F1.1", "B1.1", "B0.1", "W1.0", "W0.0", "W1.1", "W0.1"]
+    assert sched.iteration_time == 12.0
+
+
+def test_overhead_is_added_to_every_action() -> None:
+    sched = list_schedule(_costs(overhead=0.5), stages=TWO, owner=[0, 1])
+    assert sched.iteration_time == 15.0  # the same order, every action 1.5
+
+
+def test_inflight_caps_are_what_memory_holds_after_the_parameters() -> None:
+    costs = _costs(microbatches=5, memory=10.0, activation=2.0, params=4.0)
+    sc = costs.stage_costs(TWO)
+    # (10 - 4) // 2 = 3 on each device; capped by max_inflight; by the microbatch count.
+    assert inflight_caps(costs, sc=sc, owner=[0, 1], policy=Policy()) == [3, 3]
+    assert inflight_caps(costs, sc=sc, owner=[0, 1], policy=Policy(max_inflight=2)) == [2, 2]
+    assert inflight_caps(costs, sc=sc, owner=[0, 1], policy=Policy(max_inflight=9)) == [3, 3]
+    roomy = _costs(microbatches=5, memory=100.0, activation=2.0, params=4.0)
+    assert inflight_caps(roomy, sc=roomy.stage_costs(TWO), owner=[0, 1], policy=Policy()) == [5, 5]
+    # No memory bound, or no activations: every microbatch.
+    for free in (_costs(microbatches=5, activation=2.0), _costs(microbatches=5, memory=10.0, params=4.0)):
+        assert inflight_caps(free, sc=free.stage_costs(TWO), owner=[0, 1], policy=Policy()) == [5, 5]
+    # Both stages on device 0: 8 bytes of parameters and 4 a microbatch do not fit 10.
+    assert inflight_caps(costs, sc=sc, owner=[0, 0], policy=Policy()) == (
+        "device 0: parameters and one microbatch need 12 bytes, it has 10")
+    # Exactly one microbatch fits.
+    exact = _costs(microbatches=5, memory=6.0, activation=2.0, params=4.0)
+    assert inflight_caps(exact, sc=exact.stage_costs(TWO), owner=[0, 1], policy=Policy()) == [1, 1]
+
+
+def test_a_device_that_cannot_hold_one_microbatch_makes_the_schedule_infeasible() -> None:
+    costs = _costs(memory=5.0, activation=2.0, params=4.0)
+    sched = list_schedule(costs, stages=TWO, owner=[0, 1])
+    assert (sched.feasible, sched.actions, sched.iteration_time) == (False, (), math.inf)
+    assert sched.reason == "device 0: parameters and one microbatch need 6 bytes, it has 5"
+    # Parameters alone over memory: a negative room is refused too, even with no activations.
+    over = _costs(memory=3.0, params=4.0)
+    assert inflight_caps(over, sc=over.stage_costs(TWO), owner=[0, 1], policy=Policy()) == (
+        "device 0: parameters and one microbatch need 4 bytes, it has 3")
+
+
+def test_a_deadline_already_passed_stops_a_long_schedule() -> None:
+    costs = _costs(microbatches=1500)  # 9000 actions: the clock is read after 4096 steps
+    with pytest.raises(OutOfTime, match="the time limit ran out during a list schedule"):
+        list_schedule(costs, stages=TWO, owner=[0, 1], deadline=0.0)
+    assert list_schedule(_costs(microbatches=3), stages=TWO, owner=[0, 1], deadline=0.0).feasible
