@@ -1,0 +1,80 @@
+"""Plans that idle a rank (no stage, no action) run on real gloo ranks and equal single-process
+training: the idle rank stays out of torch's pipelining group but joins every collective.
+
+Tolerances as tests/worker/test_worker_parity.py (float32: loss 1e-5 relative, gradients rtol
+1e-4 / atol 1e-6, grad norm 1e-4).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from worker_harness import (
+    PARITY_MODEL,
+    PARITY_TRAINING,
+    parity_ranks,
+    run_ranks,
+    topological_plan,
+    write_cases,
+)
+
+from adaptis.api.plan import Plan
+from adaptis.planner.drift import idle_devices
+from adaptis.worker.data import SyntheticTokens
+from adaptis.worker.reference import reference_step
+
+N_LAYERS = 10  # embedding + 8 blocks + head
+STAGES = [(0, 3), (3, 7), (7, 10)]
+
+
+def _idle_plans() -> dict[str, Plan]:
+    return {
+        # Middle rank idle: stages 0 and 2 (embedding and tied head) on rank 0, stage 1 on rank 2.
+        "idle-middle": topological_plan(stages=STAGES, placement=[[0, 2], [], [1]], microbatches=8,
+                                        split=True, defer_w=False, lag=1),
+        # Last rank idle, fused backward.
+        "idle-last": topological_plan(stages=STAGES, placement=[[0], [1, 2], []], microbatches=8,
+                                      split=False, defer_w=False, lag=2),
+    }
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
+    tmp = tmp_path_factory.mktemp("idle")
+    plans = _idle_plans()
+    write_cases(tmp / "cases.json", plans)
+    run_ranks(parity_ranks, world=3, args=(str(tmp / "cases.json"), str(tmp)), timeout_s=240)
+    return {name: [torch.load(tmp / f"{name}-{r}.pt") for r in range(3)] for name in plans}
+
+
+@pytest.fixture(scope="module")
+def reference() -> tuple[float, dict[str, torch.Tensor], float]:
+    torch.set_num_threads(1)
+    t = PARITY_TRAINING
+    data = SyntheticTokens(vocab_size=PARITY_MODEL.vocab_size, sequence_length=t.sequence_length, seed=t.seed)
+    ref = reference_step(PARITY_MODEL, t, batch=data.batch(position=0, sequences=t.microbatches * t.microbatch_size))
+    norm = sum(float(g.double().pow(2).sum()) for k, g in ref.grads.items() if k != f"{N_LAYERS - 1}.weight")
+    return ref.loss, ref.grads, norm**0.5
+
+
+def test_plans_idle_a_rank() -> None:
+    assert idle_devices(_idle_plans()["idle-middle"]) == [1]
+    assert idle_devices(_idle_plans()["idle-last"]) == [2]
+
+
+@pytest.mark.parametrize("name", ["idle-middle", "idle-last"])
+def test_idle_rank_plan_equals_single_process(name: str, results, reference) -> None:
+    ref_loss, ref_grads, ref_norm = reference
+    ranks = results[name]
+    idle = idle_devices(_idle_plans()[name])[0]
+    assert ranks[idle]["grads"] == {}, "the idle rank holds no parameter"
+    assert ranks[idle]["busy"][idle] == 0.0, "the idle rank reports zero busy time"
+    for r in ranks:
+        assert r["loss"] == pytest.approx(ref_loss, rel=1e-5)
+        assert r["norm"] == pytest.approx(ref_norm, rel=1e-4)
+    merged: dict[str, torch.Tensor] = {}
+    for r in ranks:
+        merged.update(r["grads"])
+    assert set(merged) == set(ref_grads)
+    for k, g in ref_grads.items():
+        torch.testing.assert_close(merged[k], g, rtol=1e-4, atol=1e-6, msg=lambda m, k=k: f"{name} {k}: {m}")
