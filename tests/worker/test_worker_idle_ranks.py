@@ -10,18 +10,21 @@ from __future__ import annotations
 import pytest
 import torch
 from worker_harness import (
+    DP_TRAINING,
     PARITY_MODEL,
     PARITY_TRAINING,
+    dp_parity_ranks,
     parity_ranks,
     run_ranks,
     topological_plan,
     write_cases,
+    write_dp_cases,
 )
 
 from adaptis.api.plan import Plan
 from adaptis.planner.drift import idle_devices
 from adaptis.worker.data import SyntheticTokens
-from adaptis.worker.reference import reference_step
+from adaptis.worker.reference import reference_step, reference_train
 
 N_LAYERS = 10  # embedding + 8 blocks + head
 STAGES = [(0, 3), (3, 7), (7, 10)]
@@ -78,3 +81,38 @@ def test_idle_rank_plan_equals_single_process(name: str, results, reference) -> 
     assert set(merged) == set(ref_grads)
     for k, g in ref_grads.items():
         torch.testing.assert_close(merged[k], g, rtol=1e-4, atol=1e-6, msg=lambda m, k=k: f"{name} {k}: {m}")
+
+
+# --- data parallel: the idle pipeline position is idle in every replica ----------------------
+
+DP_REPLICAS, DP_PIPELINE, DP_STEPS = 2, 2, 2
+
+
+@pytest.fixture(scope="module")
+def dp_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
+    tmp = tmp_path_factory.mktemp("idledp")
+    # Pipeline rank 0 idle, all stages on rank 1 (the tied pair on one rank).
+    plan = topological_plan(stages=[(0, 4), (4, 10)], placement=[[], [0, 1]], microbatches=DP_TRAINING.microbatches,
+                            split=True, defer_w=True)
+    cases = {f"idle-first-zero{zero}": (plan, zero) for zero in (0, 1)}
+    write_dp_cases(tmp / "cases.json", cases, replicas=DP_REPLICAS, steps=DP_STEPS)
+    world = DP_REPLICAS * DP_PIPELINE
+    run_ranks(dp_parity_ranks, world=world, args=(str(tmp / "cases.json"), str(tmp)), timeout_s=300)
+    return {case: [torch.load(tmp / f"{case}-{r}.pt") for r in range(world)] for case in cases}
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_idle_rank_with_replicas_trains_as_one_process(zero: int, dp_results) -> None:
+    torch.set_num_threads(1)
+    t = DP_TRAINING.model_copy(update={"microbatches": DP_TRAINING.microbatches * DP_REPLICAS})
+    source = SyntheticTokens(vocab_size=PARITY_MODEL.vocab_size, sequence_length=t.sequence_length, seed=t.seed)
+    ref = reference_train(PARITY_MODEL, t, source=source, steps=DP_STEPS)
+    ranks = dp_results[f"idle-first-zero{zero}"]
+    for r in ranks:
+        assert r["losses"] == pytest.approx(ref.losses, rel=1e-5)
+        assert r["norms"] == pytest.approx(ref.norms, rel=1e-4)
+    for replica in range(DP_REPLICAS):
+        idle, busy = ranks[replica * DP_PIPELINE], ranks[replica * DP_PIPELINE + 1]
+        assert idle["weights"] == {} and idle["optimizer_state"] == 0
+        for k, w in ref.weights.items():
+            torch.testing.assert_close(busy["weights"][k], w, rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
