@@ -74,13 +74,17 @@ class DriftWindow:
     ``observe`` takes the step number and the counters of every *global* rank; with data
     parallelism (``replicas`` > 1, rank = replica × devices + device) a pipeline device counts
     as its slowest replica's, since every replica waits for the slowest at the all-reduce.
+
+    A device the plan idles (predicted busy 0) has no speed to measure: its ratio is the median
+    of the busy devices' (no deviation of its own), so it never triggers a re-plan and a
+    re-plan corrects it only by the model's overall error.
     """
 
     def __init__(self, *, predicted: Sequence[float], window_steps: int, replicas: int = 1) -> None:
         if window_steps < 2:
             raise PlannerError(f"window_steps must be at least 2, got {window_steps}")
-        if any(p <= 0 for p in predicted):
-            raise PlannerError("every device needs a positive predicted busy time")
+        if any(p < 0 for p in predicted) or not any(p > 0 for p in predicted):
+            raise PlannerError("predicted busy times must be non-negative, with at least one device busy")
         self.predicted = tuple(predicted)
         self.window_steps = window_steps
         self.replicas = replicas
@@ -104,7 +108,9 @@ class DriftWindow:
         per_rank = [(b1[r] - b0[r]) / steps for r in range(len(b0))]
         slowest = [max(per_rank[rep * devices + d] for rep in range(self.replicas))
                    for d in range(devices)]
-        return [m / p for m, p in zip(slowest, self.predicted)]
+        measured = {d: m / p for d, (m, p) in enumerate(zip(slowest, self.predicted)) if p > 0}
+        unknown = statistics.median(measured.values())  # an idle device: see the class docstring
+        return [measured.get(d, unknown) for d in range(devices)]
 
     def ratios(self) -> list[float] | None:
         """Measured / predicted compute per device over the full window (None: not full yet),

@@ -139,3 +139,7 @@ def test_a_plan_that_idles_the_slow_device_is_taken_when_it_is_the_best() -> Non
         other = plan_strategy(pending.problem, name)
         if other.simulation is not None:
             assert best.simulation.iteration_time <= other.simulation.iteration_time * (1 + 1e-9), name
+    # The launch under the idle plan is still watched: the idle device's counter stays at zero.
+    adapter.start(problem=pending.problem, plan=pending.plan)
+    assert adapter.window is not None
+    assert _feed(adapter, steps=range(1, 20), slow=1.0).count(True) == 0
