@@ -13,6 +13,9 @@ With ``data_parallel`` R > 1 the world is a replicas x pipeline mesh
 inside this rank's pipeline replica, each stage's gradients are averaged over its R replicas
 (launched as the stage finishes its backward, waited before clipping), and the optimizer
 state may be sharded across the replicas (ZeRO-1).
+
+A rank the plan gives no stage (an idle rank) builds no stage and no torch runtime (torch's
+pipelining runs in a group of the busy ranks only) but joins every collective of a step.
 """
 
 from __future__ import annotations
