@@ -22,6 +22,7 @@ from worker_harness import (
 )
 
 from adaptis.api.plan import Plan
+from adaptis.api.rules import layer_count
 from adaptis.planner.drift import idle_devices
 from adaptis.worker.data import SyntheticTokens
 from adaptis.worker.reference import reference_step, reference_train
@@ -116,3 +117,34 @@ def test_idle_rank_with_replicas_trains_as_one_process(zero: int, dp_results) ->
         assert idle["weights"] == {} and idle["optimizer_state"] == 0
         for k, w in ref.weights.items():
             torch.testing.assert_close(busy["weights"][k], w, rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+
+
+# --- a Hugging Face model (tied Gemma): the tied pair across the busy ranks, the middle idle --
+
+
+def test_idle_rank_with_a_hugging_face_model_equals_the_model_itself(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    from hf_harness import hf_model, hf_ranks, hf_reference, write_hf_cases
+
+    torch.set_num_threads(1)
+    model = hf_model("tiny-gemma")
+    n = layer_count(model)
+    plan = topological_plan(stages=[(0, n // 2), (n // 2, n)], placement=[[0], [], [1]], microbatches=4,
+                            split=True, defer_w=False, lag=1)
+    write_hf_cases(tmp_path / "cases.json", {"idle": plan}, model=model)
+    run_ranks(hf_ranks, world=3, args=(str(tmp_path / "cases.json"), str(tmp_path)), timeout_s=300)
+    ranks = [torch.load(tmp_path / f"idle-{r}.pt") for r in range(3)]
+    ref = hf_reference(model)
+    assert ranks[1]["params"] == {}
+    for r in ranks:
+        assert r["losses"] == pytest.approx(ref["losses"], rel=1e-5)
+    merged: dict[str, torch.Tensor] = {}
+    for r in ranks:
+        for k, v in r["params"].items():
+            k = "model.embed_tokens.weight" if k == "lm_head.weight" and k not in ref["params"] else k
+            if k in merged:  # the tied weight on ranks 0 and 2: equal copies
+                torch.testing.assert_close(v, merged[k], rtol=1e-4, atol=1e-6)
+            merged[k] = v
+    assert set(merged) == set(ref["params"])
+    for k, want in ref["params"].items():
+        torch.testing.assert_close(merged[k], want, rtol=1e-4, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
