@@ -116,13 +116,11 @@ class Adapter:
         self.problem, self.plan, self.pending = problem, plan, None
         predicted = predicted_busy(problem, plan)
         self.window: DriftWindow | None = None
-        if self.spec.policy != "off" and min(predicted) > 0:
+        if self.spec.policy != "off" and max(predicted) > 0:
+            # A device the plan idles has no speed to measure: the window gives it the others'
+            # median ratio (DriftWindow), so the busy devices are still watched.
             self.window = DriftWindow(predicted=predicted, window_steps=self.spec.window_steps,
                                       replicas=self.replicas)
-        elif self.spec.policy != "off":  # a device with nothing to compute has no speed to measure
-            idle = [d for d, p in enumerate(predicted) if p <= 0]
-            self.say(f"adaptation: the plan leaves device(s) {idle} without compute; their speed cannot "
-                     "be measured, so this launch is not watched for drift")
         self._busy: dict[int, dict[int, float]] = {}
         self._first_step: int | None = None
 

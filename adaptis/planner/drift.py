@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from adaptis.api.plan import STRATEGY_NAMES, Plan
+from adaptis.api.plan import Plan
 from adaptis.api.problem import DeviceList, Problem
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import PlannerError
@@ -74,13 +74,17 @@ class DriftWindow:
     ``observe`` takes the step number and the counters of every *global* rank; with data
     parallelism (``replicas`` > 1, rank = replica × devices + device) a pipeline device counts
     as its slowest replica's, since every replica waits for the slowest at the all-reduce.
+
+    A device the plan idles (predicted busy 0) has no speed to measure: its ratio is the median
+    of the busy devices' (no deviation of its own), so it never triggers a re-plan and a
+    re-plan corrects it only by the model's overall error.
     """
 
     def __init__(self, *, predicted: Sequence[float], window_steps: int, replicas: int = 1) -> None:
         if window_steps < 2:
             raise PlannerError(f"window_steps must be at least 2, got {window_steps}")
-        if any(p <= 0 for p in predicted):
-            raise PlannerError("every device needs a positive predicted busy time")
+        if any(p < 0 for p in predicted) or not any(p > 0 for p in predicted):
+            raise PlannerError("predicted busy times must be non-negative, with at least one device busy")
         self.predicted = tuple(predicted)
         self.window_steps = window_steps
         self.replicas = replicas
@@ -104,7 +108,9 @@ class DriftWindow:
         per_rank = [(b1[r] - b0[r]) / steps for r in range(len(b0))]
         slowest = [max(per_rank[rep * devices + d] for rep in range(self.replicas))
                    for d in range(devices)]
-        return [m / p for m, p in zip(slowest, self.predicted)]
+        measured = {d: m / p for d, (m, p) in enumerate(zip(slowest, self.predicted)) if p > 0}
+        unknown = statistics.median(measured.values())  # an idle device: see the class docstring
+        return [measured.get(d, unknown) for d in range(devices)]
 
     def ratios(self) -> list[float] | None:
         """Measured / predicted compute per device over the full window (None: not full yet),
@@ -160,8 +166,9 @@ class Decision:
 
 
 def idle_devices(plan: Plan) -> list[int]:
-    """Devices ``plan`` gives no action: a plan the workers cannot run (torch's pipelining runs
-    no rank without actions), though the planner may prefer it for a device slow enough."""
+    """Devices ``plan`` gives no action (a device slow enough is worth idling, to the planner).
+    The workers run such plans: an idle rank stays out of torch's pipelining and only joins the
+    step's collectives. For reporting."""
     return [d for d, actions in enumerate(plan.actions) if not actions]
 
 
@@ -171,8 +178,8 @@ def decide(problem: Problem, plan: Plan, *, drift: Drift, strategy: str, remaini
 
     Worth it when the new plan saves at least ``min_gain`` of the iteration *and* the time it
     saves over ``remaining_steps`` exceeds ``restart_seconds`` (checkpoint, restart, warm-up:
-    measured by the caller). When ``strategy``'s plan idles a device, the best plan of the other
-    strategies that keeps every device busy stands in (the ranks are already running)."""
+    measured by the caller). A new plan that idles a device is taken as any other (the
+    workers run it; the reason names the idle devices)."""
     fixed = corrected_problem(problem, ratios=drift.ratios)
     unit = _SECONDS[problem.time_unit]
     old = simulate(Costs.from_problem(fixed), plan)
@@ -180,18 +187,8 @@ def decide(problem: Problem, plan: Plan, *, drift: Drift, strategy: str, remaini
         raise PlannerError(f"the running plan does not replay on the corrected problem: {old.reason}")
     old_s = old.iteration_time * unit
     outcome = plan_strategy(fixed, strategy, time_limit_s=time_limit_s)
-    note = ""
-    if outcome.plan is not None and idle_devices(outcome.plan):
-        note = (f" (the {strategy} plan idles device(s) {idle_devices(outcome.plan)}, which the "
-                "ranks cannot run: the best plan on every device)")
-        others = [plan_strategy(fixed, name, time_limit_s=time_limit_s)
-                  for name in STRATEGY_NAMES if name != strategy]
-        runnable = [o for o in others if o.plan is not None and o.simulation is not None
-                    and not idle_devices(o.plan)]
-        outcome = min(runnable, key=lambda o: o.simulation.iteration_time) if runnable else None
-    if outcome is None or outcome.plan is None or outcome.simulation is None:
-        why = note if outcome is None or note else f": {outcome.result.reason}"
-        return Decision(replan=False, reason=f"no runnable plan for the corrected problem{why}",
+    if outcome.plan is None or outcome.simulation is None:
+        return Decision(replan=False, reason=f"no runnable plan for the corrected problem: {outcome.result.reason}",
                         old_iteration_seconds=old_s, new_iteration_seconds=old_s, plan=None,
                         problem=fixed)
     new_s = outcome.simulation.iteration_time * unit
@@ -206,6 +203,8 @@ def decide(problem: Problem, plan: Plan, *, drift: Drift, strategy: str, remaini
         why = (f"{drift.describe()}: re-planned {old_s * 1e3:.1f} -> {new_s * 1e3:.1f} ms per "
                f"iteration, saving {saved:.0f} s over {remaining_steps} steps against a "
                f"{restart_seconds:.0f} s restart")
+    idle = idle_devices(outcome.plan)
+    note = f" (the new plan idles device(s) {idle})" if idle else ""
     return Decision(replan=gain >= min_gain and saved > restart_seconds, reason=why + note,
                     old_iteration_seconds=old_s, new_iteration_seconds=new_s,
                     plan=outcome.plan, problem=fixed)

@@ -13,6 +13,9 @@ With ``data_parallel`` R > 1 the world is a replicas x pipeline mesh
 inside this rank's pipeline replica, each stage's gradients are averaged over its R replicas
 (launched as the stage finishes its backward, waited before clipping), and the optimizer
 state may be sharded across the replicas (ZeRO-1).
+
+A rank the plan gives no stage (an idle rank) builds no stage and no torch runtime (torch's
+pipelining runs in a group of the busy ranks only) but joins every collective of a step.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from adaptis.worker.models import (
 from adaptis.worker.pipelining import (
     ActionTimer,
     CudaActionTimer,
+    IdleRuntime,
     PipelineRuntime,
     StageShapes,
     WallActionTimer,
@@ -143,8 +147,10 @@ class Executor:
         self.replica = self.mesh.replica_of(rank)
         self.pipeline_rank = self.mesh.pipeline_rank_of(rank)
         self.plan = parse_plan(config, world_size=self.mesh.pipeline)
-        # Before any PipelineStage exists (see create_groups).
-        self.groups = create_groups(self.mesh, rank=rank)
+        # Before any PipelineStage exists (see create_groups). A rank the plan gives no action
+        # (an idle rank) is left out of the group torch's pipelining runs in.
+        self.busy_ranks = [r for r, acts in enumerate(self.plan.actions) if acts]
+        self.groups = create_groups(self.mesh, rank=rank, busy=self.busy_ranks)
         spec, train = config.model, config.training
         self.precision = resolve_precision(train.precision, cuda=device.type == "cuda")
         if self.plan.precision is not None and self.plan.precision != self.precision:
@@ -186,14 +192,19 @@ class Executor:
         # stages, which checkpoints and the tied embedding look into.
         runnable = [wrap_stage(mod, precision=self.precision, recompute=recompute[s], device=device)
                     for mod, s in zip(self.modules, self.stage_ids, strict=True)]
-        self.runtime = PipelineRuntime(
-            modules=runnable, stage_ids=self.stage_ids, num_stages=len(self.plan.stages),
-            actions=[[(k, s, mb) for k, s, mb in acts] for acts in self.plan.actions],
-            microbatches=m, shapes=shapes, timer=self.timer,
-            loss_fn=lambda out, tgt: token_loss(out, tgt, scale=1.0 / m),
-            group=self.groups.pipeline,
-            on_stage_grads=self.reducer.stage_ready if self.reducer is not None else None,
-        )
+        self.runtime: PipelineRuntime | IdleRuntime
+        if self.pipeline_rank not in self.busy_ranks:
+            self.runtime = IdleRuntime()
+        else:
+            # Keyed by rank in the work group: the busy ranks, in pipeline order.
+            self.runtime = PipelineRuntime(
+                modules=runnable, stage_ids=self.stage_ids, num_stages=len(self.plan.stages),
+                actions=[[(k, s, mb) for k, s, mb in self.plan.actions[r]] for r in self.busy_ranks],
+                microbatches=m, shapes=shapes, timer=self.timer,
+                loss_fn=lambda out, tgt: token_loss(out, tgt, scale=1.0 / m),
+                group=self.groups.work,
+                on_stage_grads=self.reducer.stage_ready if self.reducer is not None else None,
+            )
         act = train.microbatch_size * train.sequence_length * hidden * dtype.itemsize
         self.sent_bytes, self.received_bytes = transfer_bytes(self.plan, rank=self.pipeline_rank,
                                                               activation_bytes=act)
@@ -398,6 +409,9 @@ def _unique_params(modules: list[nn.Module]) -> list[nn.Parameter]:
 
 def _optimizer(params: list[nn.Parameter], config: WorkerConfig) -> torch.optim.Optimizer:
     opt = config.training.optimizer
+    # One explicit group: torch refuses an empty parameter list, which an idle rank has (its
+    # optimizer then steps nothing, but keeps the learning rate and a state to checkpoint).
+    groups = [{"params": params}]
     if opt.name == "sgd":
-        return torch.optim.SGD(params, lr=opt.lr, weight_decay=opt.weight_decay)
-    return torch.optim.AdamW(params, lr=opt.lr, weight_decay=opt.weight_decay)
+        return torch.optim.SGD(groups, lr=opt.lr, weight_decay=opt.weight_decay)
+    return torch.optim.AdamW(groups, lr=opt.lr, weight_decay=opt.weight_decay)

@@ -201,6 +201,8 @@ def build_hf_stages(model: ModelSpec, *, stages: Sequence[tuple[int, int]],
     """This process's stages (``[lo, hi)`` ranges): only their layers are materialised, then
     overwritten with the local weights when the spec names them (only these layers' tensors
     are read)."""
+    if not stages:
+        return []  # an idle rank (the plan gives it no stage): nothing to build or read
     causal_lm, config, layout = _skeleton(model)
     n = layout.layer_count
     owned = {i for lo, hi in stages for i in range(lo, hi)}

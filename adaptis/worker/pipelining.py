@@ -41,6 +41,7 @@ from torch.distributed.pipelining import schedules as _schedules
 from adaptis.worker.errors import PlanMismatchError, TorchApiError
 
 __all__ = [
+    "IdleRuntime",
     "ActionTimer",
     "CudaActionTimer",
     "PipelineRuntime",
@@ -383,3 +384,23 @@ class PipelineRuntime:
     def loss_sum(self) -> float:
         """Sum of this step's (scaled) microbatch losses; 0 on ranks without the last stage."""
         return float(sum(loss.detach().float().item() for loss in self.losses.values()))
+
+
+class IdleRuntime:
+    """The runtime of a rank the plan gives no stage and no action: it runs nothing.
+
+    torch's pipelining refuses a schedule with an empty rank, so such a rank stays out of the
+    pipeline's work group altogether (:func:`adaptis.worker.replicas.create_groups`); the
+    executor still takes it through every collective of a step."""
+
+    holds_first = False
+    holds_last = False
+
+    def __init__(self) -> None:
+        self.losses: dict[int, torch.Tensor] = {}
+
+    def step(self, *, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> None:
+        del inputs, targets
+
+    def loss_sum(self) -> float:
+        return 0.0

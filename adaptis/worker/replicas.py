@@ -77,29 +77,45 @@ class Mesh:
 
 @dataclass(frozen=True, slots=True)
 class MeshGroups:
-    """This rank's pipeline group and replica group (None: the world group / no replicas)."""
+    """This rank's pipeline group and replica group (None: the world group / no replicas), and
+    ``work``: the group torch's pipelining runs in, the pipeline's ranks that have actions
+    (the pipeline group itself when the plan idles none; None on an idle rank, which is in
+    no such group)."""
 
     pipeline: dist.ProcessGroup | None
     replica: dist.ProcessGroup | None
+    work: dist.ProcessGroup | None = None
 
 
-def create_groups(mesh: Mesh, *, rank: int) -> MeshGroups:
+def create_groups(mesh: Mesh, *, rank: int, busy: Sequence[int] | None = None) -> MeshGroups:
     """Collective: every rank creates every group, in the same order (``new_group`` requires
     it), before any pipeline stage exists: subgroups created next to torch pipelining's peer
-    warm-up broke gloo on torch 2.11. With one replica nothing is created: the pipeline is
-    the world, as before data parallelism."""
-    if mesh.replicas == 1:
-        return MeshGroups(pipeline=None, replica=None)
+    warm-up broke gloo on torch 2.11. With one replica and no idle rank nothing is created:
+    the pipeline is the world, as before data parallelism.
+
+    ``busy``: the pipeline ranks the plan gives actions (None: all). torch's pipelining runs
+    only a group whose every rank has actions, so a plan that idles ranks gets one more group
+    per replica, of its busy ranks; the idle ranks create it too but stay out of it."""
+    busy = list(range(mesh.pipeline)) if busy is None else sorted(busy)
+    idles = len(busy) < mesh.pipeline
     mine_pipe = mine_rep = None
-    for r in range(mesh.replicas):
-        g = dist.new_group(mesh.pipeline_ranks(r))
-        if mesh.replica_of(rank) == r:
-            mine_pipe = g
-    for p in range(mesh.pipeline):
-        g = dist.new_group(mesh.replica_ranks(p))
-        if mesh.pipeline_rank_of(rank) == p:
-            mine_rep = g
-    return MeshGroups(pipeline=mine_pipe, replica=mine_rep)
+    if mesh.replicas > 1:
+        for r in range(mesh.replicas):
+            g = dist.new_group(mesh.pipeline_ranks(r))
+            if mesh.replica_of(rank) == r:
+                mine_pipe = g
+        for p in range(mesh.pipeline):
+            g = dist.new_group(mesh.replica_ranks(p))
+            if mesh.pipeline_rank_of(rank) == p:
+                mine_rep = g
+    mine_work = mine_pipe
+    if idles:
+        mine_work = None
+        for r in range(mesh.replicas):
+            g = dist.new_group([mesh.global_rank(replica=r, pipeline_rank=p) for p in busy])
+            if mesh.replica_of(rank) == r and mesh.pipeline_rank_of(rank) in busy:
+                mine_work = g
+    return MeshGroups(pipeline=mine_pipe, replica=mine_rep, work=mine_work)
 
 
 def _buckets(params: Sequence[nn.Parameter], *, bucket_bytes: int) -> list[list[nn.Parameter]]:

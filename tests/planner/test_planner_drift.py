@@ -117,3 +117,17 @@ def test_corrected_problem_scales_speeds_and_refuses_bad_ratios() -> None:
         corrected_problem(problem, ratios=[1.0, 0.0, 1.0, 1.0])
     with pytest.raises(PlannerError, match="window_steps"):
         DriftWindow(predicted=[1.0], window_steps=1)
+
+
+def test_an_idle_device_takes_the_median_ratio_and_the_busy_ones_are_still_watched() -> None:
+    busy = [1.0, 0.0, 2.0, 1.5]  # device 1 idle: nothing to measure
+    window = DriftWindow(predicted=busy, window_steps=4)
+    _feed(window, per_step=[b * 1.2 for b in busy], steps=range(1, 6))
+    assert window.ratios() == pytest.approx([1.2, 1.2, 1.2, 1.2])
+    assert window.drift(threshold=0.15) is None  # uniform: the idle device adds no deviation
+    window = DriftWindow(predicted=busy, window_steps=4)
+    _feed(window, per_step=[b * (3.0 if d == 3 else 1.0) for d, b in enumerate(busy)], steps=range(1, 6))
+    drift = window.drift(threshold=0.15)
+    assert drift is not None and drift.worst == 3 and drift.ratios[1] == pytest.approx(1.0)
+    with pytest.raises(PlannerError, match="at least one device busy"):
+        DriftWindow(predicted=[0.0, 0.0], window_steps=4)
