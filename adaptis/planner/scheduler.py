@@ -297,13 +297,21 @@ def list_schedule(
     owner: list[int],
     policy: Policy = Policy(),
     deadline: float | None = None,
+    recompute: tuple[bool, ...] | None = None,
 ) -> Schedule:
     """Schedule every microbatch's F/B/W for ``stages`` placed as ``owner[s]`` (a device).
+
+    ``recompute[s]``: stage ``s`` recomputes its activations (``Plan.recompute``; costs as
+    :meth:`Costs.stage_costs` charges them); only with fused backwards
+    (``policy.split_backward`` false), as plans require.
 
     ``deadline`` (a :func:`time.monotonic` value): raise :class:`OutOfTime` once it passes;
     one schedule of a 64-device x 4096-microbatch problem alone can take minutes.
     """
-    sc = costs.stage_costs(stages)
+    if recompute and any(recompute) and policy.split_backward:
+        raise PlannerError("list_schedule: a recomputed stage runs fused backwards; pass a policy "
+                           "with split_backward=False")
+    sc = costs.stage_costs(stages, recompute=recompute)
     caps = inflight_caps(costs, sc=sc, owner=owner, policy=policy)
     if isinstance(caps, str):
         return Schedule((), math.inf, False, caps)
