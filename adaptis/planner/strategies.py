@@ -47,7 +47,7 @@ from adaptis.planner.baselines import BASELINES
 from adaptis.planner.bounds import assignment_bound, pipeline_bound
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import DeadlockError, OutOfTime, PlannerError
-from adaptis.planner.feasibility import memory_fallback
+from adaptis.planner.feasibility import memory_cuts, memory_fallback
 from adaptis.planner.recompute import recompute_variants, tight_devices
 from adaptis.planner.search import joint_search
 from adaptis.planner.simulator import Simulation, simulate
@@ -180,7 +180,10 @@ def _adaptis(costs: Costs, baselines: dict[str, Outcome], *, on_progress: Progre
         fallback = memory_fallback(costs)
         tried = [] if fallback is None else [(*fallback, None)]
     if not cut:
-        tried += _recomputed(costs, tried=tried, limit=limit)
+        times = [sched.iteration_time for _st, _ow, sched, _f in tried if sched.feasible]
+        if incumbent is not None and incumbent.result.iteration_time is not None:
+            times.append(incumbent.result.iteration_time)
+        tried += _recomputed(costs, tried=tried, limit=limit, beat=min(times, default=math.inf))
     for stages, owner, schedule, recompute in tried:
         placement = [[s for s, d in enumerate(owner) if d == dev] for dev in range(costs.devices)]
         plan = Plan.model_construct(  # generated: the simulator checks it below
@@ -218,20 +221,19 @@ def _adaptis(costs: Costs, baselines: dict[str, Outcome], *, on_progress: Progre
     return Outcome("adaptis", plan, best.simulation, result)
 
 
-def _recomputed(costs: Costs, *, tried: list, limit: _Limit) -> list:
+def _recomputed(costs: Costs, *, tried: list, limit: _Limit, beat: float) -> list:
     """The recomputing variants (:mod:`adaptis.planner.recompute`) of the structures tried so
-    far: the caller keeps one only where it beats them. Empty once the time limit passes."""
+    far and of the memory-driven cuts, each scheduled only if its busiest device can beat
+    ``beat``: the caller keeps one only where it is faster. Empty once the time limit passes."""
     out = []
     structures = [(stages, owner) for stages, owner, _schedule, _flags in tried]
     try:
         if any(tight_devices(costs, stages=st, owner=ow) for st, ow in structures):
-            # Memory is tight: the memory-driven cut (fewer layers where memory is short)
-            # recomputes cheaper than a cut by time (on the memory sweep's x1.2 caps it wins).
-            fallback = memory_fallback(costs)
-            if fallback is not None and (fallback[0], fallback[1]) not in structures:
-                structures.append((fallback[0], fallback[1]))
+            # Memory is tight: the memory-driven cuts (fewer layers where memory is short)
+            # recompute cheaper than a cut by time (on the memory sweep's x1.2 caps they win).
+            structures += [cut for cut in memory_cuts(costs) if cut not in structures]
         for stages, owner in structures:
-            out += recompute_variants(costs, stages=stages, owner=owner, deadline=limit.deadline)
+            out += recompute_variants(costs, stages=stages, owner=owner, beat=beat, deadline=limit.deadline)
     except OutOfTime:
         log.info("recompute: the time limit ran out; keeping the variants found so far")
     return out

@@ -16,7 +16,7 @@ from adaptis.planner import strategies
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import PlannerError
 from adaptis.planner.feasibility import memory_partition
-from adaptis.planner.recompute import recompute_variants, tight_devices
+from adaptis.planner.recompute import busiest_work, recompute_variants, tight_devices
 from adaptis.planner.scheduler import Policy, list_schedule
 from adaptis.planner.simulator import simulate
 
@@ -54,6 +54,18 @@ def test_only_the_tight_devices_stages_recompute() -> None:
         sim = simulate(costs, plan)
         assert sim.feasible and sim.iteration_time == pytest.approx(sched.iteration_time, rel=1e-12)
     assert recompute_variants(_small([1e9, 1e9]), stages=stages, owner=owner) == []
+
+
+def test_variants_that_cannot_beat_the_time_are_not_scheduled() -> None:
+    stages, owner = [(0, 1), (1, 2), (2, 3), (3, 4)], [0, 1, 0, 1]
+    costs = _small([2600.0, 1e9])
+    found = recompute_variants(costs, stages=stages, owner=owner)
+    bounds = [busiest_work(costs, stages=stages, owner=owner, recompute=flags) for *_r, flags in found]
+    for (*_r, sched, _flags), bound in zip(found, bounds):
+        assert bound <= sched.iteration_time  # a true bound: pruning by it loses nothing
+    assert recompute_variants(costs, stages=stages, owner=owner, beat=min(bounds)) == []
+    kept = recompute_variants(costs, stages=stages, owner=owner, beat=max(bounds) * 1.0001)
+    assert len(kept) == len(found)
 
 
 def test_list_schedule_refuses_recompute_with_split_backwards() -> None:
