@@ -314,7 +314,25 @@ def _phases(costs: Costs, *, ev: _Evaluator,
     if best is None or best.time == math.inf:
         return None
     # Phase 3: partition moves (the bottleneck first, then any boundary), kept only when the simulation improves.
-    return _refine(costs, best=best, ev=ev)
+    best = _refine(costs, best=best, ev=ev)
+    # Phase 4: the first device's W tail.
+    return _w_tail(costs, best=best, ev=ev)
+
+
+def _w_tail(costs: Costs, *, best: _Candidate, ev: _Evaluator) -> _Candidate:
+    """Stage 0's backward is all W, and W runs last: device 0 can end the iteration with a run
+    of deferred W's. Fuse stage 0's backward (BW at once) for its last ``p`` microbatches, then
+    for all of them; each kept only if the simulation improves (extra to the budget: two
+    schedules). Not on screened problems: there a full schedule is what costs."""
+    if ev.screen is not None or not best.policy.split_backward:
+        return best
+    m = costs.microbatches
+    for start in dict.fromkeys((max(0, m - costs.devices), 0)):
+        ev.budget += 1
+        trial = ev.run(best.pattern, best.owner, best.stages, replace(best.policy, fuse_first_from=start))
+        if trial.time < best.time * (1 - 1e-9):
+            best = trial
+    return best
 
 
 def _refine(costs: Costs, *, best: _Candidate, ev: _Evaluator) -> _Candidate:
