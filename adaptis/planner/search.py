@@ -315,6 +315,21 @@ def _phases(costs: Costs, *, ev: _Evaluator,
         return None
     # Phase 3: partition moves (the bottleneck first, then any boundary), kept only when the simulation improves.
     best = _refine(costs, best=best, ev=ev)
+    if ev.screen is None:
+        # Budget left (the hill-climb stopped early): climb from the best candidate of the
+        # next pattern too; a local optimum of one structure is not the search's.
+        others = sorted((c for c in ranked + tuned if c.pattern != best.pattern and c.time < math.inf),
+                        key=lambda c: c.time)
+        seen = {best.pattern}
+        for other in others:
+            if ev.spent:
+                break
+            if other.pattern in seen:
+                continue
+            seen.add(other.pattern)
+            alt = _refine(costs, best=other, ev=ev)
+            if alt.time < best.time * (1 - 1e-9):
+                best = alt
     # Phase 4: the first device's W tail.
     return _w_tail(costs, best=best, ev=ev)
 

@@ -58,3 +58,15 @@ def test_the_search_keeps_the_fused_tail_where_it_is_faster(monkeypatch: pytest.
     without = search.joint_search(costs)
     assert without is not None and without.policy.fuse_first_from is None
     assert ours.schedule.iteration_time < without.schedule.iteration_time
+
+
+def test_budget_left_after_the_climb_climbs_from_the_other_patterns() -> None:
+    """deepseek-M-8dev-2k with seeded mixed speeds: the best structure after phase 2
+    (isolated-vshape-v2) climbs to 2169.5 ms with budget left; climbing from vshape-v2's best
+    reaches 2160.2 (what the search found before issue 13; bench/RESULTS.md)."""
+    from bench.search_quality import mixed
+
+    doc = mixed(next(d for d in workloads.end_to_end() if d["name"] == "deepseek-M-8dev-2k"))
+    found = search.joint_search(Costs.from_problem(parse_problem(doc)))
+    assert found is not None and found.pattern == "vshape-v2"
+    assert found.schedule.iteration_time == pytest.approx(2160.15, rel=1e-4)
