@@ -54,7 +54,7 @@ def test_the_search_keeps_the_fused_tail_where_it_is_faster(monkeypatch: pytest.
     costs = Costs.from_problem(parse_problem(doc))
     ours = search.joint_search(costs)
     assert ours is not None and ours.policy.fuse_first_from is not None
-    monkeypatch.setattr(search, "_w_tail", lambda costs, *, best, ev: best)
+    monkeypatch.setattr(search, "w_tail", lambda costs, *, best, ev: best)
     without = search.joint_search(costs)
     assert without is not None and without.policy.fuse_first_from is None
     assert ours.schedule.iteration_time < without.schedule.iteration_time
