@@ -26,7 +26,7 @@ from itertools import accumulate
 from adaptis.planner.costs import Costs
 from adaptis.planner.scheduler import Policy, Schedule, list_schedule
 
-__all__ = ["memory_fallback", "memory_partition"]
+__all__ = ["memory_cuts", "memory_fallback", "memory_partition"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,16 @@ def _tightest(costs: Costs, *, order: list[int]) -> tuple[Stages, list[int]] | N
         else:
             hi, found = mid, trial
     return found
+
+
+def memory_cuts(costs: Costs) -> list[tuple[Stages, list[int]]]:
+    """The memory-driven cuts (one per device order, duplicates dropped), not scheduled."""
+    out: list[tuple[Stages, list[int]]] = []
+    for order in _orders(costs):
+        cut = _tightest(costs, order=order)
+        if cut is not None and cut not in out:
+            out.append(cut)
+    return out
 
 
 def memory_fallback(costs: Costs) -> tuple[Stages, list[int], Schedule] | None:

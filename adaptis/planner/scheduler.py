@@ -45,6 +45,10 @@ class Policy:
     # rule reserves a microbatch's memory on devices it has not reached yet, so one device
     # with room for few (a huge head) throttles the whole pipeline to that many in flight.
     admit_per_device: bool = False
+    # Stage 0 runs fused BW (not B then W) for microbatches from this one on (None: never).
+    # Stage 0's B is empty (its whole backward is W) and W runs last, so device 0 can finish
+    # the iteration with a run of deferred W's; fusing the last microbatches' does them at once.
+    fuse_first_from: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +118,7 @@ class _Pipeline:
     __slots__ = ("m", "n_st", "owner", "dur", "caps", "split", "fill_w", "stage0_dev",
                  "dev_stages", "held", "owed", "mem_devs", "tight", "f_end", "b_end", "next_f",
                  "next_b", "w_queue", "free", "replay_f", "replay_b", "replay_free", "left", "out",
-                 "first")
+                 "first", "fuse_from")
 
     def __init__(self, costs: Costs, *, owner: list[int], dur: _Durations, caps: list[int],
                  policy: Policy) -> None:
@@ -154,6 +158,9 @@ class _Pipeline:
         self.replay_free = [0.0] * n_dev
         per_mb = 3 if self.split else 2
         self.left = [len(self.dev_stages[d]) * m * per_mb for d in range(n_dev)]
+        # Stage 0's microbatches from fuse_first_from on run one BW instead of B and W.
+        self.fuse_from = m if policy.fuse_first_from is None or not self.split else policy.fuse_first_from
+        self.left[owner[0]] -= m - self.fuse_from
         self.out: list[list[tuple[str, int, int]]] = [[] for _ in range(n_dev)]
 
     def admission_open(self) -> bool:
@@ -196,7 +203,8 @@ class _Pipeline:
                         if r < soonest:
                             soonest = r
                     elif (0, mb) < best_key:
-                        best_key, best_kind, best_s, best_mb = (0, mb), "B" if self.split else "BW", s, mb
+                        split = self.split and (s > 0 or mb < self.fuse_from)
+                        best_key, best_kind, best_s, best_mb = (0, mb), "B" if split else "BW", s, mb
             mb = next_f[s]
             if mb < m:
                 if s == 0:
@@ -255,7 +263,7 @@ class _Pipeline:
         (time, device) onto the ``looks`` heap."""
         m, dur = self.m, self.dur
         i = s * m + mb
-        took = dur.fwd[s] if kind == "F" else dur.wgt[s] if kind == "W" else dur.bwd[s] if self.split else dur.fused[s]
+        took = dur.fwd[s] if kind == "F" else dur.wgt[s] if kind == "W" else dur.bwd[s] if kind == "B" else dur.fused[s]
         end = t + took
         self._replay(d, kind=kind, s=s, i=i, took=took)
         if kind == "F":
@@ -273,7 +281,7 @@ class _Pipeline:
         else:
             self.b_end[i] = end
             self.next_b[s] += 1
-            if self.split:
+            if kind == "B":
                 self.w_queue[s].append(mb)
             if s > 0:
                 heappush(looks, (end + dur.hop[s], self.owner[s - 1]))
@@ -297,13 +305,21 @@ def list_schedule(
     owner: list[int],
     policy: Policy = Policy(),
     deadline: float | None = None,
+    recompute: tuple[bool, ...] | None = None,
 ) -> Schedule:
     """Schedule every microbatch's F/B/W for ``stages`` placed as ``owner[s]`` (a device).
+
+    ``recompute[s]``: stage ``s`` recomputes its activations (``Plan.recompute``; costs as
+    :meth:`Costs.stage_costs` charges them); only with fused backwards
+    (``policy.split_backward`` false), as plans require.
 
     ``deadline`` (a :func:`time.monotonic` value): raise :class:`OutOfTime` once it passes;
     one schedule of a 64-device x 4096-microbatch problem alone can take minutes.
     """
-    sc = costs.stage_costs(stages)
+    if recompute and any(recompute) and policy.split_backward:
+        raise PlannerError("list_schedule: a recomputed stage runs fused backwards; pass a policy "
+                           "with split_backward=False")
+    sc = costs.stage_costs(stages, recompute=recompute)
     caps = inflight_caps(costs, sc=sc, owner=owner, policy=policy)
     if isinstance(caps, str):
         return Schedule((), math.inf, False, caps)

@@ -5,7 +5,8 @@ a stage count), balances each one's partition, schedules it with the memory-awar
 scheduler (:mod:`adaptis.planner.scheduler`) and keeps the best; then it tunes phase by phase
 as the AdaPtis paper does: move a layer boundary off the bottleneck device (partition), try
 the other schedule policies (scheduling), keep a move only if the simulated iteration time
-improves, roll back otherwise. It is not brute force: each candidate costs one list-schedule,
+improves, roll back otherwise (the climbs and the first device's W tail are in
+:mod:`adaptis.planner.climb`). It is not brute force: each candidate costs one list-schedule,
 and the number of candidates is bounded (``max_evaluations``).
 
 It is an anytime search: with a ``deadline`` it stops when the deadline passes (between
@@ -35,8 +36,8 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
 
+from adaptis.planner.climb import refine, w_tail
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import OutOfTime
 from adaptis.planner.partition import balanced_partition
@@ -44,9 +45,7 @@ from adaptis.planner.scheduler import Policy, Schedule, inflight_caps, list_sche
 from adaptis.planner.screening import Screen
 from adaptis.planner.structures import (
     balanced_cuts,
-    evenness_of,
     loads,
-    max_load,
     pack,
     patterns,
     prefix_work,
@@ -61,11 +60,13 @@ log = logging.getLogger(__name__)
 POLICIES = (Policy(), Policy(fill_with_w=False), Policy(split_backward=False))
 # Phase 2 tries the other policies on this many of the best structures.
 _TUNED_STRUCTURES = 4
-# Refinement: non-bottleneck boundary moves tried per round after the bottleneck's own two.
-_OTHER_MOVES = 3
-# Screened problems: the best estimates scheduled in full, and the refinement's full schedules.
+# Screened problems: the best estimates scheduled in full (the refinement's: adaptis.planner.climb).
 _CONFIRMED = 3
-_REFINE_SCREENED = 6
+# Budget left after the refinement: climb from other patterns' candidates this close to the best.
+_CLIMB_OTHERS = 0.02
+# ... on problems up to this many devices x microbatches: at 16 x 128 the climbs cost ~1 s CPU
+# (2.4 -> 3.4 s) for nothing; every gain on the 36 search-quality workloads is at 8 x 64 or less.
+_CLIMB_OTHERS_UP_TO = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,58 +315,23 @@ def _phases(costs: Costs, *, ev: _Evaluator,
     if best is None or best.time == math.inf:
         return None
     # Phase 3: partition moves (the bottleneck first, then any boundary), kept only when the simulation improves.
-    return _refine(costs, best=best, ev=ev)
-
-
-def _refine(costs: Costs, *, best: _Candidate, ev: _Evaluator) -> _Candidate:
-    """Partition moves from ``best`` (same placement and policy), each kept only if the
-    simulated time improves, until no move helps or ``ev``'s budget is spent (on a screened
-    problem: after :data:`_REFINE_SCREENED` of them, each a full schedule)."""
-    pre = prefix_work(costs)
-    tried: set[tuple[int, ...]] = set()
-    if ev.screen is not None:
-        ev.budget = min(ev.budget, ev.evals + _REFINE_SCREENED)
-    while not ev.spent:
-        owner = best.owner
-        cuts = [lo for lo, _ in best.stages] + [best.stages[-1][1]]
-        load = loads(costs, owner, cuts, pre)
-        hot = max(range(len(load)), key=load.__getitem__)
-        moves: list[list[int]] = []
-        # Shrink each stage of the bottleneck device by one layer, towards the cooler side.
-        for s, d in enumerate(owner):
-            if d != hot or cuts[s + 1] - cuts[s] < 2:
-                continue
-            if s > 0:
-                moves.append(cuts[:s] + [cuts[s] + 1] + cuts[s + 1 :])
-            if s + 1 < len(owner):
-                moves.append(cuts[: s + 1] + [cuts[s + 1] - 1] + cuts[s + 2 :])
-        moves = [mv for mv in moves if tuple(mv) not in tried]
-        moves.sort(key=partial(max_load, costs, owner=owner, pre=pre))
-        # Then any other boundary one layer either way: the bottleneck of the *schedule* is
-        # not always the busiest device (a stage that starts late, a W tail), so the loads'
-        # max cannot rank these; the least squared load (most even) goes first.
-        others = []
-        for i in range(1, len(cuts) - 1):
-            for step in (-1, 1):
-                k = cuts[i] + step
-                if cuts[i - 1] < k < cuts[i + 1]:
-                    mv = cuts[:i] + [k] + cuts[i + 1 :]
-                    if tuple(mv) not in tried and mv not in moves:
-                        others.append(mv)
-        others.sort(key=partial(evenness_of, costs, owner=owner, pre=pre))
-        moves = moves[:2] + others[:_OTHER_MOVES]
-        if not moves:
-            break
-        improved = False
-        for mv in moves:
+    best = refine(costs, best=best, ev=ev)
+    if costs.devices * costs.microbatches <= _CLIMB_OTHERS_UP_TO:
+        # Budget left (the hill-climb stopped early): climb from the best candidate of the
+        # next pattern too; a local optimum of one structure is not the search's.
+        # Only those within _CLIMB_OTHERS of the best: a climb rarely gains more (deepseek-M-
+        # 8dev-2k-mixed: vshape-v2 from 1.5 % behind to 0.4 % ahead), and each costs schedules.
+        others = sorted((c for c in ranked + tuned if c.pattern != best.pattern
+                         and c.time < best.time * (1 + _CLIMB_OTHERS)), key=lambda c: c.time)
+        seen = {best.pattern}
+        for other in others:
             if ev.spent:
                 break
-            tried.add(tuple(mv))
-            stages = [(mv[s], mv[s + 1]) for s in range(len(mv) - 1)]
-            trial = ev.run(best.pattern, owner, stages, best.policy)
-            if trial.time < best.time * (1 - 1e-9):
-                best, improved = trial, True
-                break
-        if not improved:
-            break
-    return best
+            if other.pattern in seen:
+                continue
+            seen.add(other.pattern)
+            alt = refine(costs, best=other, ev=ev)
+            if alt.time < best.time * (1 - 1e-9):
+                best = alt
+    # Phase 4: the first device's W tail.
+    return w_tail(costs, best=best, ev=ev)

@@ -46,8 +46,9 @@ from adaptis.api.problem import Problem
 from adaptis.planner.baselines import BASELINES
 from adaptis.planner.bounds import assignment_bound, pipeline_bound
 from adaptis.planner.costs import Costs
-from adaptis.planner.errors import DeadlockError, PlannerError
-from adaptis.planner.feasibility import memory_fallback
+from adaptis.planner.errors import DeadlockError, OutOfTime, PlannerError
+from adaptis.planner.feasibility import memory_cuts, memory_fallback
+from adaptis.planner.recompute import recompute_variants, tight_devices
 from adaptis.planner.search import joint_search
 from adaptis.planner.simulator import Simulation, simulate
 
@@ -173,16 +174,22 @@ def _adaptis(costs: Costs, baselines: dict[str, Outcome], *, on_progress: Progre
     # Cut: the search said so, or never ran / found nothing because the limit had passed.
     cut = found.cut_short if found is not None else limit.passed()
     best = incumbent
-    tried = [] if found is None else [(found.stages, found.owner, found.schedule)]
+    tried = [] if found is None else [(found.stages, found.owner, found.schedule, None)]
     if found is None and incumbent is None and not cut:
         # Nothing fits: cut by memory (devices may stay empty), fewer microbatches in flight.
         fallback = memory_fallback(costs)
-        tried = [] if fallback is None else [fallback]
-    for stages, owner, schedule in tried:
+        tried = [] if fallback is None else [(*fallback, None)]
+    if not cut:
+        times = [sched.iteration_time for _st, _ow, sched, _f in tried if sched.feasible]
+        if incumbent is not None and incumbent.result.iteration_time is not None:
+            times.append(incumbent.result.iteration_time)
+        tried += _recomputed(costs, tried=tried, limit=limit, beat=min(times, default=math.inf))
+    for stages, owner, schedule, recompute in tried:
         placement = [[s for s, d in enumerate(owner) if d == dev] for dev in range(costs.devices)]
         plan = Plan.model_construct(  # generated: the simulator checks it below
             stages=stages, placement=placement,
             actions=[list(a) for a in schedule.actions],  # one list per device, empty ones too
+            recompute=None if recompute is None else list(recompute),
         )
         cand = _outcome("adaptis", costs, plan, 0.0)
         if cand.result.feasible and (
@@ -212,6 +219,24 @@ def _adaptis(costs: Costs, baselines: dict[str, Outcome], *, on_progress: Progre
     plan = best.plan.model_copy(update={"strategy": "adaptis"})
     result = best.result.model_copy(update={"search_seconds": seconds, "cut_short": note})
     return Outcome("adaptis", plan, best.simulation, result)
+
+
+def _recomputed(costs: Costs, *, tried: list, limit: _Limit, beat: float) -> list:
+    """The recomputing variants (:mod:`adaptis.planner.recompute`) of the structures tried so
+    far and of the memory-driven cuts, each scheduled only if its busiest device can beat
+    ``beat``: the caller keeps one only where it is faster. Empty once the time limit passes."""
+    out = []
+    structures = [(stages, owner) for stages, owner, _schedule, _flags in tried]
+    try:
+        if any(tight_devices(costs, stages=st, owner=ow) for st, ow in structures):
+            # Memory is tight: the memory-driven cuts (fewer layers where memory is short)
+            # recompute cheaper than a cut by time (on the memory sweep's x1.2 caps they win).
+            structures += [cut for cut in memory_cuts(costs) if cut not in structures]
+        for stages, owner in structures:
+            out += recompute_variants(costs, stages=stages, owner=owner, beat=beat, deadline=limit.deadline)
+    except OutOfTime:
+        log.info("recompute: the time limit ran out; keeping the variants found so far")
+    return out
 
 
 def _least_memory_reason(costs: Costs, seen: dict[str, Outcome]) -> str:

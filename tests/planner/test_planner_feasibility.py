@@ -94,7 +94,12 @@ def test_adaptis_is_feasible_whenever_a_witness_fits(doc: dict[str, Any]) -> Non
     if witness or any(r.feasible for n, r in comparison.strategies.items() if n != "adaptis"):
         ours = outcomes["adaptis"]
         assert ours.result.feasible, ours.result.reason
-        assert ours.plan is not None and simulate(costs, ours.plan).feasible
+        assert ours.plan is not None
+        # Recomputing plans too: replays at its claimed time, within memory.
+        sim = simulate(costs, ours.plan)
+        assert sim.feasible
+        assert sim.iteration_time == pytest.approx(ours.result.iteration_time, rel=1e-12)
+        assert all(p <= c * (1 + 1e-9) for p, c in zip(sim.peak_memory, costs.memory))
 
 
 def _witness(costs: Costs) -> bool:

@@ -210,7 +210,8 @@ def test_fused_backward_time_is_used_for_bw_and_split_when_cheaper() -> None:
 def test_refinement_moves_boundaries_off_the_busiest_device_too() -> None:
     """When the bottleneck device's own moves do not help, other boundaries are tried (the
     schedule's bottleneck is not always the busiest device)."""
-    from adaptis.planner.search import _Candidate, _Evaluator, _refine
+    from adaptis.planner.climb import refine as _refine
+    from adaptis.planner.search import _Candidate, _Evaluator
 
     layers = [{"name": f"l{i}", "forward": 1.0 + (i == 0), "backward": 1.0, "weight": 1.0} for i in range(8)]
     costs = Costs.from_problem(parse_problem(_problem(layers=layers, devices={"count": 4}, m=4)))
