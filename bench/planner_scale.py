@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{platform.node()}: {os.cpu_count()} CPUs, load average {load} at the start; code "
           f"{args.code}.\n")
     print("\n".join(table(runs)))
-    if str(args.plot):
+    if str(args.plot) not in ("", "."):  # Path("") is "."
         plot(runs, args.plot)
         print(f"\nplot written to {args.plot}", file=sys.stderr)
     return 0

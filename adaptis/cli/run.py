@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ from adaptis.api.problem import (
 )
 from adaptis.api.rules import check_job
 from adaptis.cli.adapt import check_slowdown, train
+from adaptis.cli.run_summary import fmt, pct, print_summary, summary
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -219,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
     mesh = f" x {replicas} data-parallel replicas ({ranks} ranks)" if replicas > 1 else ""
     _say(args, f"planned {strategy} ({precision}): {len(plan.stages)} stages on {pipeline} ranks{mesh}, "
                f"placement "
-               f"{plan.placement}; predicted iteration {_fmt(pred_iter, 's')}, bubble {_pct(pred_bubble)} "
+               f"{plan.placement}; predicted iteration {fmt(pred_iter, 's')}, bubble {pct(pred_bubble)} "
                f"({time.perf_counter() - t0:.1f} s to profile and plan)")
     port = spec.metrics.port if args.metrics_port is None else args.metrics_port
     # The directory goes to the ranks even when this run saves none: they resume from it.
@@ -231,8 +231,8 @@ def run(args: argparse.Namespace) -> int:
     )
     def on_step(event: dict[str, Any]) -> None:
         _say(args, f"step {event['step']:>4}/{training.steps}  loss {event['loss']:.4f}  "
-                   f"{event['tokens_per_second']:>8.0f} tokens/s  bubble {_pct(event['bubble_ratio'])} "
-                   f"(predicted {_pct(event.get('predicted_bubble_ratio'))})")
+                   f"{event['tokens_per_second']:>8.0f} tokens/s  bubble {pct(event['bubble_ratio'])} "
+                   f"(predicted {pct(event.get('predicted_bubble_ratio'))})")
 
     def launcher(cfg: WorkerConfig) -> LocalLauncher:
         # Local ranks share one host: rank r serves metrics on port + r (pods all use the port).
@@ -261,16 +261,16 @@ def run(args: argparse.Namespace) -> int:
     pred = plan.predicted
     pred_bubble = pred.bubble_ratio if pred else None
     pred_iter = pred.iteration_time * TIME_UNIT_SECONDS[pred.time_unit] if pred else None
-    summary = _summary(job.metadata.name, strategy=strategy, plan=plan, workers=workers, steps=steps,
-                       mesh=(replicas, pipeline, zero), reduce=done.reduce,
-                       pred=(pred_bubble, pred_iter), seconds=time.perf_counter() - started,
-                       workdir=workdir, ports=[starts[r].get("metrics_port") for r in sorted(starts)],
-                       checkpoints=(ckpt_dir, ckpt_every, starts[0]["resumed_step"] if 0 in starts else 0))
-    summary["adaptation"] = done.adaptation
+    result = summary(job.metadata.name, strategy=strategy, plan=plan, workers=workers, steps=steps,
+                     mesh=(replicas, pipeline, zero), reduce=done.reduce,
+                     pred=(pred_bubble, pred_iter), seconds=time.perf_counter() - started,
+                     workdir=workdir, ports=[starts[r].get("metrics_port") for r in sorted(starts)],
+                     checkpoints=(ckpt_dir, ckpt_every, starts[0]["resumed_step"] if 0 in starts else 0))
+    result["adaptation"] = done.adaptation
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(result, indent=2))
     else:
-        _print_summary(summary)
+        print_summary(result)
     return 0
 
 
@@ -311,115 +311,3 @@ def _device(gpus_per_worker: int, *, workers: int) -> str:
     import torch
 
     return "cuda" if torch.cuda.device_count() >= workers else "cpu"
-
-
-def _summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[dict[str, Any]],
-             mesh: tuple[int, int, int], reduce: list[tuple[float, float]],
-             pred: tuple[float | None, float | None], seconds: float, workdir: Path,
-             ports: list[Any], checkpoints: tuple[Path, int, int]) -> dict[str, Any]:
-    """Losses and throughput are the job's: the loss of the replicas' combined batch (every
-    rank reports the same), tokens/s of every replica together."""
-    steady = steps[1:] or steps  # the first step pays one-off costs (allocator, threads)
-    replicas, pipeline, zero = mesh
-    wait, total = sum(w for w, _ in reduce), sum(t for _, t in reduce)
-    return {
-        "job": name, "strategy": strategy, "workers": workers, "precision": plan.precision,
-        "data_parallel": replicas, "pipeline_ranks": pipeline, "ranks": replicas * pipeline, "zero_stage": zero,
-        # Share of the ranks' step time spent blocked on the replicas' gradient all-reduce.
-        "reduce_wait_share": wait / total if replicas > 1 and total > 0 else None,
-        "stages": len(plan.stages), "placement": plan.placement,
-        "steps": steps[-1]["step"] if steps else 0,
-        "first_loss": steps[0]["loss"] if steps else None,
-        "final_loss": steps[-1]["loss"] if steps else None,
-        "tokens_per_second": statistics.mean(s["tokens_per_second"] for s in steady) if steady else None,
-        "measured_bubble_ratio": statistics.mean(s["bubble_ratio"] for s in steady) if steady else None,
-        "predicted_bubble_ratio": pred[0],
-        "measured_iteration_seconds": statistics.mean(s["iteration_seconds"] for s in steady) if steady else None,
-        "predicted_iteration_seconds": pred[1],
-        "train_seconds": seconds,
-        "metrics_ports": ports,
-        "workdir": str(workdir),
-        "checkpoint_dir": str(checkpoints[0]),
-        "checkpoint_every": checkpoints[1],
-        "resumed_from_step": checkpoints[2] or None,  # None: started fresh
-        **_phases(steady, plan=plan),
-    }
-
-
-def _phases(steady: list[dict[str, Any]], *, plan: Plan) -> dict[str, Any]:
-    """The measured step (pipeline + post-pipeline part, what the plan's step time predicts) and
-    the rank's time split into phases, seconds and share, from rank 0's step events: the data
-    phase, the pipeline part and the post-pipeline part are common to the ranks (each ends at a
-    collective), and the job's bubble ratio splits the pipeline part into busy and bubble (the
-    mean over the ranks of their idle time)."""
-    from adaptis.worker.runner import predictions
-
-    predicted = predictions(plan.predicted)
-    out: dict[str, Any] = {"predicted_step_seconds": predicted["step_seconds"],
-                           "predicted_post_pipeline_seconds": predicted["post_pipeline_seconds"],
-                           "measured_step_seconds": None, "phases": None}
-    if not steady or "data_seconds" not in steady[0]:
-        return out
-    pipeline = statistics.mean(s["iteration_seconds"] for s in steady)
-    bubble = statistics.mean(s["iteration_seconds"] * s["bubble_ratio"] for s in steady)
-    parts = {"pipeline_busy": pipeline - bubble, "bubble": bubble,
-             "post_pipeline": statistics.mean(s["post_pipeline_seconds"] for s in steady),
-             "data": statistics.mean(s["data_seconds"] for s in steady)}
-    total = sum(parts.values())
-    out["measured_step_seconds"] = statistics.mean(s["step_seconds"] for s in steady)
-    out["phases"] = {k: {"seconds": v, "share": v / total if total > 0 else 0.0} for k, v in parts.items()}
-    return out
-
-
-def _print_summary(s: dict[str, Any]) -> None:
-    print(f"done: {s['steps']} steps of {s['job']} with {s['strategy']} on {s['workers']} workers "
-          f"in {s['train_seconds']:.1f} s")
-    print(f"  loss            {s['first_loss']:.4f} -> {s['final_loss']:.4f}" if s["steps"] else "  no steps run")
-    print(f"  tokens/s        {s['tokens_per_second'] or 0:.0f}")
-    if s["data_parallel"] > 1:
-        zero = ", ZeRO-1" if s["zero_stage"] else ""
-        print(f"  data parallel   {s['data_parallel']} replicas x {s['pipeline_ranks']} pipeline ranks"
-              f"{zero}; loss of the combined batch; {_pct(s['reduce_wait_share'])} of the step "
-              "waiting on the gradient all-reduce")
-    print(f"  bubble ratio    measured {_pct(s['measured_bubble_ratio'])}, predicted {_pct(s['predicted_bubble_ratio'])}")
-    print(f"  iteration       measured {_fmt(s['measured_iteration_seconds'], 's')}, "
-          f"predicted {_fmt(s['predicted_iteration_seconds'], 's')}")
-    if s["phases"]:
-        _print_phases(s)
-    ad = s.get("adaptation") or {}
-    if ad.get("history") or ad.get("suggestion"):
-        print(f"  adaptation      {ad['policy']}: {len(ad['history'])} re-plans"
-              + (f"; suggested at step {ad['suggestion']['step']}: {ad['suggestion']['reason']}"
-                 if ad.get("suggestion") else ""))
-    print(f"  logs            {s['workdir']}/rank-*.log")
-    every = f"every {s['checkpoint_every']} steps" if s["checkpoint_every"] else "none saved (--checkpoint-every 0)"
-    began = "started fresh" if s["resumed_from_step"] is None else f"resumed from step {s['resumed_from_step']}"
-    print(f"  checkpoints     {s['checkpoint_dir']} ({every}); {began}")
-
-
-def _print_phases(s: dict[str, Any]) -> None:
-    ph = s["phases"]
-
-    def part(key: str) -> str:
-        return f"{_fmt(ph[key]['seconds'], 's'):>10} {_pct(ph[key]['share']):>6}"
-
-    pipe = {"seconds": ph["pipeline_busy"]["seconds"] + ph["bubble"]["seconds"],
-            "share": ph["pipeline_busy"]["share"] + ph["bubble"]["share"]}
-    print(f"  step            measured {_fmt(s['measured_step_seconds'], 's')}, "
-          f"predicted {_fmt(s['predicted_step_seconds'], 's')} (pipeline + post-pipeline); "
-          "share of the training time:")
-    print(f"    pipeline      {_fmt(pipe['seconds'], 's'):>10} {_pct(pipe['share']):>6}  "
-          f"(busy {_fmt(ph['pipeline_busy']['seconds'], 's')}, bubble {_fmt(ph['bubble']['seconds'], 's')})")
-    print(f"    post-pipeline {part('post_pipeline')}  (predicted "
-          f"{_fmt(s['predicted_post_pipeline_seconds'], 's')})")
-    print(f"    data          {part('data')}  (before the step: batch fetch, wait for every rank)")
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def _fmt(x: float | None, unit: str) -> str:
-    if x is None:
-        return "n/a"
-    return f"{x * 1e3:.1f} m{unit}" if abs(x) < 1 else f"{x:.3f} {unit}"
