@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch
@@ -43,8 +44,20 @@ def _three_stages_split() -> Plan:
     return Plan(stages=[(0, 2), (2, 3), (3, 5)], placement=[[0, 1, 2]], actions=[acts])
 
 
-def test_three_stages_on_one_rank_match_the_reference() -> None:
-    ex = Executor(_config(_three_stages_split()), rank=0, world_size=1, device=torch.device("cpu"))
+def _mixed_first_stage() -> Plan:
+    """The planner's W tail (``Policy.fuse_first_from``): three stages on one rank, stage 0 runs
+    B then W for microbatch 0 and fused BW for 1 and 2."""
+    m = TRAIN.microbatches
+    acts = [("F", s, mb) for mb in range(m) for s in range(3)]
+    for mb in reversed(range(m)):
+        acts += [("B", 2, mb), ("B", 1, mb), ("B", 0, mb) if mb == 0 else ("BW", 0, mb)]
+    acts += [("W", s, mb) for mb in range(m) for s in (1, 2)] + [("W", 0, 0)]
+    return Plan(stages=[(0, 2), (2, 3), (3, 5)], placement=[[0, 1, 2]], actions=[acts])
+
+
+def _step_matches_the_reference(plan: Plan) -> Any:
+    """One step of ``plan`` on this rank: the reference's loss and gradients; its stats."""
+    ex = Executor(_config(plan), rank=0, world_size=1, device=torch.device("cpu"))
     batch = SyntheticTokens(vocab_size=SMALL_MODEL.vocab_size, sequence_length=8, seed=5).batch(
         position=0, sequences=6)
     stats = ex.step(batch)
@@ -53,6 +66,16 @@ def test_three_stages_on_one_rank_match_the_reference() -> None:
     grads = {k: p.grad for k, p in ex.named_parameters().items()}
     for name, g in ref.grads.items():
         torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-7)
+    return stats
+
+
+def test_stage0_split_then_fused_matches_the_reference() -> None:
+    stats = _step_matches_the_reference(_mixed_first_stage())
+    assert {"F", "B", "W", "BW"} <= set(stats.busy_by_kind)
+
+
+def test_three_stages_on_one_rank_match_the_reference() -> None:
+    stats = _step_matches_the_reference(_three_stages_split())
     assert set(stats.busy_by_kind) == {"F", "B", "W"} and stats.busy_seconds[0] > 0
     assert stats.sent_bytes == stats.received_bytes == 0  # one rank: nothing crosses
     assert 0.0 <= stats.bubble_ratio < 1.0

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 from worker_harness import (
+    parity_reference,
     DP_TRAINING,
     PARITY_MODEL,
-    PARITY_TRAINING,
     dp_parity_ranks,
     parity_ranks,
     run_ranks,
@@ -25,7 +25,7 @@ from adaptis.api.plan import Plan
 from adaptis.api.rules import layer_count
 from adaptis.planner.drift import idle_devices
 from adaptis.worker.data import SyntheticTokens
-from adaptis.worker.reference import reference_step, reference_train
+from adaptis.worker.reference import reference_train
 
 N_LAYERS = 10  # embedding + 8 blocks + head
 STAGES = [(0, 3), (3, 7), (7, 10)]
@@ -53,12 +53,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
 
 @pytest.fixture(scope="module")
 def reference() -> tuple[float, dict[str, torch.Tensor], float]:
-    torch.set_num_threads(1)
-    t = PARITY_TRAINING
-    data = SyntheticTokens(vocab_size=PARITY_MODEL.vocab_size, sequence_length=t.sequence_length, seed=t.seed)
-    ref = reference_step(PARITY_MODEL, t, batch=data.batch(position=0, sequences=t.microbatches * t.microbatch_size))
-    norm = sum(float(g.double().pow(2).sum()) for k, g in ref.grads.items() if k != f"{N_LAYERS - 1}.weight")
-    return ref.loss, ref.grads, norm**0.5
+    return parity_reference()
 
 
 def test_plans_idle_a_rank() -> None:

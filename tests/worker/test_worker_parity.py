@@ -8,13 +8,11 @@ rtol 1e-4 / atol 1e-6 (the only differences are summation order), grad norm with
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
 from worker_harness import (
-    PARITY_MODEL,
-    PARITY_TRAINING,
+    parity_reference,
     job_spec,
     parity_ranks,
     run_ranks,
@@ -24,9 +22,7 @@ from worker_harness import (
 
 from adaptis.api.plan import Plan
 from adaptis.planner.strategies import plan_strategy
-from adaptis.worker.data import SyntheticTokens
 from adaptis.worker.problem import estimate_problem
-from adaptis.worker.reference import reference_step
 
 STRATEGIES = ("gpipe", "1f1b", "i1f1b", "zb-h1", "zb-v", "balanced", "adaptis")
 N_LAYERS = 10  # embedding + 8 blocks + head
@@ -76,13 +72,7 @@ SLOW_CASES: dict[int, list[str]] = {
 
 @pytest.fixture(scope="module")
 def reference() -> tuple[float, dict[str, torch.Tensor], float]:
-    torch.set_num_threads(1)
-    t = PARITY_TRAINING
-    data = SyntheticTokens(vocab_size=PARITY_MODEL.vocab_size, sequence_length=t.sequence_length, seed=t.seed)
-    ref = reference_step(PARITY_MODEL, t, batch=data.batch(position=0, sequences=t.microbatches * t.microbatch_size))
-    # The tied weight appears under both layer names; its gradient counts once in the norm.
-    norm = sum(float(g.double().pow(2).sum()) for k, g in ref.grads.items() if k != f"{N_LAYERS - 1}.weight")
-    return ref.loss, ref.grads, norm**0.5
+    return parity_reference()
 
 
 def _run(cases: dict[int, list[str]], tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str], list[dict]]:

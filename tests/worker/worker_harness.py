@@ -27,6 +27,21 @@ PARITY_MODEL = ModelSpec(
             BlockSpec(kind="moe", count=2, experts=4, top_k=2), BlockSpec(kind="dense", count=1)],
 )
 PARITY_TRAINING = TrainingSpec(microbatches=8, microbatch_size=2, sequence_length=16, grad_clip=None, seed=3)
+PARITY_LAYERS = 10  # embedding + 8 blocks + head
+
+
+def parity_reference() -> tuple[float, dict[str, torch.Tensor], float]:
+    """One step of PARITY_MODEL in one process: loss, gradients by name, gradient norm. The tied
+    weight appears under both layer names; its gradient counts once in the norm."""
+    from adaptis.worker.data import SyntheticTokens
+    from adaptis.worker.reference import reference_step
+
+    torch.set_num_threads(1)
+    t = PARITY_TRAINING
+    data = SyntheticTokens(vocab_size=PARITY_MODEL.vocab_size, sequence_length=t.sequence_length, seed=t.seed)
+    ref = reference_step(PARITY_MODEL, t, batch=data.batch(position=0, sequences=t.microbatches * t.microbatch_size))
+    norm = sum(float(g.double().pow(2).sum()) for k, g in ref.grads.items() if k != f"{PARITY_LAYERS - 1}.weight")
+    return ref.loss, ref.grads, norm**0.5
 
 
 def free_port() -> int:
