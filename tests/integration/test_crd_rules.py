@@ -94,7 +94,9 @@ def _dry_run_create(cp: ControlPlane, doc: dict[str, Any], *, namespace: str) ->
     (_with("j" * 55), "metadata.name"),
     (_hf(blocks=[{"kind": "dense"}]), "spec.model"),
     (_hf(huggingface={"config": {"model_type": "llama"}, "path": "/m"}), "spec.model.huggingface"),
-    (_with(training={"data": {"source": "text"}}), "spec.training.data.path"),
+    # With a tokenizer, so that the missing path is the one error (kubectl lists several on
+    # lines of their own, after the "is invalid" line).
+    (_with(training={"data": {"source": "text", "tokenizer": "/tok"}}), "spec.training.data.path"),
     (_with(training={"data": {"source": "token-file", "path": "/t", "tokenizer": "/tok"}}),
      "spec.training.data.tokenizer"),
     (_with(training={"data": {"source": "text", "path": "/corpus"}}), "spec.training.data.tokenizer"),
