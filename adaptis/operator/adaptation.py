@@ -40,10 +40,8 @@ from adaptis.operator.manifests import plan_hash, render_config_map
 from adaptis.operator.measurements import AdaptationSettings, MeasurementError, Sample, query_job
 from adaptis.operator.planning import PlanRecord, build_problem, correct_speeds, node_slots
 from adaptis.operator.status import plan_summary
-from adaptis.planner.costs import Costs
 from adaptis.planner.drift import Decision, DriftWindow, decide, predicted_busy
 from adaptis.planner.errors import PlannerError
-from adaptis.planner.simulator import simulate
 
 if TYPE_CHECKING:
     from adaptis.api.problem import Problem
@@ -238,8 +236,8 @@ class Adapter:
 
     def _apply(self, p: PassState, key: JobKey, *, spec: JobSpec, record: PlanRecord,
                decision: Decision, rec: ReplanRecord, factors: list[float]) -> PlanRecord:
-        assert decision.plan is not None
-        sim = simulate(Costs.from_problem(decision.problem), decision.plan)
+        assert decision.plan is not None and decision.simulation is not None
+        sim = decision.simulation
         plan = decision.plan.model_copy(update={"precision": record.plan.precision,
                                                 "strategy": decision.plan.strategy
                                                 or record.strategy})

@@ -33,6 +33,7 @@ from adaptis.api.problem import DeviceList, Link, Network, Problem
 from adaptis.operator.errors import Unsatisfiable
 from adaptis.operator.mesh import Mesh, pipeline_devices, replicas_share_nodes
 from adaptis.operator.profiling import NodeProfile, parse_quantity
+from adaptis.planner.drift import scaled_speeds
 from adaptis.planner.estimate import device_speed
 from adaptis.planner.hf_estimate import estimate_model_layers
 from adaptis.planner.strategies import compare, plan_strategy
@@ -266,11 +267,9 @@ def correct_speeds(problem: Problem, factors: Sequence[float]) -> Problem:
     corrections, :mod:`adaptis.operator.adaptation`); unchanged when there are none."""
     if not factors:
         return problem
-    specs = problem.device_specs()
-    if len(factors) != len(specs):
-        raise Unsatisfiable(f"{len(factors)} corrected device speeds for {len(specs)} devices")
-    devices = [s.model_copy(update={"speed": s.speed * f}) for s, f in zip(specs, factors)]
-    return problem.model_copy(update={"devices": DeviceList(list=devices)})
+    if len(factors) != problem.device_count:
+        raise Unsatisfiable(f"{len(factors)} corrected device speeds for {problem.device_count} devices")
+    return scaled_speeds(problem, factors=factors)
 
 
 def plan_job(

@@ -34,10 +34,11 @@ from adaptis.api.plan import Plan
 from adaptis.api.problem import DeviceList, Problem
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import PlannerError
-from adaptis.planner.simulator import simulate
+from adaptis.planner.simulator import Simulation, simulate
 from adaptis.planner.strategies import plan_strategy
 
-__all__ = ["Decision", "Drift", "DriftWindow", "corrected_problem", "decide", "idle_devices", "predicted_busy"]
+__all__ = ["Decision", "Drift", "DriftWindow", "corrected_problem", "decide", "idle_devices", "predicted_busy",
+           "scaled_speeds"]
 
 _SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
@@ -137,15 +138,21 @@ def _deviation(ratios: Sequence[float]) -> list[float]:
     return [r / median - 1 for r in ratios]
 
 
+def scaled_speeds(problem: Problem, *, factors: Sequence[float]) -> Problem:
+    """``problem`` with device d's speed times ``factors[d]``: the one way a measured correction
+    reaches a problem (:func:`corrected_problem`, and the operator's persisted corrections)."""
+    specs = problem.device_specs()
+    if len(factors) != len(specs):
+        raise PlannerError(f"{len(factors)} ratios for {len(specs)} devices")
+    devices = [s.model_copy(update={"speed": s.speed * f}) for s, f in zip(specs, factors)]
+    return problem.model_copy(update={"devices": DeviceList(list=devices)})
+
+
 def corrected_problem(problem: Problem, *, ratios: Sequence[float]) -> Problem:
     """``problem`` with each device's speed divided by its measured / predicted ratio."""
-    specs = problem.device_specs()
-    if len(ratios) != len(specs):
-        raise PlannerError(f"{len(ratios)} ratios for {len(specs)} devices")
     if not all(math.isfinite(r) and r > 0 for r in ratios):
         raise PlannerError(f"ratios must be positive and finite, got {list(ratios)}")
-    devices = [s.model_copy(update={"speed": s.speed / r}) for s, r in zip(specs, ratios)]
-    return problem.model_copy(update={"devices": DeviceList(list=devices)})
+    return scaled_speeds(problem, factors=[1 / r for r in ratios])
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +165,7 @@ class Decision:
     new_iteration_seconds: float
     plan: Plan | None  # the better plan (None when the search found nothing better)
     problem: Problem  # the corrected problem the new plan was made for
+    simulation: Simulation | None = None  # the new plan's, on that problem
 
     @property
     def gain(self) -> float:
@@ -207,4 +215,4 @@ def decide(problem: Problem, plan: Plan, *, drift: Drift, strategy: str, remaini
     note = f" (the new plan idles device(s) {idle})" if idle else ""
     return Decision(replan=gain >= min_gain and saved > restart_seconds, reason=why + note,
                     old_iteration_seconds=old_s, new_iteration_seconds=new_s,
-                    plan=outcome.plan, problem=fixed)
+                    plan=outcome.plan, problem=fixed, simulation=outcome.simulation)
