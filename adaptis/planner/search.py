@@ -321,7 +321,10 @@ def _phases(costs: Costs, *, ev: _Evaluator,
         # next pattern too; a local optimum of one structure is not the search's.
         # Only those within _CLIMB_OTHERS of the best: a climb rarely gains more (deepseek-M-
         # 8dev-2k-mixed: vshape-v2 from 1.5 % behind to 0.4 % ahead), and each costs schedules.
+        # Scheduled candidates only: a screened one's time is an estimate, and a climb that
+        # finds no move would hand it back unscheduled.
         others = sorted((c for c in ranked + tuned if c.pattern != best.pattern
+                         and c.schedule is not None
                          and c.time < best.time * (1 + _CLIMB_OTHERS)), key=lambda c: c.time)
         seen = {best.pattern}
         for other in others:
