@@ -53,6 +53,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    default="auto",
                    help="layer precision (auto: the job's spec.training.precision as the ranks "
                         "resolve it on --device: bf16 on CUDA, fp32 on CPU, unless the spec says)")
+    p.add_argument("--caches", choices=("cold", "warm"), default="cold",
+                   help="evict the device's caches before every timed run (cold, default: as a layer "
+                        "runs in a pipeline) or not (warm: back to back)")
+    p.add_argument("--co-runners", default="auto", metavar="N|auto",
+                   help="processes kept busy with the model while layers are timed, standing for the "
+                        "host's other ranks (auto: on CPU one per other local rank, up to the cores; "
+                        "on a GPU none)")
     p.set_defaults(func=run)
 
 
@@ -67,6 +74,16 @@ def _device(choice: str) -> Any:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def _co_runners(value: str) -> int | None:
+    from adaptis.cli import CLIError
+
+    if value == "auto":
+        return None
+    if not value.isdigit():
+        raise CLIError(f"--co-runners must be a number >= 0 or auto, got {value!r}")
+    return int(value)
 
 
 def _write(text: str, output: Path | None) -> None:
@@ -136,7 +153,8 @@ def _layers(args: argparse.Namespace) -> int:
     try:
         hardware = load_hardware(args.hardware_file) if args.hardware_file else None
         settings = ProfileSettings(device=device, dtype=dtype, warmup=args.warmup, repeats=args.repeats,
-                                   estimator=args.estimator, rounds=args.rounds)
+                                   estimator=args.estimator, rounds=args.rounds,
+                                   cold_caches=args.caches == "cold", co_runners=_co_runners(args.co_runners))
         problem = profile_job(job.spec, settings=settings, devices=devices, name=job.metadata.name,
                               hardware=hardware)
     except WorkerError as err:

@@ -46,6 +46,7 @@ __all__ = [
     "DeviceProfile",
     "HardwareProfile",
     "LinkProfile",
+    "cache_bytes",
     "device_memory_bytes",
     "device_name",
     "fit_link",
@@ -201,6 +202,24 @@ def device_memory_bytes(device: torch.device) -> float:
     except OSError:
         pass
     return ram
+
+
+#: When the device does not say (no sysfs cache entries): a large server's last-level cache.
+_DEFAULT_CACHE_BYTES = 64 * 2**20
+
+
+def cache_bytes(device: torch.device) -> int:
+    """Bytes of the device's largest cache: L2 on CUDA, the last level (often L3) on CPU."""
+    if device.type == "cuda":
+        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)) or _DEFAULT_CACHE_BYTES
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=_DEFAULT_CACHE_BYTES)
 
 
 def device_clock(device: torch.device) -> Callable[[Callable[[], None]], float]:

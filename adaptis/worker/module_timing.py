@@ -29,7 +29,7 @@ from torch import nn
 
 from adaptis.api.job import JobSpec
 from adaptis.worker.errors import WorkerError
-from adaptis.worker.hardware import device_clock
+from adaptis.worker.hardware import cache_bytes, device_clock
 from adaptis.worker.models import build_layer, model_layers
 from adaptis.worker.pipelining import (
     SplitState,
@@ -56,11 +56,21 @@ class ProfileSettings:
     # passes over every layer kind, the estimator taken across them: a host's slow second hits
     # all repeats of one kind in a row, not every pass.
     rounds: int = 1
+    # Evict the device's caches before every timed run. In a pipeline, between two runs of one
+    # layer the rank runs its other layers and microbatches, which evict that layer's weights
+    # and saved activations; timed back to back, a small layer finds them cached and runs up
+    # to 2x faster on CPU than it does in the pipeline (issue 16: MoE and attention blocks of
+    # hidden 64 measured 1.4-1.8x their warm profile in a run, 1.7-1.9x cold; the large head
+    # ~1x either way). On a GPU, with weights far larger than L2, it changes little.
+    cold_caches: bool = True
+    # Processes kept busy with the model while layers are timed (adaptis.worker.contention);
+    # None: one per other rank on this CPU host, none on a GPU.
+    co_runners: int | None = None
 
     def __post_init__(self) -> None:
-        if self.repeats < 1 or self.warmup < 0 or self.rounds < 1:
-            raise WorkerError(f"profile: repeats and rounds must be >= 1 and warmup >= 0, got {self.repeats}, "
-                              f"{self.rounds}, {self.warmup}")
+        if self.repeats < 1 or self.warmup < 0 or self.rounds < 1 or (self.co_runners or 0) < 0:
+            raise WorkerError(f"profile: repeats and rounds must be >= 1, warmup and co_runners >= 0, got "
+                              f"{self.repeats}, {self.rounds}, {self.warmup}, {self.co_runners}")
         if self.estimator not in ("median", "min"):
             raise WorkerError(f"profile: estimator must be median or min, got {self.estimator!r}")
 
@@ -69,14 +79,32 @@ class ProfileSettings:
 def _time_of(clock: Callable[[Callable[[], None]], float], fn: Callable[[], None], *,
                  setup: Callable[[], Any] | None, settings: ProfileSettings) -> float:
     """Seconds of ``fn(setup())`` (median or min of the repeats) after warm-ups; ``setup``
-    runs outside the clock."""
+    and, with ``settings.cold_caches``, the cache eviction run outside the clock."""
+    evict = _cache_evictor(settings.device) if settings.cold_caches else None
     times = []
     for i in range(settings.warmup + settings.repeats):
         # The state lives in the partial only: released before the next setup allocates anew.
-        t = clock(fn if setup is None else partial(fn, setup()))  # type: ignore[arg-type]
+        call = fn if setup is None else partial(fn, setup())
+        if evict is not None:
+            evict()
+        t = clock(call)  # type: ignore[arg-type]
         if i >= settings.warmup:
             times.append(t)
     return min(times) if settings.estimator == "min" else statistics.median(times)
+
+
+def _cache_evictor(device: torch.device) -> Callable[[], None]:
+    """Writes a buffer twice the device's largest cache, which leaves none of the module's
+    data cached (a write, so dirty lines are flushed too); queued before the clock starts."""
+    buffer = torch.empty(2 * cache_bytes(device), dtype=torch.uint8, device=device)
+    pass_no = 0
+
+    def evict() -> None:
+        nonlocal pass_no
+        pass_no += 1
+        buffer.fill_(pass_no % 251)
+
+    return evict
 
 
 def _saved_bytes(run: Callable[[], Any], *, exclude: set[int]) -> tuple[int, Any]:
@@ -185,7 +213,9 @@ def measure_action_overhead(*, settings: ProfileSettings) -> float:
     tiny = nn.Sequential(nn.Linear(8, 8), nn.Tanh()).to(device=settings.device, dtype=settings.dtype)
     x = torch.zeros(1, 4, 8, device=settings.device, dtype=settings.dtype)
     # Min over more repeats than a layer gets: the quantity is small, and noise only adds.
-    many = replace(settings, repeats=max(settings.repeats, 20), warmup=max(settings.warmup, 3))
+    # Warm caches: what is measured is the per-call cost of the code path; a cold start would
+    # measure the refill of the caches the layers' own cold profiles already pay.
+    many = replace(settings, repeats=max(settings.repeats, 20), warmup=max(settings.warmup, 3), cold_caches=False)
     p = profile_module(tiny, example=x, settings=many)
     return statistics.fmean([p.forward_s, p.backward_s, p.weight_s, p.fused_backward_s])
 
@@ -243,7 +273,7 @@ def measure_graph_visit(*, settings: ProfileSettings, spec: JobSpec | None = Non
     context, taking turns, the minimum kept). Without, or with fewer than 4 blocks: W of 32
     stacked tiny blocks (next to no compute) beyond 32 times one block's, over all the walks."""
     dev, dtype = settings.device, settings.dtype
-    once = replace(settings, estimator="min")
+    once = replace(settings, estimator="min", cold_caches=False)  # a difference of warm runs: calibrated so
     n_blocks = len(model_layers(spec.model)) - 2 if spec is not None else 0
     if spec is not None and n_blocks >= 4:
         half = min(8, n_blocks) // 2

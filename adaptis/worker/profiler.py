@@ -55,6 +55,7 @@ import torch
 
 from adaptis.api.job import JobSpec
 from adaptis.api.problem import IdenticalDevices, Layer, Link, Network, Problem
+from adaptis.worker.contention import co_runner_count, co_runners
 from adaptis.worker.errors import WorkerError
 from adaptis.worker.hardware import (
     HardwareProfile,
@@ -255,7 +256,11 @@ def profile_job(spec: JobSpec, *, settings: ProfileSettings, devices: int, name:
 
         profiles = profile_hf_layers(spec, settings=settings)
     else:
-        profiles = profile_layers(spec, settings=settings)
+        on_host = hardware.ranks_per_node if hardware is not None else devices
+        with co_runners(spec, count=co_runner_count(device=settings.device, ranks_on_host=on_host,
+                                                       asked=settings.co_runners),
+                        dtype=settings.dtype):
+            profiles = profile_layers(spec, settings=settings)
     overhead = measure_action_overhead(settings=settings)
     # The zoo's own blocks time the graph walks in context; a Hugging Face model's: the default.
     visit = measure_graph_visit(settings=settings,
