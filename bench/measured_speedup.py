@@ -14,6 +14,15 @@ strategy with fewer than two clean runs is reported as "too busy", not as a numb
 
 Workloads: ``example`` (examples/tiny-heterogeneous.yaml as shipped), ``head`` (the same with a
 4x larger vocabulary: a dominant head) and ``moe`` (MoE blocks after attention blocks, no Mamba).
+
+``--profiles`` compares ways of profiling in one run (a fix's before and after, side by side):
+each named variant profiles the workload once; every strategy is planned on each variant's
+profile, and each distinct plan runs once a round, its measurement standing for every variant
+that planned it (fixed baselines usually plan alike, adaptis and balanced may not). Variants:
+``default`` (``adaptis profile`` as it is), ``cold-alone`` (``--co-runners 0``), ``warm-alone``
+(``--caches warm --co-runners 0``: how layers were profiled before issue 16's fixes).
+
+    python bench/measured_speedup.py --workloads moe --profiles default,cold-alone,warm-alone
 """
 
 from __future__ import annotations
@@ -36,6 +45,12 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "tiny-heterogeneous.yaml"
 STRATEGIES = ("adaptis", "1f1b", "i1f1b", "zb-h1", "zb-v", "balanced")
+#: Profile variant -> the ``adaptis profile`` flags it adds.
+PROFILES: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "cold-alone": ("--co-runners", "0"),
+    "warm-alone": ("--caches", "warm", "--co-runners", "0"),
+}
 
 
 def workload(name: str) -> dict[str, Any]:
@@ -59,8 +74,8 @@ def _adaptis(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=timeout_s, cwd=REPO)
 
 
-def profile(manifest: Path, *, out: Path) -> None:
-    done = _adaptis("profile", str(manifest), "-o", str(out), timeout_s=1800)
+def profile(manifest: Path, *, out: Path, flags: tuple[str, ...] = ()) -> None:
+    done = _adaptis("profile", str(manifest), "-o", str(out), *flags, timeout_s=1800)
     if done.returncode != 0:
         raise SystemExit(f"adaptis profile {manifest} failed: {done.stderr.strip()[-2000:]}")
 
@@ -166,9 +181,14 @@ def main() -> None:
     p.add_argument("--max-load", type=float, default=0.25,
                    help="cores the rest of the machine may use during a run before the run is "
                         "left out (default 0.25: the ranks need the cores to themselves)")
+    p.add_argument("--profiles", default="default",
+                   help=f"profile variants to compare, comma-separated, of {', '.join(PROFILES)} "
+                        "(default: default)")
     p.add_argument("--json", type=Path, help="also write every run here")
     args = p.parse_args()
-    strategies = args.strategies.split(",")
+    strategies, variants = args.strategies.split(","), args.profiles.split(",")
+    if unknown := [v for v in variants if v not in PROFILES]:
+        raise SystemExit(f"unknown profile variant(s) {', '.join(unknown)}: use {', '.join(PROFILES)}")
     print(f"# measured speedup: {' '.join(sys.argv[1:]) or 'defaults'}; {os.cpu_count()} cores, "
           f"runs left out when other processes used over {args.max_load:.2f} cores", flush=True)
     everything: dict[str, list[dict[str, Any]]] = {}
@@ -177,23 +197,51 @@ def main() -> None:
         for name in args.workloads.split(","):
             manifest = Path(tmp) / f"{name}.yaml"
             manifest.write_text(yaml.safe_dump(workload(name)))
-            problem = Path(tmp) / f"{name}-problem.yaml"  # YAML: what `adaptis profile` writes
-            profile(manifest, out=problem)
+            problems = {}
+            for variant in variants:  # YAML: what `adaptis profile` writes
+                problems[variant] = Path(tmp) / f"{name}-{variant}-problem.yaml"
+                profile(manifest, out=problems[variant], flags=PROFILES[variant])
+            runs = distinct_plans(problems, strategies=strategies)
             rows = everything[name] = []
             for rep in range(args.reps):
-                for strategy in strategies:  # interleaved: every strategy once a round
-                    row = run_once(manifest, problem=problem, strategy=strategy, steps=args.steps,
+                for (strategy, _key), predicted in runs.items():  # interleaved: each plan once a round
+                    first = next(iter(predicted))
+                    row = run_once(manifest, problem=problems[first], strategy=strategy, steps=args.steps,
                                    workdir=Path(tmp) / f"{name}-{strategy}")
-                    row["round"] = rep
-                    rows.append(row)
                     shown = f"{1e3 * row['measured']:.0f} ms" if "measured" in row else row["error"]
-                    print(f"{name} round {rep} {strategy:<9} {shown}  others "
-                          f"{row['others_cores']:.2f} cores, load {row['load_before']:.2f}->"
-                          f"{row['load_after']:.2f}", flush=True)
-            lines += report(name, figures(rows, max_load=args.max_load))
+                    print(f"{name} round {rep} {strategy:<9} {shown}  others {row['others_cores']:.2f} cores, "
+                          f"load {row['load_before']:.2f}->{row['load_after']:.2f}  (plan of {', '.join(predicted)})",
+                          flush=True)
+                    for variant, seconds in predicted.items():  # the run stands for each variant's plan
+                        rows.append(dict(row, round=rep, profile=variant,
+                                         **({"predicted": seconds} if "measured" in row else {})))
+            for variant in variants:
+                title = name if len(variants) == 1 else f"{name}, profile {variant}"
+                lines += report(title, figures([r for r in rows if r["profile"] == variant],
+                                               max_load=args.max_load))
     print("\n".join(lines))
     if args.json:
         args.json.write_text(json.dumps(everything, indent=2))
+
+
+def distinct_plans(problems: dict[str, Path], *, strategies: list[str]) -> dict[tuple[str, str], dict[str, float]]:
+    """(strategy, plan) -> {variant: predicted iteration seconds} over the variants' problems:
+    the plans ``adaptis run`` will make (the same planner calls), so that a plan two variants
+    share runs once a round."""
+    from adaptis.api.problem import TIME_UNIT_SECONDS, load_problem
+    from adaptis.planner.strategies import plan_strategy
+
+    runs: dict[tuple[str, str], dict[str, float]] = {}
+    for strategy in strategies:
+        for variant, path in problems.items():
+            problem = load_problem(path)
+            outcome = plan_strategy(problem, strategy)
+            if outcome.plan is None or outcome.simulation is None:
+                raise SystemExit(f"{strategy} has no plan on the {variant} profile")
+            key = outcome.plan.model_dump_json(include={"stages", "placement", "actions", "recompute"})
+            seconds = outcome.simulation.iteration_time * TIME_UNIT_SECONDS[problem.time_unit]
+            runs.setdefault((strategy, key), {})[variant] = seconds
+    return runs
 
 
 if __name__ == "__main__":
