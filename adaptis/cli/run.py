@@ -62,6 +62,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--adaptation", choices=("off", "suggest", "auto"),
                    help="override spec.adaptation.policy: re-plan on measured drift (docs/adaptation.md)")
+    p.add_argument("--trace", metavar="DIR", type=Path,
+                   help="CPU: write each rank's timed actions of the last step to DIR and report them "
+                        "beside the prediction: busy, gaps, message latency (DIR/trace.json; "
+                        "docs/profiling.md)")
     p.add_argument("--slowdown", metavar="RANK:FACTOR@STEP[,...]",
                    help="testing knob: rank RANK computes FACTOR times slower from step STEP on "
                         "(ADAPTIS_SLOWDOWN; adaptis.worker.slowdown)")
@@ -154,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
     from adaptis.worker.preemption import EXIT_PREEMPTED
     from adaptis.worker.launcher import LocalLauncher
     from adaptis.worker.slowdown import ENV
+    from adaptis.worker.trace import ENV as TRACE_ENV
 
     job = load_job(args.manifest)
     spec = job.spec
@@ -238,7 +243,11 @@ def run(args: argparse.Namespace) -> int:
         # Local ranks share one host: rank r serves metrics on port + r (pods all use the port).
         return LocalLauncher(cfg, world_size=ranks, workdir=workdir, threads=args.threads,
                              metrics_base=None if port == 0 else port, device=device,
-                             env={ENV: args.slowdown} if args.slowdown else None)
+                             env=env or None)
+
+    env = {ENV: args.slowdown} if args.slowdown else {}
+    if args.trace is not None:
+        env[TRACE_ENV] = str(args.trace.resolve())
 
     adaptation = spec.adaptation
     if args.adaptation:
@@ -267,11 +276,28 @@ def run(args: argparse.Namespace) -> int:
                      workdir=workdir, ports=[starts[r].get("metrics_port") for r in sorted(starts)],
                      checkpoints=(ckpt_dir, ckpt_every, starts[0]["resumed_step"] if 0 in starts else 0))
     result["adaptation"] = done.adaptation
+    report = _trace(args.trace, plan=plan, problem=problem, ranks=pipeline) if args.trace else None
+    if report is not None:
+        result["trace"] = str(args.trace / "trace.json")
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print_summary(result)
+        if report is not None:
+            from adaptis.cli.trace_report import print_trace
+
+            print_trace(report, directory=args.trace)
     return 0
+
+
+def _trace(directory: Path, *, plan: Plan, problem: Problem, ranks: int) -> dict[str, Any] | None:
+    from adaptis.cli.trace_report import TraceMismatch, trace_report
+
+    try:
+        return trace_report(directory, plan=plan, problem=problem, ranks=ranks)
+    except (OSError, TraceMismatch, ValueError) as err:  # the run itself succeeded: say, do not fail
+        print(f"adaptis run: --trace: no report ({err})", file=sys.stderr)
+        return None
 
 
 def _checkpoints(args: argparse.Namespace, ckpt_dir: Path, *, model: ModelSpec) -> int | None:

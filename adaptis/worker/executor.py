@@ -56,6 +56,7 @@ from adaptis.worker.pipelining import (
 from adaptis.worker.precision import PRECISION_DTYPE, resolve_precision, wrap_stage
 from adaptis.worker.replicas import GradReducer, Mesh, ZeroOptimizer, create_groups
 from adaptis.worker.slowdown import slowed
+from adaptis.worker.trace import traced
 
 __all__ = ["Executor", "StepStats", "transfer_bytes", "parse_plan"]
 
@@ -184,6 +185,8 @@ class Executor:
         # ADAPTIS_SLOWDOWN (a testing knob, adaptis.worker.slowdown): this rank as a slower device.
         self.timer = slowed(self.timer, rank=rank, environ=dict(os.environ),
                             sync=torch.cuda.synchronize if device.type == "cuda" else None)
+        # ADAPTIS_TRACE (adaptis run --trace): each step's actions, timed, to a file per rank.
+        self.timer = traced(self.timer, rank=rank, environ=dict(os.environ), device=device)
         m = train.microbatches
         dtype = PRECISION_DTYPE[self.precision]
         shapes = StageShapes(microbatch_size=train.microbatch_size, sequence_length=train.sequence_length,
