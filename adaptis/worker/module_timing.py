@@ -58,10 +58,10 @@ class ProfileSettings:
     rounds: int = 1
     # Evict the device's caches before every timed run. In a pipeline, between two runs of one
     # layer the rank runs its other layers and microbatches, which evict that layer's weights
-    # and saved activations; timed back to back, a small layer finds them cached and runs up
-    # to 2x faster on CPU than it does in the pipeline (issue 16: MoE and attention blocks of
-    # hidden 64 measured 1.4-1.8x their warm profile in a run, 1.7-1.9x cold; the large head
-    # ~1x either way). On a GPU, with weights far larger than L2, it changes little.
+    # and saved activations; timed back to back, a small layer finds them cached (issue 16, 2
+    # CPU cores, blocks of hidden 64: attention and MoE blocks ran 1.4-1.8x their back-to-back
+    # time in a pipeline, and 1.7-1.9x it when timed after an eviction; the large head about
+    # 1x either way). On a GPU, with weights far larger than L2, it changes little.
     cold_caches: bool = True
     # Processes kept busy with the model while layers are timed (adaptis.worker.contention);
     # None: one per other rank on this CPU host, none on a GPU.
