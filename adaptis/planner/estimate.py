@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from adaptis.api.job import BlockSpec, ModelSpec, TrainingSpec
 from adaptis.api.problem import Layer
+from adaptis.planner.kernels import Kernels, block_kernels, embedding_kernels, head_kernels
 
 __all__ = [
     "FLOPS_PER_BYTE", "MAMBA_CHUNK", "MAMBA_STATE", "MFU", "REFERENCE_TFLOPS", "device_speed",
@@ -147,18 +148,19 @@ class _Rates:
     memory_bytes_per_s: float
     state_bytes: float  # held per parameter
     optimizer_traffic: float  # moved per parameter in one optimizer step
+    kernel_s: float  # fixed seconds of one operator (adaptis.planner.kernels)
 
 
-def _layer(name: str, *, kind: str, f: _Flops, rates: _Rates, output_bytes: float) -> Layer:
-    def ms(flops: float) -> float:
-        return flops / rates.flops_per_s * _MS
+def _layer(name: str, *, kind: str, f: _Flops, rates: _Rates, output_bytes: float, ops: Kernels) -> Layer:
+    def ms(flops: float, kernels: float) -> float:
+        return (flops / rates.flops_per_s + kernels * rates.kernel_s) * _MS
 
     return Layer(
         name=name,
         kind=kind,
-        forward=max(ms(f.forward), _MIN_MS),
-        backward=ms(f.backward),
-        weight=ms(f.weight),
+        forward=max(ms(f.forward, ops.forward), _MIN_MS),
+        backward=ms(f.backward, ops.backward),
+        weight=ms(f.weight, ops.weight),
         activation_bytes=f.activation_bytes,
         param_bytes=f.params * rates.state_bytes,
         output_bytes=output_bytes,
@@ -169,10 +171,11 @@ def _layer(name: str, *, kind: str, f: _Flops, rates: _Rates, output_bytes: floa
 
 def estimate_layers(model: ModelSpec, training: TrainingSpec, *, element_bytes: int = 2,
                     flops_per_s: float = REFERENCE_TFLOPS * 1e12,
-                    memory_bytes_per_s: float | None = None) -> list[Layer]:
+                    memory_bytes_per_s: float | None = None, kernel_s: float = 0.0) -> list[Layer]:
     """Embedding, every block, head (named as the worker's models name them): estimated costs
     in ms on a device sustaining ``flops_per_s`` and ``memory_bytes_per_s`` (default
-    ``flops_per_s / FLOPS_PER_BYTE``), activations of ``element_bytes`` each."""
+    ``flops_per_s / FLOPS_PER_BYTE``), activations of ``element_bytes`` each, and
+    ``kernel_s`` seconds for each operator a pass runs (:mod:`adaptis.planner.kernels`)."""
     batch, seq, h, vocab = (training.microbatch_size, training.sequence_length,
                             model.hidden, model.vocab_size)
     tokens = float(batch * seq)
@@ -181,23 +184,25 @@ def estimate_layers(model: ModelSpec, training: TrainingSpec, *, element_bytes: 
     rates = _Rates(flops_per_s=flops_per_s,
                    memory_bytes_per_s=memory_bytes_per_s or flops_per_s / FLOPS_PER_BYTE,
                    state_bytes=state,
-                   optimizer_traffic=_OPTIMIZER_TRAFFIC.get(training.optimizer.name, 28.0))
+                   optimizer_traffic=_OPTIMIZER_TRAFFIC.get(training.optimizer.name, 28.0),
+                   kernel_s=kernel_s)
     hidden_bytes = tokens * h * elem
     # The embedding is a gather (memory bound): count it as touching every output element.
     embedding = _Flops(2 * tokens * h, 0.0, 2 * tokens * h, float(vocab * h), elem * tokens * h)
     layers = [_layer("embedding", kind="embedding", f=embedding, rates=rates,
-                     output_bytes=hidden_bytes)]
+                     output_bytes=hidden_bytes, ops=embedding_kernels())]
     index = 0
     for block in model.blocks:
         cost = _block(block, model=model, training=training, elem=elem)
+        ops = block_kernels(block, model=model, training=training, chunk=MAMBA_CHUNK)
         for _ in range(block.count):
             layers.append(_layer(f"{block.kind}_{index}", kind=block.kind, f=cost, rates=rates,
-                                 output_bytes=hidden_bytes))
+                                 output_bytes=hidden_bytes, ops=ops))
             index += 1
     # Head: projection to the vocabulary plus softmax cross-entropy over fp32 logits.
     proj = 2.0 * tokens * h * vocab
     softmax = 5.0 * tokens * vocab
     head_params = 0.0 if model.tie_embeddings else float(vocab * h)
     head = _Flops(proj + softmax, proj + softmax, proj, head_params, tokens * vocab * (elem + 4))
-    layers.append(_layer("head", kind="head", f=head, rates=rates, output_bytes=0.0))
+    layers.append(_layer("head", kind="head", f=head, rates=rates, output_bytes=0.0, ops=head_kernels()))
     return layers

@@ -27,9 +27,14 @@ from adaptis.worker.profiler import (
 
 __all__ = ["estimate_problem", "measure_problem"]
 
-_CPU_FLOPS = 2.0e10  # sustained FLOP/s of one CPU core thread in float32 matmuls (rough)
+_CPU_FLOPS = 4.0e10  # sustained FLOP/s of one CPU core thread in float32 matmuls (rough)
 _GPU_FLOPS = 2.0e14  # one modern accelerator, mixed precision (rough)
 _CPU_BYTES = 1.0e10  # memory bandwidth one process sees on a CPU (rough; the optimizer's bound)
+# Seconds of one torch operator on a CPU core beyond its FLOPs (dispatch, allocation, a cold
+# cache): 10-40 us measured per operator of the zoo's small blocks on 2 cores, 10-22 us in
+# their forwards (issue 16); 15 us, within that range. On a GPU at training sizes the FLOPs
+# dominate, and the estimate counts no operator.
+_CPU_KERNEL_S = 15e-6
 
 
 def estimate_problem(spec: JobSpec, *, devices: int, precision: str = "fp32") -> Problem:
@@ -44,7 +49,8 @@ def estimate_problem(spec: JobSpec, *, devices: int, precision: str = "fp32") ->
         microbatches=spec.training.microbatches,
         layers=estimate_model_layers(spec.model, spec.training,
                                      element_bytes=2 if precision == "bf16" else 4, flops_per_s=flops,
-                                     memory_bytes_per_s=None if gpu else _CPU_BYTES),
+                                     memory_bytes_per_s=None if gpu else _CPU_BYTES,
+                                     kernel_s=0.0 if gpu else _CPU_KERNEL_S),
         devices=IdenticalDevices(count=devices, per_node=max(devices, 1)),
     )
 

@@ -137,3 +137,23 @@ def test_gradient_bytes_and_optimizer_time_follow_the_parameters() -> None:
     sgd = estimate_layers(_model(), TrainingSpec.model_validate({"optimizer": {"name": "sgd"}}),
                           memory_bytes_per_s=2e12)
     assert sgd[1].optimizer == pytest.approx(12 * params / 2e12 * 1e3)
+
+
+def test_each_operator_adds_its_fixed_cost_to_the_pass_that_runs_it() -> None:
+    from adaptis.api.job import BlockSpec
+    from adaptis.planner.kernels import EMBEDDING_OPS, HEAD_OPS, MLP_OPS
+
+    model = ModelSpec(vocab_size=64, hidden=16, heads=2, blocks=[BlockSpec(kind="dense"), BlockSpec(kind="mamba")])
+    training = TrainingSpec(sequence_length=128)  # two chunks of the Mamba scan
+    plain = estimate_layers(model, training)
+    costly = estimate_layers(model, training, kernel_s=1e-5)  # 0.01 ms an operator
+    added = [(c.forward - p.forward, c.backward - p.backward, c.weight - p.weight) for p, c in zip(plain, costly)]
+    # Embedding: its gather forward; its whole backward is W (the first stage's).
+    assert added[0] == pytest.approx((0.01 * EMBEDDING_OPS[0], 0.0, 0.01 * EMBEDDING_OPS[1]), abs=1e-5)  # F floor
+    # Dense block: the MLP's operators; the backward pass two thirds B, one third W.
+    assert added[1] == pytest.approx((0.17, 0.01 * MLP_OPS[1] * 2 / 3, 0.01 * MLP_OPS[1] / 3))
+    # Mamba at two chunks: 24 + 2 x 71 forward operators, 38 + 2 x 109 in the backward pass.
+    assert added[2] == pytest.approx((1.66, 2.56 * 2 / 3, 2.56 / 3))
+    assert added[3] == pytest.approx((0.01 * HEAD_OPS[0], 0.01 * HEAD_OPS[1] * 2 / 3, 0.01 * HEAD_OPS[1] / 3))
+    # Bytes do not change.
+    assert [c.activation_bytes for c in costly] == [p.activation_bytes for p in plain]
