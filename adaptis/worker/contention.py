@@ -14,17 +14,19 @@ the job's own layers, forward and backward, in a loop, as the other ranks of a p
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing as mp
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from adaptis.api.job import JobSpec
 
-__all__ = ["co_runner_count", "co_runners"]
+__all__ = ["co_runner_count", "co_runners", "usable_cores"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +42,20 @@ def co_runner_count(*, device: torch.device, ranks_on_host: int, asked: int | No
         return asked
     if device.type != "cpu":
         return 0
-    return max(0, min(ranks_on_host, os.cpu_count() or 1) - 1)
+    return max(0, min(ranks_on_host, usable_cores()) - 1)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on: its CPU affinity, capped by a cgroup v2 CPU quota (a pod's
+    CPU limit), which ``os.cpu_count()`` does not see."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
 
 
 @contextmanager

@@ -14,7 +14,7 @@ import torch
 
 from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, ParallelismSpec, TrainingSpec
 from adaptis.worker import module_timing
-from adaptis.worker.contention import co_runner_count, co_runners
+from adaptis.worker.contention import co_runner_count, co_runners, usable_cores
 from adaptis.worker.errors import WorkerError
 from adaptis.worker.hardware import cache_bytes
 from adaptis.worker.module_timing import ProfileSettings, _time_of
@@ -74,7 +74,8 @@ def test_the_evictor_writes_twice_the_cache(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_co_runner_count_stands_for_the_other_ranks_of_a_cpu_host() -> None:
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
+    assert 1 <= cores <= (os.cpu_count() or 1)
     assert co_runner_count(device=CPU, ranks_on_host=1) == 0
     assert co_runner_count(device=CPU, ranks_on_host=2) == min(2, cores) - 1
     assert co_runner_count(device=CPU, ranks_on_host=cores + 4) == cores - 1  # never oversubscribed
@@ -128,3 +129,15 @@ def test_profiling_a_job_on_cpu_runs_beside_the_hosts_other_ranks(entry: str, mo
         problem.measure_problem(_spec(), devices=2, repeats=1)
         problem.measure_problem(_spec(), devices=1, repeats=1)
     assert seen == [co_runner_count(device=CPU, ranks_on_host=2), 0]
+
+
+def test_usable_cores_follow_a_cgroup_quota(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from adaptis.worker import contention
+
+    real = Path
+    limits = {"max 100000\n": len(os.sched_getaffinity(0)), "150000 100000\n": 2, "50000 100000\n": 1}  # ceil(quota / period)
+    for text, want in limits.items():
+        (tmp_path / "cpu.max").write_text(text)
+        monkeypatch.setattr(contention, "Path", lambda p, _t=tmp_path: real(_t / "cpu.max") if p.endswith("cpu.max")
+                            else real(p))
+        assert contention.usable_cores() == min(want, len(os.sched_getaffinity(0))), text
