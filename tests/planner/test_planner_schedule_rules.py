@@ -26,10 +26,10 @@ TWO = [(0, 1), (1, 2)]
 
 def _costs(*, microbatches: int = 3, layers: int = 2, devices: int = 2, memory: float | None = None,
            activation: float = 0.0, params: float = 0.0, w: float = 1.0, overhead: float = 0.0,
-           hop: float = 0.0) -> Costs:
-    """Every layer F = B = 1; ``hop``: each device on a node of its own, every transfer between
-    devices that long (else one node, no transfers)."""
-    docs = [{"name": f"l{i}", "forward": 1.0, "backward": 1.0, "weight": w, "activation_bytes": activation,
+           hop: float = 0.0, unit: float = 1.0) -> Costs:
+    """Every layer F = B = ``unit``, W = ``w`` x ``unit``; ``hop``: each device on a node of its
+    own, every transfer between devices that long (else one node, no transfers)."""
+    docs = [{"name": f"l{i}", "forward": unit, "backward": unit, "weight": w * unit, "activation_bytes": activation,
              "param_bytes": params, "output_bytes": 1.0} for i in range(layers)]
     dev: dict[str, object] = {"count": devices}
     if memory is not None:
@@ -47,11 +47,13 @@ def _order(actions: tuple[tuple[tuple[str, int, int], ...], ...]) -> list[str]:
     return [" ".join(f"{k}{mb}" for k, _s, mb in dev) for dev in actions]
 
 
-def test_b_before_f_before_w_oldest_first() -> None:
-    sched = list_schedule(_costs(), stages=TWO, owner=[0, 1])
+@pytest.mark.parametrize("unit", [1.0, 0.25])
+def test_b_before_f_before_w_oldest_first(unit: float) -> None:
+    """Also with every action a quarter as long (the rules have no threshold in time units)."""
+    sched = list_schedule(_costs(unit=unit), stages=TWO, owner=[0, 1])
     assert sched.feasible and sched.reason is None
     assert _order(sched.actions) == ["F0 F1 F2 B0 W0 B1 W1 B2 W2", "F0 B0 F1 B1 F2 B2 W0 W1 W2"]
-    assert sched.iteration_time == 10.0
+    assert sched.iteration_time == 10.0 * unit
     assert all(s == 0 for _k, s, _mb in sched.actions[0]) and all(s == 1 for _k, s, _mb in sched.actions[1])
 
 
@@ -60,6 +62,18 @@ def test_fused_backward_runs_bw_actions() -> None:
     sched = list_schedule(_costs(), stages=TWO, owner=[0, 1], policy=Policy(split_backward=False))
     assert _order(sched.actions) == ["F0 F1 F2 BW0 BW1 BW2", "F0 BW0 F1 BW1 F2 BW2"]
     assert sched.iteration_time == 12.0
+
+
+def test_stage_0_fuses_its_backward_from_the_microbatch_it_is_told() -> None:
+    """``fuse_first_from=1``: stage 0 runs B and W for microbatch 0, one BW (B + W = 2, its B
+    being empty) for 1 and 2, as soon as their gradients arrive (5, 7): 10, as unfused.
+    Without the B/W split every backward is a BW already and the knob changes nothing."""
+    fused = list_schedule(_costs(), stages=TWO, owner=[0, 1], policy=Policy(fuse_first_from=1))
+    assert _order(fused.actions) == ["F0 F1 F2 B0 W0 BW1 BW2", "F0 B0 F1 B1 F2 B2 W0 W1 W2"]
+    assert fused.iteration_time == 10.0
+    unsplit = list_schedule(_costs(), stages=TWO, owner=[0, 1], policy=Policy(split_backward=False, fuse_first_from=1))
+    assert _order(unsplit.actions) == ["F0 F1 F2 BW0 BW1 BW2", "F0 BW0 F1 BW1 F2 BW2"]
+    assert unsplit.iteration_time == 12.0
 
 
 def test_at_most_one_microbatch_in_flight_runs_them_one_by_one() -> None:
@@ -136,21 +150,23 @@ def test_a_deadline_already_passed_stops_a_long_schedule() -> None:
     assert list_schedule(_costs(microbatches=3), stages=TWO, owner=[0, 1], deadline=0.0).feasible
 
 
-def test_w_fills_a_gap_even_past_the_next_arrival_unless_told_to_fit() -> None:
+@pytest.mark.parametrize("unit", [1.0, 0.25])
+def test_w_fills_a_gap_even_past_the_next_arrival_unless_told_to_fit(unit: float) -> None:
     """Transfers of 1 and W = 2. Device 1 runs F B F B F B from 2 (after the first transfer),
     then its three Ws, 8-14; the gradients reach device 0 at 5, 7 and 9. Stage 0's B is empty
     (it has no input to pass a gradient to), so its W is the whole backward, 1 + 2 = 3.
     By default device 0 runs each W as soon as its B is done: W0 5-8, W1 8-11, W2 11-14: 14.
     With ``fill_with_w=False`` a W runs only where it ends before the next known arrival: at 8
     W1 would end at 11, past gradient 2's arrival at 9, so device 0 waits for it: W1 9-12,
-    W2 12-15. (At 5 gradient 1's arrival is not known yet: device 1 runs that B at 5.)"""
-    costs = _costs(w=2.0, hop=1.0)
+    W2 12-15. (At 5 gradient 1's arrival is not known yet: device 1 starts that B only at 5.)
+    The same with every duration a quarter as long."""
+    costs = _costs(w=2.0, hop=unit, unit=unit)
     fill = list_schedule(costs, stages=TWO, owner=[0, 1])
     assert _order(fill.actions) == ["F0 F1 F2 B0 W0 B1 W1 B2 W2", "F0 B0 F1 B1 F2 B2 W0 W1 W2"]
-    assert fill.iteration_time == 14.0
+    assert fill.iteration_time == 14.0 * unit
     fit = list_schedule(costs, stages=TWO, owner=[0, 1], policy=Policy(fill_with_w=False))
     assert _order(fit.actions) == ["F0 F1 F2 B0 W0 B1 B2 W1 W2", "F0 B0 F1 B1 F2 B2 W0 W1 W2"]
-    assert fit.iteration_time == 15.0
+    assert fit.iteration_time == 15.0 * unit
 
 
 def test_a_w_that_ends_exactly_at_the_next_arrival_fits() -> None:
