@@ -18,7 +18,7 @@ import pytest
 
 from adaptis.api.problem import parse_problem
 from adaptis.planner.costs import Costs
-from adaptis.planner.errors import OutOfTime
+from adaptis.planner.errors import OutOfTime, PlannerError
 from adaptis.planner.scheduler import Policy, inflight_caps, list_schedule
 
 TWO = [(0, 1), (1, 2)]
@@ -76,6 +76,20 @@ def test_stage_0_fuses_its_backward_from_the_microbatch_it_is_told() -> None:
     assert unsplit.iteration_time == 12.0
 
 
+def test_a_recomputed_stage_pays_its_forward_again_in_its_backward() -> None:
+    """Stage 1 recomputed, fused backwards: its BW is F + B + W = 3. Device 1: F0 1-2, BW0 2-5,
+    F1 5-6, BW1 6-9, F2 9-10, BW2 10-13; device 0's BWs (2 each) 5-7, 9-11, 13-15: 15."""
+    sched = list_schedule(_costs(), stages=TWO, owner=[0, 1], policy=Policy(split_backward=False),
+                          recompute=(False, True))
+    assert _order(sched.actions) == ["F0 F1 F2 BW0 BW1 BW2", "F0 BW0 F1 BW1 F2 BW2"]
+    assert sched.iteration_time == 15.0
+    with pytest.raises(PlannerError, match=r"^list_schedule: a recomputed stage runs fused backwards; "
+                                           r"pass a policy with split_backward=False$"):
+        list_schedule(_costs(), stages=TWO, owner=[0, 1], recompute=(False, True))
+    # Nothing recomputed: the split policy is fine.
+    assert list_schedule(_costs(), stages=TWO, owner=[0, 1], recompute=(False, False)).iteration_time == 10.0
+
+
 def test_at_most_one_microbatch_in_flight_runs_them_one_by_one() -> None:
     """A microbatch is admitted once both devices ran its W: F F B B W, 5 each, 15 in all."""
     sched = list_schedule(_costs(), stages=TWO, owner=[0, 1], policy=Policy(max_inflight=1))
@@ -127,6 +141,9 @@ def test_inflight_caps_are_what_memory_holds_after_the_parameters() -> None:
     # Both stages on device 0: 8 bytes of parameters and 4 a microbatch do not fit 10.
     assert inflight_caps(costs, sc=sc, owner=[0, 0], policy=Policy()) == (
         "device 0: parameters and one microbatch need 12 bytes, it has 10")
+    # Parameters filling the memory exactly, and no activations: every microbatch.
+    full = _costs(microbatches=5, memory=4.0, params=4.0)
+    assert inflight_caps(full, sc=full.stage_costs(TWO), owner=[0, 1], policy=Policy()) == [5, 5]
     # Exactly one microbatch fits.
     exact = _costs(microbatches=5, memory=6.0, activation=2.0, params=4.0)
     assert inflight_caps(exact, sc=exact.stage_costs(TWO), owner=[0, 1], policy=Policy()) == [1, 1]
@@ -148,6 +165,7 @@ def test_a_deadline_already_passed_stops_a_long_schedule() -> None:
     with pytest.raises(OutOfTime, match="the time limit ran out during a list schedule"):
         list_schedule(costs, stages=TWO, owner=[0, 1], deadline=0.0)
     assert list_schedule(_costs(microbatches=3), stages=TWO, owner=[0, 1], deadline=0.0).feasible
+    assert list_schedule(costs, stages=TWO, owner=[0, 1]).feasible  # no deadline: the clock is never read
 
 
 @pytest.mark.parametrize("unit", [1.0, 0.25])
