@@ -206,7 +206,7 @@ def test_a_device_that_blocks_admission_runs_its_w_before_a_forward() -> None:
     (F 0-1, 1-2); microbatch 2 waits, both devices are full. Device 1 runs F0 1-2, B0 2-3; at 3
     F1 is ready, but a W frees memory and a forward takes more: W0 3-4, then F1 4-5, and device
     0's W0 (3-5) frees it there too, so microbatch 2 enters at 5: 10 in all. (Forwards first,
-    device 1 would run F1 B1 W0 and microbatch 2 would enter at 6: 12.)"""
+    device 1 would run F1 and B1 before W0: 12.)"""
     sched = list_schedule(_costs(memory=2.0, activation=1.0), stages=TWO, owner=[0, 1])
     assert _order(sched.actions) == ["F0 F1 B0 W0 F2 B1 W1 B2 W2", "F0 B0 W0 F1 B1 F2 B2 W1 W2"]
     assert sched.iteration_time == 10.0
