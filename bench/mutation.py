@@ -15,9 +15,9 @@ function.
 Prints one line per module (killed, survived, other, score) and writes each module's
 surviving mutants, as diffs, to ``<out>/<module>.survivors.txt``. Measured: status.py, capacity.py
 and simulator.py in about 10 minutes on 2 shared cores with ``--jobs 1``; workqueue.py and
-validation.py; partition.py, strategies.py, scheduler.py and reconcile.py in part and metrics.py
-in full (over an hour on the shared cores; bench/RESULTS.md says which mutants, the figures and
-why each survivor is left). search.py and executor.py are not yet measured.
+validation.py; partition.py, strategies.py and reconcile.py in part, metrics.py and scheduler.py
+in full (each over an hour on the shared cores; bench/RESULTS.md says which mutants, the figures
+and why each survivor is left). search.py and executor.py are not yet measured.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from adaptis.api.plan import Plan
@@ -52,7 +52,8 @@ def _replays(costs: Costs, *, stages: list[tuple[int, int]], owner: list[int], p
 
 
 @st.composite
-def cases(draw: st.DrawFn) -> tuple[Costs, list[tuple[int, int]], list[int]]:
+def problems(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[int, int]], list[int]]:
+    """A problem document, a partition and a placement."""
     n = draw(st.integers(1, 10))
     layers = [{
         "name": f"l{i}",
@@ -76,12 +77,25 @@ def cases(draw: st.DrawFn) -> tuple[Costs, list[tuple[int, int]], list[int]]:
         "time_unit": "s",
         "action_overhead_s": draw(st.sampled_from([0.0, 0.05])),
     }
-    costs = Costs.from_problem(parse_problem(doc))
     cuts = sorted(draw(st.sets(st.integers(1, n - 1), max_size=5))) if n > 1 else []
     bounds = [0, *cuts, n]
     stages = [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
     owner = draw(st.lists(st.integers(0, count - 1), min_size=len(stages), max_size=len(stages)))
-    return costs, stages, owner
+    return doc, stages, owner
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[Costs, list[tuple[int, int]], list[int]]:
+    doc, stages, owner = draw(problems())
+    return Costs.from_problem(parse_problem(doc)), stages, owner
+
+
+def _rescaled(doc: dict[str, Any], k: float) -> dict[str, Any]:
+    """The same problem with every duration k times as long: compute, overhead, transfers."""
+    layers = [{**lay, **{f: lay[f] * k for f in ("forward", "backward", "weight")}} for lay in doc["layers"]]
+    network = {name: {"bandwidth_bytes_per_s": link["bandwidth_bytes_per_s"] / k, "latency_s": link["latency_s"] * k}
+               for name, link in doc["network"].items()}
+    return {**doc, "layers": layers, "network": network, "action_overhead_s": doc["action_overhead_s"] * k}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -90,6 +104,35 @@ def test_every_schedule_replays_to_the_time_it_reports(case: tuple[Costs, list[t
     costs, stages, owner = case
     for policy in POLICIES:
         _replays(costs, stages=stages, owner=owner, policy=policy)
+
+
+# Forwards shorter than 1 and transfers between them: a rule that read an input as arrived
+# when its producer ended before 1 (not after the transfer) changed device 1's order here.
+_SUB_UNIT = ({"name": "t", "microbatches": 3, "time_unit": "s", "action_overhead_s": 0.0,
+              "layers": [{"name": "l0", "forward": 0.5, "backward": 0.25, "weight": 3.0, "activation_bytes": 1.0,
+                          "output_bytes": 2.0},
+                         {"name": "l1", "forward": 0.25, "backward": 0.5, "weight": 2.0, "activation_bytes": 2.0,
+                          "output_bytes": 2.0}],
+              "devices": {"list": [{"name": "d0", "node": "n0"}, {"name": "d1", "node": "n0"}]},
+              "network": {"intra_node": {"bandwidth_bytes_per_s": 4.0, "latency_s": 0.25}}},
+             [(0, 1), (1, 2)], [0, 1])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=problems(), policy=st.sampled_from(POLICIES))
+@example(case=_SUB_UNIT, policy=Policy(admit_per_device=True))
+def test_the_schedule_does_not_depend_on_the_unit_of_time(
+        case: tuple[dict[str, Any], list[tuple[int, int]], list[int]], policy: Policy) -> None:
+    """Every duration 8 times shorter or longer: the same order, 8 times less or more time (the
+    rules compare times with each other, never with a constant; powers of two keep it exact)."""
+    doc, stages, owner = case
+    base = list_schedule(Costs.from_problem(parse_problem(doc)), stages=stages, owner=owner, policy=policy)
+    for k in (0.125, 8.0):
+        scaled = list_schedule(Costs.from_problem(parse_problem(_rescaled(doc, k))), stages=stages, owner=owner,
+                               policy=policy)
+        assert scaled.actions == base.actions, k
+        assert (scaled.feasible, scaled.reason) == (base.feasible, base.reason)
+        assert scaled.iteration_time == base.iteration_time * k
 
 
 def test_a_schedule_held_back_by_memory_reports_the_replayed_time() -> None:
