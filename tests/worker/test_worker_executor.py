@@ -153,3 +153,66 @@ def test_bubble_ratios_from_known_timings(busy: tuple[float, ...], iteration: fl
                       received_bytes=0, peak_memory_bytes=0)
     assert stats.bubble_ratio == pytest.approx(pipeline)
     assert stats.rank_bubble_ratio == pytest.approx(own)
+
+
+def test_a_plan_made_for_another_precision_is_refused() -> None:
+    plan = _three_stages_split()
+    bf16 = Plan(stages=plan.stages, placement=plan.placement, actions=plan.actions, precision="bf16")
+    # training.precision auto is fp32 on a CPU.
+    with pytest.raises(PlanMismatchError, match=r"made for precision bf16, but this worker runs fp32 "
+                                                r"\(training.precision auto on cpu\); plan again"):
+        Executor(_config(bf16), rank=0, world_size=1, device=torch.device("cpu"))
+    fp32 = Plan(stages=plan.stages, placement=plan.placement, actions=plan.actions, precision="fp32")
+    assert Executor(_config(fp32), rank=0, world_size=1, device=torch.device("cpu")).precision == "fp32"
+
+
+def test_each_step_uses_the_schedules_rate_for_its_step() -> None:
+    # Linear warm-up over 2 steps then linear decay to 0.1 x lr at the last of 7 steps:
+    # 1/3 and 2/3 of 0.03, then 0.03, 0.03 - 1 x 0.027/4, ..., 0.003 at step 6.
+    opt = TRAIN.optimizer.model_copy(update={"lr": 0.03, "schedule": "linear", "warmup_steps": 2,
+                                             "min_lr_ratio": 0.1})
+    training = TRAIN.model_copy(update={"optimizer": opt, "steps": 7})
+    ex = Executor(_config(_three_stages_split(), training), rank=0, world_size=1, device=torch.device("cpu"))
+    batch = SyntheticTokens(vocab_size=SMALL_MODEL.vocab_size, sequence_length=8, seed=5).batch(
+        position=0, sequences=6)
+    assert ex.step(batch).learning_rate == pytest.approx(0.01)  # set at construction: step 0
+    for step, rate in ((1, 0.02), (2, 0.03), (3, 0.03 - 0.027 / 4), (6, 0.003)):
+        assert ex.set_learning_rate(step=step) == pytest.approx(rate)
+        assert [g["lr"] for g in ex.optimizer.param_groups] == [pytest.approx(rate)]
+    assert ex.step(batch).learning_rate == pytest.approx(0.003)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_the_optimizer_is_the_one_the_job_names_over_every_parameter_once(name: str) -> None:
+    opt = TRAIN.optimizer.model_copy(update={"name": name, "weight_decay": 0.25})
+    ex = Executor(_config(_three_stages_split(), TRAIN.model_copy(update={"optimizer": opt})), rank=0,
+                  world_size=1, device=torch.device("cpu"))
+    assert type(ex.optimizer) is {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[name]
+    (group,) = ex.optimizer.param_groups
+    assert group["weight_decay"] == 0.25
+    # The tied embedding and head on one rank are one Parameter, under two names, optimized once.
+    named = ex.named_parameters()
+    assert named["0.weight"] is named["4.weight"]
+    assert len(group["params"]) == len({id(p) for p in named.values()}) == len(named) - 1
+    assert {id(p) for p in group["params"]} == {id(p) for p in named.values()}
+
+
+def test_one_rank_step_reports_its_own_timings_and_memory() -> None:
+    import resource
+    import time
+
+    ex = Executor(_config(_three_stages_split()), rank=0, world_size=1, device=torch.device("cpu"))
+    assert ex.saves_checkpoint and ex.checkpoint_rank == 0 and ex.holds_first and ex.holds_last
+    batch = SyntheticTokens(vocab_size=SMALL_MODEL.vocab_size, sequence_length=8, seed=5).batch(
+        position=0, sequences=6)
+    before = time.perf_counter()
+    stats = ex.step(batch)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert before < ex.started_at < time.perf_counter()
+    assert stats.rank == 0 and stats.reduce_wait_seconds == 0.0
+    # One rank: the pipeline part is its busy time and some bookkeeping; the step adds the
+    # optimizer and the stats exchange.
+    (busy,) = stats.busy_seconds
+    assert busy == pytest.approx(sum(stats.busy_by_kind.values()))
+    assert 0 < busy <= stats.iteration_seconds < stats.step_seconds
+    assert 10 * 2**20 < stats.peak_memory_bytes <= rss  # bytes: a torch process has tens of MiB
