@@ -242,7 +242,7 @@ def test_another_optimizer_kind_or_no_state_restores_weights_and_starts_fresh(
     sgd = _executor(_one_stage(), optimizer="sgd")
     with caplog.at_level(logging.WARNING, logger="adaptis.worker.checkpoint"):
         assert load_checkpoint(tmp_path, executor=sgd, step=1).exact is False
-    assert "holds adamw optimizer state, this job trains with sgd" in caplog.text
+    assert "checkpoint of step 1 holds adamw optimizer state, this job trains with sgd" in caplog.text
     assert all(torch.equal(w, ex.named_parameters()[k].detach()) for k, w in _weights(sgd).items())
     # Saved before any update: AdamW had no state yet; a job that has some cannot be exact.
     caplog.clear()
@@ -259,7 +259,10 @@ def test_a_file_of_an_older_adaptis_restores_its_position_keyed_optimizer_under_
     ex.step(_batch(0))
     path = save_checkpoint(tmp_path, executor=ex, step=1, position=4, tokens=32, samples=4)
     doc = torch.load(path, weights_only=True)
-    for key in ("optimizer_state", "optimizer_covers", "optimizer_name", "savers", "format"):
+    # Written before name-keyed optimizer state, and before data parallelism (no replicas or
+    # ZeRO stage recorded: one replica, no ZeRO).
+    for key in ("optimizer_state", "optimizer_covers", "optimizer_name", "savers", "format", "data_parallel",
+                "zero_stage"):
         del doc[key]
     doc["optimizer"] = ex.optimizer.state_dict()
     torch.save(doc, path)
@@ -286,3 +289,35 @@ def test_clearing_reports_what_was_there_and_a_scan_then_finds_nothing(tmp_path:
     assert (cleared.steps, cleared.files, cleared.resume_step) == ((1, 2), 3, None)
     assert not tmp_path.exists()
     assert scan_checkpoints(tmp_path, model=SMALL_MODEL).files == 0
+
+
+def test_a_parameter_without_recorded_optimizer_state_makes_the_whole_optimizer_start_fresh(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    ex = _executor(_one_stage())
+    ex.step(_batch(0))
+    path = save_checkpoint(tmp_path, executor=ex, step=1, position=4, tokens=32, samples=4)
+    doc = torch.load(path, weights_only=True)
+    doc["optimizer_covers"].remove("2.norm1.weight")
+    del doc["optimizer_state"]["2.norm1.weight"]
+    torch.save(doc, path)
+    fresh = _executor(_one_stage())
+    with caplog.at_level(logging.WARNING, logger="adaptis.worker.checkpoint"):
+        assert load_checkpoint(tmp_path, executor=fresh, step=1).exact is False
+    assert ("checkpoint of step 1 has no optimizer state of ['2.norm1.weight'] (in the files rank 0 sees): "
+            "weights restored, the optimizer starts fresh") in caplog.text
+    assert fresh.optimizer.state_dict()["state"] == {}  # nothing half-restored
+
+
+def test_reading_stops_once_this_rank_has_everything_it_needs(tmp_path: Path) -> None:
+    # Another rank's file of the step is torn (a copy cut short): this rank's own file holds
+    # every weight and state it needs, so it never opens that one.
+    ex = _executor(_one_stage())
+    ex.step(_batch(0))
+    path = save_checkpoint(tmp_path, executor=ex, step=1, position=4, tokens=32, samples=4)
+    path.with_name("rank-1.pt").write_bytes(b"torn")
+    assert load_checkpoint(tmp_path, executor=_executor(_one_stage()), step=1).exact is True
+
+
+def test_clearing_a_directory_never_written_finds_nothing(tmp_path: Path) -> None:
+    cleared = clear_checkpoints(tmp_path / "never-written")
+    assert (cleared.files, cleared.steps, cleared.resume_step, cleared.incompatible) == (0, (), None, None)
