@@ -102,6 +102,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "adaptis/operator/workqueue.py": ("tests/operator/test_operator_workqueue.py",),
     "adaptis/operator/validation.py": ("tests/operator/test_operator_validation.py",),
     "adaptis/worker/executor.py": ("tests/worker/test_worker_executor.py",),
+    # Split from the executor: the multi-rank decisions, pure functions checked in one process.
+    "adaptis/worker/ownership.py": ("tests/worker/test_worker_ownership.py",),
     # The in-process tests: test_worker_checkpoint.py's others run ranks in processes of
     # their own, which mutmut's mutants never reach (and would cost a minute a mutant).
     "adaptis/worker/checkpoint.py": (
@@ -120,7 +122,7 @@ MODULES: dict[str, tuple[str, ...]] = {
 #: Modules whose tests run torch (its thread pools make a plain fork unsafe): mutmut's fork
 #: server, which starts a fresh interpreter per mutant (tens of seconds each on 2 shared cores).
 #: The metrics tests only import torch, so a plain fork is safe there and ~30x faster.
-FORKSERVER = {"adaptis/worker/executor.py", "adaptis/worker/checkpoint.py"}
+FORKSERVER = {"adaptis/worker/executor.py", "adaptis/worker/checkpoint.py", "adaptis/worker/ownership.py"}
 
 #: mutmut's exit-code names that count as caught: the tests failed, or the mutant hung or
 #: crashed its test process (mutmut's "timeout" and "segfault").

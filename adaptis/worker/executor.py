@@ -45,6 +45,7 @@ from adaptis.worker.models import (
     set_aux_loss_scale,
     token_loss,
 )
+from adaptis.worker.ownership import reducing_stage, tie_peer
 from adaptis.worker.pipelining import (
     ActionTimer,
     CudaActionTimer,
@@ -210,19 +211,12 @@ class Executor:
                                                               activation_bytes=act)
 
     def _reducer(self) -> GradReducer | None:
-        """Each parameter's reduction starts with the stage (of this rank) whose weight
-        gradients finish last in the plan's order: a tied weight shared by two local stages
-        is complete only then."""
+        """With replicas, each parameter's all-reduce starts with its reducing stage
+        (:func:`adaptis.worker.ownership.reducing_stage`)."""
         if self.mesh.replicas == 1:
             return None
-        acts = self.plan.actions[self.pipeline_rank]
-        last = {sid: max((i for i, (k, s, _mb) in enumerate(acts) if s == sid and k in ("W", "BW")),
-                         default=-1) for sid in self.stage_ids}
-        owner: dict[int, int] = {}
-        for sid, module in zip(self.stage_ids, self.modules, strict=True):
-            for p in module.parameters():
-                if id(p) not in owner or last[sid] > last[owner[id(p)]]:
-                    owner[id(p)] = sid
+        owner = reducing_stage(self.plan.actions[self.pipeline_rank], stage_ids=self.stage_ids,
+                               modules=self.modules)
         by_stage: dict[int, list[nn.Parameter]] = {sid: [] for sid in self.stage_ids}
         for p in self.params:
             by_stage[owner[id(p)]].append(p)
@@ -266,22 +260,15 @@ class Executor:
         created next to torch pipelining's own peer warm-up broke gloo on torch 2.11. The peer
         is returned as a global rank, in this rank's replica."""
         count = [True] * len(self.params)
-        if not self._tied:
+        tie = tie_peer(self.plan, n_layers=layer_count(self.config.model),
+                       pipeline_rank=self.pipeline_rank) if self._tied else None
+        if tie is None:
             return None, count
-        owner = self.plan.stage_device()
-        n_layers = layer_count(self.config.model)
-        first = next(s for s, (lo, _hi) in enumerate(self.plan.stages) if lo == 0)
-        last = next(s for s, (_lo, hi) in enumerate(self.plan.stages) if hi == n_layers)
-        emb_rank, head_rank = owner[first], owner[last]
-        me = self.pipeline_rank
-        if emb_rank == head_rank or me not in (emb_rank, head_rank):
-            return None, count  # same rank: one Parameter, shared by build_stages
-        if me == head_rank:
+        if tie.holds_head:
             head = self._head_weight()
             if head is not None:
                 count = [p is not head for p in self.params]
-        peer = head_rank if me == emb_rank else emb_rank
-        return self.mesh.global_rank(replica=self.replica, pipeline_rank=peer), count
+        return self.mesh.global_rank(replica=self.replica, pipeline_rank=tie.peer), count
 
     def _sync_tied(self, peer: int) -> None:
         """Both copies end with embedding grad + head grad (IEEE addition commutes: the two
