@@ -153,7 +153,8 @@ def _file(root: Path, *, step: int, rank: int, doc: object) -> None:
         torch.save(doc, d / f"rank-{rank}.pt")
 
 
-def test_the_agreed_step_is_the_newest_complete_one_and_newer_ones_are_removed(tmp_path: Path) -> None:
+def test_the_agreed_step_is_the_newest_complete_one_and_newer_ones_are_removed(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     _file(tmp_path, step=2, rank=0, doc={"savers": [0]})
     _file(tmp_path, step=4, rank=0, doc={"savers": [0]})
     _file(tmp_path, step=6, rank=0, doc={"savers": [0, 1]})  # written by two ranks: rank 1's is missing
@@ -161,7 +162,9 @@ def test_the_agreed_step_is_the_newest_complete_one_and_newer_ones_are_removed(t
     (tmp_path / "step-00000009").mkdir()  # a directory with no rank file is no step
     (tmp_path / "step-00000010").mkdir()
     (tmp_path / "step-00000010" / "rank-0.pt.tmp42").write_bytes(b"an interrupted write")
-    assert agree_resume_step(tmp_path) == 4
+    with caplog.at_level(logging.INFO, logger="adaptis.worker.checkpoint"):
+        assert agree_resume_step(tmp_path) == 4
+    assert f"removed the incomplete checkpoint of step 6 in {tmp_path}" in caplog.text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000004",
                                                           "step-00000009", "step-00000010"]
     # Nothing complete: every step is removed, and the run starts fresh.
@@ -242,7 +245,8 @@ def test_another_optimizer_kind_or_no_state_restores_weights_and_starts_fresh(
     sgd = _executor(_one_stage(), optimizer="sgd")
     with caplog.at_level(logging.WARNING, logger="adaptis.worker.checkpoint"):
         assert load_checkpoint(tmp_path, executor=sgd, step=1).exact is False
-    assert "checkpoint of step 1 holds adamw optimizer state, this job trains with sgd" in caplog.text
+    assert ("checkpoint of step 1 holds adamw optimizer state, this job trains with sgd: weights restored, "
+            "the optimizer starts fresh") in caplog.text
     assert all(torch.equal(w, ex.named_parameters()[k].detach()) for k, w in _weights(sgd).items())
     # Saved before any update: AdamW had no state yet; a job that has some cannot be exact.
     caplog.clear()
@@ -274,7 +278,8 @@ def test_a_file_of_an_older_adaptis_restores_its_position_keyed_optimizer_under_
     other = _executor(_three_stages())
     with caplog.at_level(logging.WARNING, logger="adaptis.worker.checkpoint"):
         assert load_checkpoint(tmp_path, executor=other, step=1).exact is False
-    assert "predates name-keyed optimizer state" in caplog.text
+    assert ("checkpoint of step 1 predates name-keyed optimizer state and was taken under another plan: "
+            "weights restored, the optimizer starts fresh") in caplog.text
     assert other.optimizer.state_dict()["state"] == {}
 
 
@@ -285,8 +290,9 @@ def test_clearing_reports_what_was_there_and_a_scan_then_finds_nothing(tmp_path:
     _file(tmp_path, step=2, rank=3, doc={"savers": [0]})
     found = scan_checkpoints(tmp_path, model=SMALL_MODEL)
     assert (found.steps, found.files, found.resume_step, found.incompatible) == ((1, 2), 3, 2, None)
+    assert found.directory == tmp_path
     cleared = clear_checkpoints(tmp_path)
-    assert (cleared.steps, cleared.files, cleared.resume_step) == ((1, 2), 3, None)
+    assert (cleared.directory, cleared.steps, cleared.files, cleared.resume_step) == (tmp_path, (1, 2), 3, None)
     assert not tmp_path.exists()
     assert scan_checkpoints(tmp_path, model=SMALL_MODEL).files == 0
 
@@ -321,3 +327,58 @@ def test_reading_stops_once_this_rank_has_everything_it_needs(tmp_path: Path) ->
 def test_clearing_a_directory_never_written_finds_nothing(tmp_path: Path) -> None:
     cleared = clear_checkpoints(tmp_path / "never-written")
     assert (cleared.files, cleared.steps, cleared.resume_step, cleared.incompatible) == (0, (), None, None)
+
+
+def test_a_scan_names_the_directory_and_why_it_cannot_resume(tmp_path: Path) -> None:
+    empty = scan_checkpoints(tmp_path, model=SMALL_MODEL)
+    assert (empty.directory, empty.files, empty.steps, empty.resume_step) == (tmp_path, 0, (), None)
+    _file(tmp_path, step=2, rank=0, doc=b"torn")
+    torn = scan_checkpoints(tmp_path, model=SMALL_MODEL)
+    assert (torn.directory, torn.resume_step) == (tmp_path, None)
+    assert torn.incompatible == ("no step has the files of every rank that wrote it (step 2 has the files of "
+                                 "ranks 0, its files are unreadable)")
+    # Two fields changed: both named, one after the other.
+    spec = SMALL_MODEL.model_dump(mode="json", by_alias=True)
+    _file(tmp_path, step=4, rank=0, doc={"savers": [0], "model_spec": spec})
+    other = SMALL_MODEL.model_copy(update={"vocab_size": 128, "hidden": 32})
+    assert scan_checkpoints(tmp_path, model=other).incompatible == (
+        "step 4's checkpoint is of another model (model.hidden: 16 there, 32 in this job; "
+        "model.vocabSize: 256 there, 128 in this job)")
+    # A spec today's ModelSpec cannot read is compared as written: every field either side lacks.
+    _file(tmp_path, step=6, rank=0, doc={"savers": [0], "model_spec": {**spec, "experimental": 1}})
+    odd = scan_checkpoints(tmp_path, model=SMALL_MODEL)
+    assert odd.resume_step is None and odd.incompatible == (
+        "step 6's checkpoint is of another model (model.experimental: 1 there, None in this job)")
+
+
+def test_a_step_with_one_torn_file_takes_its_savers_from_a_readable_one(tmp_path: Path) -> None:
+    spec = SMALL_MODEL.model_dump(mode="json", by_alias=True)
+    _file(tmp_path, step=3, rank=0, doc={"savers": [0, 1], "model_spec": spec})
+    _file(tmp_path, step=3, rank=1, doc=b"torn")
+    assert scan_checkpoints(tmp_path, model=SMALL_MODEL).resume_step == 3
+    # The other way round the file the scan reads the model from is torn: not resumable (rank 0
+    # could not load it), and no crash.
+    swapped = tmp_path / "swapped"
+    _file(swapped, step=3, rank=0, doc=b"torn")
+    _file(swapped, step=3, rank=1, doc={"savers": [0, 1], "model_spec": spec})
+    found = scan_checkpoints(swapped, model=SMALL_MODEL)
+    assert found.resume_step is None and found.incompatible
+
+
+def test_an_older_adaptis_file_of_another_rank_restores_the_weights_only(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Only rank 1's file of a position-keyed run is visible (this rank's own is not there).
+    ex = _executor(_one_stage())
+    ex.step(_batch(0))
+    path = save_checkpoint(tmp_path, executor=ex, step=1, position=4, tokens=32, samples=4)
+    doc = torch.load(path, weights_only=True)
+    for key in ("optimizer_state", "optimizer_covers", "optimizer_name", "savers", "format"):
+        del doc[key]
+    doc["optimizer"] = ex.optimizer.state_dict()
+    torch.save(doc, path.with_name("rank-1.pt"))
+    path.unlink()
+    fresh = _executor(_one_stage())
+    with caplog.at_level(logging.WARNING, logger="adaptis.worker.checkpoint"):
+        assert load_checkpoint(tmp_path, executor=fresh, step=1).exact is False
+    assert "has no optimizer state of" in caplog.text
+    assert all(torch.equal(w, ex.named_parameters()[k].detach()) for k, w in _weights(fresh).items())
