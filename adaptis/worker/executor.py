@@ -33,7 +33,7 @@ from torch import nn
 
 from adaptis.api.errors import SpecError
 from adaptis.api.hf_model import hf_layout
-from adaptis.api.job import WorkerConfig
+from adaptis.api.job import TrainingSpec, WorkerConfig
 from adaptis.api.plan import Plan
 from adaptis.api.rules import layer_count
 from adaptis.worker.data import Batch
@@ -58,7 +58,7 @@ from adaptis.worker.precision import PRECISION_DTYPE, resolve_precision, wrap_st
 from adaptis.worker.replicas import GradReducer, Mesh, ZeroOptimizer, create_groups
 from adaptis.worker.slowdown import slowed
 
-__all__ = ["Executor", "StepStats", "transfer_bytes", "parse_plan"]
+__all__ = ["Executor", "StepStats", "activation_bytes", "transfer_bytes", "parse_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,11 @@ def parse_plan(config: WorkerConfig, *, world_size: int) -> Plan:
     except ValueError as err:  # pydantic's ValidationError
         raise PlanMismatchError(f"plan: {err}") from None
     return plan
+
+
+def activation_bytes(training: TrainingSpec, *, hidden: int, dtype: torch.dtype) -> int:
+    """Bytes of one microbatch's activation (or its gradient) between two stages."""
+    return training.microbatch_size * training.sequence_length * hidden * dtype.itemsize
 
 
 def transfer_bytes(plan: Plan, *, rank: int, activation_bytes: int) -> tuple[int, int]:
@@ -206,7 +211,7 @@ class Executor:
                 group=self.groups.work,
                 on_stage_grads=self.reducer.stage_ready if self.reducer is not None else None,
             )
-        act = train.microbatch_size * train.sequence_length * hidden * dtype.itemsize
+        act = activation_bytes(train, hidden=hidden, dtype=dtype)
         self.sent_bytes, self.received_bytes = transfer_bytes(self.plan, rank=self.pipeline_rank,
                                                               activation_bytes=act)
 
