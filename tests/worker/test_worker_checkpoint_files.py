@@ -287,6 +287,9 @@ def test_a_file_of_an_older_adaptis_restores_its_position_keyed_optimizer_under_
     assert ("checkpoint of step 1 predates name-keyed optimizer state and was taken under another plan: "
             "weights restored, the optimizer starts fresh") in caplog.text
     assert other.optimizer.state_dict()["state"] == {}
+    # The same plan over two replicas then: position-keyed state of another layout, not loaded.
+    torch.save({**doc, "data_parallel": 2}, path)
+    assert load_checkpoint(tmp_path, executor=_executor(_one_stage()), step=1).exact is False
 
 
 def test_clearing_reports_what_was_there_and_a_scan_then_finds_nothing(tmp_path: Path) -> None:
