@@ -23,9 +23,9 @@ surviving mutants, as diffs, to ``<out>/<module>.survivors.txt``. Measured: stat
 and simulator.py in about 10 minutes on 2 shared cores with ``--jobs 1``; workqueue.py and
 validation.py; partition.py, strategies.py, scheduler.py and reconcile.py in part and metrics.py
 in full (over an hour on the shared cores; bench/RESULTS.md says which mutants, the figures and
-why each survivor is left); checkpoint.py and ownership.py in full and executor.py as a sample
-(a mutant of its constructor re-runs all of its tests: about 6 s each). search.py is not yet
-measured.
+why each survivor is left); checkpoint.py in part and ownership.py in full; executor.py as a
+sample (a mutant of its constructor re-runs all of its tests: 6-16 s each on the shared
+cores). search.py is not yet measured.
 """
 
 from __future__ import annotations
