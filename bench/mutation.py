@@ -11,26 +11,38 @@ function.
     python bench/mutation.py                                  # every core module (not yet timed)
     python bench/mutation.py adaptis/operator/status.py       # some modules
     python bench/mutation.py --jobs 1 --out /tmp/mutation     # fewer parallel test processes
+    python bench/mutation.py adaptis/worker/executor.py --sample 80 --seed 1   # a random sample
+
+``--sample N`` runs a seeded random sample of N of each module's M mutants (by name, with
+mutmut) where a full run costs too much: it prints "sample of N of M" and the score's 95 %
+Wilson interval. A sampled mutant whose function no selected test reaches counts as not
+caught, as in a full run.
 
 Prints one line per module (killed, survived, other, score) and writes each module's
 surviving mutants, as diffs, to ``<out>/<module>.survivors.txt``. Measured: status.py, capacity.py
 and simulator.py in about 10 minutes on 2 shared cores with ``--jobs 1``; workqueue.py and
 validation.py; partition.py, strategies.py and reconcile.py in part, metrics.py and scheduler.py
 in full (each over an hour on the shared cores; bench/RESULTS.md says which mutants, the figures
-and why each survivor is left). search.py and executor.py are not yet measured.
+and why each survivor is left); checkpoint.py in part and ownership.py in full; executor.py as a
+sample (a mutant of its constructor re-runs all of its tests: 6-16 s each on the shared
+cores). search.py is not yet measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import shutil
 import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,8 +104,14 @@ MODULES: dict[str, tuple[str, ...]] = {
     "adaptis/operator/workqueue.py": ("tests/operator/test_operator_workqueue.py",),
     "adaptis/operator/validation.py": ("tests/operator/test_operator_validation.py",),
     "adaptis/worker/executor.py": ("tests/worker/test_worker_executor.py",),
-    "adaptis/worker/checkpoint.py": ("tests/worker/test_worker_named_state.py",
-                                     "tests/worker/test_worker_checkpoint.py"),
+    # Split from the executor: the multi-rank decisions, pure functions checked in one process.
+    "adaptis/worker/ownership.py": ("tests/worker/test_worker_ownership.py",),
+    # The in-process tests: test_worker_checkpoint.py's others run ranks in processes of
+    # their own, which mutmut's mutants never reach (and would cost a minute a mutant).
+    "adaptis/worker/checkpoint.py": (
+        "tests/worker/test_worker_checkpoint_files.py", "tests/worker/test_worker_named_state.py",
+        "tests/worker/test_worker_checkpoint.py::test_a_checkpoint_from_before_the_block_options_still_matches",
+    ),
     "adaptis/worker/named_state.py": ("tests/worker/test_worker_named_state.py",),
     # The scraping tests' ranks are processes of their own, which mutmut's mutants never reach:
     # the in-process tests of the same contract, and the one scraping test that runs in process.
@@ -106,7 +124,7 @@ MODULES: dict[str, tuple[str, ...]] = {
 #: Modules whose tests run torch (its thread pools make a plain fork unsafe): mutmut's fork
 #: server, which starts a fresh interpreter per mutant (tens of seconds each on 2 shared cores).
 #: The metrics tests only import torch, so a plain fork is safe there and ~30x faster.
-FORKSERVER = {"adaptis/worker/executor.py", "adaptis/worker/checkpoint.py"}
+FORKSERVER = {"adaptis/worker/executor.py", "adaptis/worker/checkpoint.py", "adaptis/worker/ownership.py"}
 
 #: mutmut's exit-code names that count as caught: the tests failed, or the mutant hung or
 #: crashed its test process (mutmut's "timeout" and "segfault").
@@ -148,9 +166,12 @@ def scratch_copy(dest: Path) -> None:
             shutil.copy2(src, dest / rel)
 
 
-def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int) -> Counter[str]:
-    """Mutate one module; returns the count of each mutmut status."""
-    work = out / module.replace("/", ".")
+def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int,
+               sample: int | None = None, seed: int = 0) -> tuple[Counter[str], int]:
+    """Mutate one module (all its mutants, or a seeded sample of ``sample`` of them); returns
+    the count of each mutmut status over the mutants run, and how many mutants the module has."""
+    stem = module.replace("/", ".")
+    work = out / stem
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
@@ -158,27 +179,83 @@ def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int) -> 
     also_copy = sorted(p.name for p in work.iterdir() if p.name not in {"adaptis", "tests"})
     with (work / "pyproject.toml").open("a") as f:
         f.write(mutmut_config(module, tests, also_copy=also_copy))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # mutants/ must come first
-    mutmut = str(Path(sys.executable).with_name("mutmut"))
-    log = (out / f"{module.replace('/', '.')}.log").open("w")
-    ran = subprocess.run([mutmut, "run", "--max-children", str(jobs)], cwd=work, env=env,
-                         stdout=log, stderr=subprocess.STDOUT, check=False)
-    if ran.returncode != 0:
-        # Typically a test that fails or cannot be collected inside mutants/ before any mutant.
-        raise SystemExit(f"{module}: mutmut run exited {ran.returncode}; see {log.name}")
-    listing = subprocess.run([mutmut, "results", "--all", "true"], cwd=work, env=env,
-                             capture_output=True, text=True, check=True).stdout
-    statuses = dict(
-        (name.strip(), status.strip())
-        for name, _, status in (line.rpartition(":") for line in listing.splitlines())
-        if name.strip()
-    )
+    mutmut = Mutmut(work=work, log=out / f"{stem}.log")
+    unreached: list[str] = []
+    if sample is None:
+        mutmut.run(jobs=jobs)
+        everything = mutmut.statuses()
+        statuses = everything
+    else:
+        # A first run with a filter that matches no mutant generates the mutants and records
+        # which tests reach which function, then stops: the names to sample from.
+        mutmut.run(jobs=jobs, names=[f"{stem[:-3]}.no_such_function__mutmut_0"], expect_failure=True)
+        everything = mutmut.statuses()
+        chosen = sorted(random.Random(seed).sample(sorted(everything), min(sample, len(everything))))
+        # mutmut cannot be handed a mutant whose function no test reaches (it looks its tests
+        # up and fails): such a mutant is not caught, as in a full run.
+        reached = mutmut.reached_functions()
+        run = [n for n in chosen if n.partition("__mutmut_")[0] in reached]
+        unreached = [n for n in chosen if n not in run]
+        if run:
+            mutmut.run(jobs=jobs, names=run)
+        now = mutmut.statuses()
+        statuses = {n: now[n] for n in run} | {n: "no tests" for n in unreached}
     survivors = sorted(n for n, s in statuses.items() if s not in CAUGHT)
-    with (out / f"{module.replace('/', '.')}.survivors.txt").open("w") as f:
+    with (out / f"{stem}.survivors.txt").open("w") as f:
         for name in survivors:
-            f.write(subprocess.run([mutmut, "show", name], cwd=work, env=env,
-                                   capture_output=True, text=True, check=False).stdout + "\n")
-    return Counter(statuses.values())
+            f.write(mutmut.show(name) if name not in unreached else f"# {name}: no tests\n")
+            f.write("\n")
+    return Counter(statuses.values()), len(everything)
+
+
+@dataclass(frozen=True)
+class Mutmut:
+    """mutmut's command line in one module's scratch copy."""
+
+    work: Path
+    log: Path
+
+    def _call(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # mutants/ must come first
+        exe = str(Path(sys.executable).with_name("mutmut"))
+        return subprocess.run([exe, *args], cwd=self.work, env=env, text=True, check=False, **kwargs)
+
+    def run(self, *, jobs: int, names: list[str] | None = None, expect_failure: bool = False) -> None:
+        with self.log.open("a") as log:
+            ran = self._call("run", "--max-children", str(jobs), *(names or []),
+                             stdout=log, stderr=subprocess.STDOUT)
+        generated = any((self.work / "mutants").rglob("*.meta"))
+        if (ran.returncode != 0) != expect_failure or not generated:
+            # Typically a test that fails or cannot be collected inside mutants/ before any mutant.
+            raise SystemExit(f"{self.work.name}: mutmut run exited {ran.returncode}; see {self.log}")
+
+    def statuses(self) -> dict[str, str]:
+        """Every mutant of the module -> its status ("not checked" before it is run)."""
+        listing = self._call("results", "--all", "true", capture_output=True).stdout
+        return {
+            name.strip(): status.strip()
+            for name, _, status in (line.rpartition(":") for line in listing.splitlines())
+            if name.strip()
+        }
+
+    def reached_functions(self) -> set[str]:
+        """The mutated functions some selected test reaches (mutmut's own record)."""
+        stats = json.loads((self.work / "mutants" / "mutmut-stats.json").read_text())
+        return {name for name, tests in stats["tests_by_mangled_function_name"].items() if tests}
+
+    def show(self, name: str) -> str:
+        return self._call("show", name, capture_output=True).stdout
+
+
+def wilson(caught: int, n: int, *, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion ``caught / n`` (95 % for z = 1.96): unlike
+    the normal approximation it stays inside [0, 1] and is honest near 100 %."""
+    if n == 0:
+        return 0.0, 1.0
+    p = caught / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,20 +263,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("modules", nargs="*", help="core modules to mutate (default: all)")
     parser.add_argument("--jobs", type=int, default=2, help="parallel test processes")
     parser.add_argument("--out", type=Path, default=Path("/tmp/adaptis-mutation"))
+    parser.add_argument("--sample", type=int, default=None, metavar="N",
+                        help="run a random sample of N mutants of each module (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help="the sample's random seed")
     args = parser.parse_args(argv)
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
         parser.error(f"modules: {', '.join(unknown)} not among the core modules: {', '.join(MODULES)}")
+    if args.sample is not None and args.sample < 1:
+        parser.error(f"--sample: {args.sample}; give the number of mutants to run, at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"{'module':34} {'killed':>6} {'survived':>8} {'other':>5} {'score':>6} {'time':>6}")
     total: Counter[str] = Counter()
     for module in args.modules or list(MODULES):
         start = time.monotonic()
-        counts = run_module(module=module, tests=MODULES[module], out=args.out, jobs=args.jobs)
+        counts, mutants = run_module(module=module, tests=MODULES[module], out=args.out, jobs=args.jobs,
+                                     sample=args.sample, seed=args.seed)
         total += counts
         print(_row(module, counts, seconds=time.monotonic() - start), flush=True)
-    print(_row("all", total, seconds=None))
+        if args.sample is not None:
+            print(_sampled(counts, mutants=mutants, seed=args.seed), flush=True)
+    # With --sample, the samples pooled (modules of different sizes: not a sample of the whole).
+    print(_row("all" if args.sample is None else "all (samples pooled)", total, seconds=None))
     return 0
+
+
+def _sampled(counts: Counter[str], *, mutants: int, seed: int) -> str:
+    n = sum(counts.values())
+    low, high = wilson(sum(counts[s] for s in CAUGHT), n)
+    return (f"  sample of {n} of {mutants} mutants (seed {seed}): "
+            f"95 % Wilson interval {100 * low:.0f}-{100 * high:.0f} %")
 
 
 def _row(name: str, counts: Counter[str], *, seconds: float | None) -> str:

@@ -33,7 +33,7 @@ from torch import nn
 
 from adaptis.api.errors import SpecError
 from adaptis.api.hf_model import hf_layout
-from adaptis.api.job import WorkerConfig
+from adaptis.api.job import TrainingSpec, WorkerConfig
 from adaptis.api.plan import Plan
 from adaptis.api.rules import layer_count
 from adaptis.worker.data import Batch
@@ -45,6 +45,7 @@ from adaptis.worker.models import (
     set_aux_loss_scale,
     token_loss,
 )
+from adaptis.worker.ownership import reducing_stage, tie_peer
 from adaptis.worker.pipelining import (
     ActionTimer,
     CudaActionTimer,
@@ -58,7 +59,7 @@ from adaptis.worker.replicas import GradReducer, Mesh, ZeroOptimizer, create_gro
 from adaptis.worker.slowdown import slowed
 from adaptis.worker.trace import traced
 
-__all__ = ["Executor", "StepStats", "transfer_bytes", "parse_plan"]
+__all__ = ["Executor", "StepStats", "activation_bytes", "transfer_bytes", "parse_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,11 @@ def parse_plan(config: WorkerConfig, *, world_size: int) -> Plan:
     except ValueError as err:  # pydantic's ValidationError
         raise PlanMismatchError(f"plan: {err}") from None
     return plan
+
+
+def activation_bytes(training: TrainingSpec, *, hidden: int, dtype: torch.dtype) -> int:
+    """Bytes of one microbatch's activation (or its gradient) between two stages."""
+    return training.microbatch_size * training.sequence_length * hidden * dtype.itemsize
 
 
 def transfer_bytes(plan: Plan, *, rank: int, activation_bytes: int) -> tuple[int, int]:
@@ -208,24 +214,17 @@ class Executor:
                 group=self.groups.work,
                 on_stage_grads=self.reducer.stage_ready if self.reducer is not None else None,
             )
-        act = train.microbatch_size * train.sequence_length * hidden * dtype.itemsize
+        act = activation_bytes(train, hidden=hidden, dtype=dtype)
         self.sent_bytes, self.received_bytes = transfer_bytes(self.plan, rank=self.pipeline_rank,
                                                               activation_bytes=act)
 
     def _reducer(self) -> GradReducer | None:
-        """Each parameter's reduction starts with the stage (of this rank) whose weight
-        gradients finish last in the plan's order: a tied weight shared by two local stages
-        is complete only then."""
+        """With replicas, each parameter's all-reduce starts with its reducing stage
+        (:func:`adaptis.worker.ownership.reducing_stage`)."""
         if self.mesh.replicas == 1:
             return None
-        acts = self.plan.actions[self.pipeline_rank]
-        last = {sid: max((i for i, (k, s, _mb) in enumerate(acts) if s == sid and k in ("W", "BW")),
-                         default=-1) for sid in self.stage_ids}
-        owner: dict[int, int] = {}
-        for sid, module in zip(self.stage_ids, self.modules, strict=True):
-            for p in module.parameters():
-                if id(p) not in owner or last[sid] > last[owner[id(p)]]:
-                    owner[id(p)] = sid
+        owner = reducing_stage(self.plan.actions[self.pipeline_rank], stage_ids=self.stage_ids,
+                               modules=self.modules)
         by_stage: dict[int, list[nn.Parameter]] = {sid: [] for sid in self.stage_ids}
         for p in self.params:
             by_stage[owner[id(p)]].append(p)
@@ -269,22 +268,15 @@ class Executor:
         created next to torch pipelining's own peer warm-up broke gloo on torch 2.11. The peer
         is returned as a global rank, in this rank's replica."""
         count = [True] * len(self.params)
-        if not self._tied:
+        tie = tie_peer(self.plan, n_layers=layer_count(self.config.model),
+                       pipeline_rank=self.pipeline_rank) if self._tied else None
+        if tie is None:
             return None, count
-        owner = self.plan.stage_device()
-        n_layers = layer_count(self.config.model)
-        first = next(s for s, (lo, _hi) in enumerate(self.plan.stages) if lo == 0)
-        last = next(s for s, (_lo, hi) in enumerate(self.plan.stages) if hi == n_layers)
-        emb_rank, head_rank = owner[first], owner[last]
-        me = self.pipeline_rank
-        if emb_rank == head_rank or me not in (emb_rank, head_rank):
-            return None, count  # same rank: one Parameter, shared by build_stages
-        if me == head_rank:
+        if tie.holds_head:
             head = self._head_weight()
             if head is not None:
                 count = [p is not head for p in self.params]
-        peer = head_rank if me == emb_rank else emb_rank
-        return self.mesh.global_rank(replica=self.replica, pipeline_rank=peer), count
+        return self.mesh.global_rank(replica=self.replica, pipeline_rank=tie.peer), count
 
     def _sync_tied(self, peer: int) -> None:
         """Both copies end with embedding grad + head grad (IEEE addition commutes: the two

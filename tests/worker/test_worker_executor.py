@@ -3,6 +3,7 @@ with split B/W against the reference, clipping and the optimizer step, transfer 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -16,7 +17,7 @@ from adaptis.api.job import TrainingSpec, WorkerConfig
 from adaptis.api.plan import Plan
 from adaptis.worker.data import SyntheticTokens
 from adaptis.worker.errors import PlanMismatchError
-from adaptis.worker.executor import Executor, parse_plan, transfer_bytes
+from adaptis.worker.executor import Executor, activation_bytes, parse_plan, transfer_bytes
 from adaptis.worker.reference import reference_step
 
 TRAIN = TrainingSpec(microbatches=3, microbatch_size=2, sequence_length=8, grad_clip=None, seed=5)
@@ -153,3 +154,99 @@ def test_bubble_ratios_from_known_timings(busy: tuple[float, ...], iteration: fl
                       received_bytes=0, peak_memory_bytes=0)
     assert stats.bubble_ratio == pytest.approx(pipeline)
     assert stats.rank_bubble_ratio == pytest.approx(own)
+
+
+def test_a_plan_made_for_another_precision_is_refused() -> None:
+    plan = _three_stages_split()
+    bf16 = Plan(stages=plan.stages, placement=plan.placement, actions=plan.actions, precision="bf16")
+    # training.precision auto is fp32 on a CPU.
+    with pytest.raises(PlanMismatchError, match=r"made for precision bf16, but this worker runs fp32 "
+                                                r"\(training.precision auto on cpu\); plan again"):
+        Executor(_config(bf16), rank=0, world_size=1, device=torch.device("cpu"))
+    fp32 = Plan(stages=plan.stages, placement=plan.placement, actions=plan.actions, precision="fp32")
+    assert Executor(_config(fp32), rank=0, world_size=1, device=torch.device("cpu")).precision == "fp32"
+
+
+def test_each_step_uses_the_schedules_rate_for_its_step() -> None:
+    # Linear warm-up over 2 steps then linear decay to 0.1 x lr at the last of 7 steps:
+    # 1/3 and 2/3 of 0.03, then 0.03, 0.03 - 1 x 0.027/4, ..., 0.003 at step 6.
+    opt = TRAIN.optimizer.model_copy(update={"lr": 0.03, "schedule": "linear", "warmup_steps": 2,
+                                             "min_lr_ratio": 0.1})
+    training = TRAIN.model_copy(update={"optimizer": opt, "steps": 7})
+    ex = Executor(_config(_three_stages_split(), training), rank=0, world_size=1, device=torch.device("cpu"))
+    batch = SyntheticTokens(vocab_size=SMALL_MODEL.vocab_size, sequence_length=8, seed=5).batch(
+        position=0, sequences=6)
+    assert ex.step(batch).learning_rate == pytest.approx(0.01)  # set at construction: step 0
+    for step, rate in ((1, 0.02), (2, 0.03), (3, 0.03 - 0.027 / 4), (6, 0.003)):
+        assert ex.set_learning_rate(step=step) == pytest.approx(rate)
+        assert [g["lr"] for g in ex.optimizer.param_groups] == [pytest.approx(rate)]
+    assert ex.step(batch).learning_rate == pytest.approx(0.003)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_the_optimizer_is_the_one_the_job_names_over_every_parameter_once(name: str) -> None:
+    opt = TRAIN.optimizer.model_copy(update={"name": name, "weight_decay": 0.25})
+    ex = Executor(_config(_three_stages_split(), TRAIN.model_copy(update={"optimizer": opt})), rank=0,
+                  world_size=1, device=torch.device("cpu"))
+    assert type(ex.optimizer) is {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[name]
+    (group,) = ex.optimizer.param_groups
+    assert group["weight_decay"] == 0.25
+    # The tied embedding and head on one rank are one Parameter, under two names, optimized once.
+    named = ex.named_parameters()
+    assert named["0.weight"] is named["4.weight"]
+    assert len(group["params"]) == len({id(p) for p in named.values()}) == len(named) - 1
+    assert {id(p) for p in group["params"]} == {id(p) for p in named.values()}
+
+
+def test_one_rank_step_reports_its_own_timings_and_memory() -> None:
+    import resource
+    import time
+
+    ex = Executor(_config(_three_stages_split()), rank=0, world_size=1, device=torch.device("cpu"))
+    assert ex.saves_checkpoint and ex.checkpoint_rank == 0 and ex.holds_first and ex.holds_last
+    batch = SyntheticTokens(vocab_size=SMALL_MODEL.vocab_size, sequence_length=8, seed=5).batch(
+        position=0, sequences=6)
+    before = time.perf_counter()
+    stats = ex.step(batch)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert before < ex.started_at < time.perf_counter()
+    assert stats.rank == 0 and stats.reduce_wait_seconds == 0.0
+    # One rank: the pipeline part is its busy time and some bookkeeping; the step adds the
+    # optimizer and the stats exchange.
+    (busy,) = stats.busy_seconds
+    assert busy == pytest.approx(sum(stats.busy_by_kind.values()))
+    assert 0 < busy < stats.iteration_seconds < stats.step_seconds
+    assert 10 * 2**20 < stats.peak_memory_bytes <= rss  # bytes: a torch process has tens of MiB
+
+
+def test_an_activation_is_microbatch_by_sequence_by_hidden_elements() -> None:
+    # 2 sequences of 8 tokens, hidden 16: 256 elements of 4 bytes; 3 x 5 x 7 of 2 bytes in bf16.
+    assert activation_bytes(TRAIN, hidden=16, dtype=torch.float32) == 1024
+    odd = TRAIN.model_copy(update={"microbatch_size": 3, "sequence_length": 5})
+    assert activation_bytes(odd, hidden=7, dtype=torch.bfloat16) == 210
+
+
+def test_zero_1_over_a_single_replica_is_the_plain_optimizer() -> None:
+    config = WorkerConfig(model=SMALL_MODEL, training=TRAIN, plan=_three_stages_split().model_dump(mode="json"),
+                          zero_stage=1)
+    ex = Executor(config, rank=0, world_size=1, device=torch.device("cpu"))
+    assert type(ex.optimizer) is torch.optim.AdamW and ex.reducer is None and ex.saves_checkpoint
+
+
+def test_a_tied_hugging_face_model_on_one_rank_names_and_trains_its_shared_weight_once() -> None:
+    from hf_harness import hf_model
+
+    gemma = hf_model("tiny-gemma")  # 6 layers: embedding, 4 decoder layers, the tied head
+    training = TrainingSpec(microbatches=2, microbatch_size=2, sequence_length=8, grad_clip=None, seed=3)
+    acts = [("F", s, mb) for mb in range(2) for s in (0, 1)] + [("BW", s, mb) for mb in range(2) for s in (1, 0)]
+    plan = Plan(stages=[(0, 3), (3, 6)], placement=[[0, 1]], actions=[acts])
+    ex = Executor(WorkerConfig(model=gemma, training=training, plan=plan.model_dump(mode="json")), rank=0,
+                  world_size=1, device=torch.device("cpu"))
+    named = ex.named_parameters()
+    assert "model.embed_tokens.weight" in named and "lm_head.weight" not in named
+    assert len(named) == len(ex.params)  # every Parameter under one name, optimized once
+    batch = SyntheticTokens(vocab_size=256, sequence_length=8, seed=3).batch(position=0, sequences=4)
+    before = named["model.embed_tokens.weight"].detach().clone()
+    stats = ex.step(batch)
+    assert 0 < stats.loss < 2 * math.log(256)  # about ln(vocabulary) at initialisation
+    assert not torch.equal(before, named["model.embed_tokens.weight"])

@@ -123,6 +123,7 @@ def test_a_step_is_complete_when_its_recorded_savers_are_seen_together() -> None
     assert _complete([{2: ([0], None)}]) == []
     # Files of an older adaptis: the savers follow from the topology they record.
     assert _recorded_savers({"world_size": 4, "data_parallel": 2, "zero_stage": 0}) == [0, 1]
+    assert _recorded_savers({"world_size": 4, "data_parallel": 2}) == [0, 1]  # before ZeRO: none
     assert _recorded_savers({"world_size": 4, "data_parallel": 2, "zero_stage": 1}) == [0, 1, 2, 3]
     assert _recorded_savers({"model_spec": {}}) is None
 

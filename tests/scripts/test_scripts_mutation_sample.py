@@ -1,0 +1,36 @@
+"""bench/mutation.py's sampled score: the 95 % Wilson interval it prints for ``--sample``."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _mutation():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("bench_mutation", ROOT / "bench" / "mutation.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("caught", "n", "low", "high"), [
+    # By hand: centre (p + z^2/2n) / (1 + z^2/n), half-width z / (1 + z^2/n) x
+    # sqrt(p (1 - p) / n + z^2 / 4n^2), z = 1.96.
+    (67, 80, 0.7416, 0.9025),
+    (0, 10, 0.0, 0.2775),  # all survived: the interval still reaches above 0
+    (10, 10, 0.7225, 1.0),  # all caught: a sample of 10 cannot promise more than 72 %
+    (50, 100, 0.4038, 0.5962),
+])
+def test_the_wilson_interval_of_known_proportions(caught: int, n: int, low: float, high: float) -> None:
+    assert _mutation().wilson(caught, n) == (pytest.approx(low, abs=1e-4), pytest.approx(high, abs=1e-4))
+
+
+def test_an_empty_sample_promises_nothing() -> None:
+    assert _mutation().wilson(0, 0) == (0.0, 1.0)
