@@ -4,6 +4,7 @@ messages and events a user reads (in-memory API, as test_operator_reconcile.py).
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from adaptis.operator.capacity import CapacityLedger
@@ -204,3 +205,24 @@ def test_running_and_a_gang_restart_as_the_user_reads_them(cluster: Any, make_jo
     rec.reconcile("ns", "demo")
     assert len(cluster.pods()) == 4
     assert cluster.job()["status"]["startTime"] == started  # the job's start, not the attempt's
+
+
+def test_a_status_lost_after_the_plan_was_stored_is_filled_in_from_the_cached_plan(
+        cluster: Any, make_job: Any) -> None:
+    """The placer stores the plan's ConfigMap before the pass writes the status: an operator
+    stopped in between, or a restore that brings back the job without its status, finds the
+    cached plan still valid (the placer then returns it without writing a summary), and the
+    pass fills the plan's summary in from it."""
+    cluster.add_job(make_job())
+    Reconciler(cluster).reconcile("ns", "demo")
+    planned = copy.deepcopy(cluster.job()["status"])
+    assert len(planned["placement"]) == 4
+    cluster.job()["status"] = {}
+    Reconciler(cluster).reconcile("ns", "demo")  # a fresh operator, as after a restart
+    status = cluster.job()["status"]
+    assert "replace ConfigMap" not in cluster.calls  # the cached plan, not a new one
+    assert cluster.calls.count("create Pod") == 4  # the running ranks' pods are kept
+    for key in ("placement", "stages", "strategy", "predictedIterationSeconds", "predictedBubbleRatio",
+                "predictedSpeedupOverI1F1B"):
+        assert status[key] == planned[key], key
+    assert [r["pod"] for r in status["placement"]] == [f"demo-worker-{r}" for r in range(4)]
