@@ -184,3 +184,16 @@ def test_serve_exposes_the_registry_on_a_free_port_until_closed(caplog: pytest.L
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
     metrics.close()  # a second close is harmless
     WorkerMetrics(job="demo", rank=0).close()  # so is closing metrics never served (a rank that failed early)
+
+
+def test_by_default_serve_listens_on_every_interface() -> None:
+    """A rank is served without an address (runner.py): Prometheus scrapes the pod's IP, not
+    its loopback, so the default is every interface."""
+    metrics = WorkerMetrics(job="demo", rank=1)
+    port = metrics.serve(port=0)
+    try:
+        assert metrics._server is not None and metrics._server.server_address[0] == "0.0.0.0"
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert 'adaptis_steps_total{adaptis_job="demo",rank="1"} 0.0' in text
+    finally:
+        metrics.close()
