@@ -81,10 +81,11 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/operator/test_operator_placement.py",
     ),
     # Every test that runs reconcile passes against the fake cluster (the plan runner's tests
-    # wait on planner processes: the same passes, seconds slower).
+    # wait on planner processes: the same passes, seconds slower); the Hugging Face config's
+    # tests are the only ones of a job waiting for its ConfigMap.
     "adaptis/operator/reconcile.py": (
         "tests/operator/test_operator_reconcile.py", "tests/operator/test_operator_reconcile_paths.py",
-        "tests/operator/test_operator_capacity.py",
+        "tests/operator/test_operator_capacity.py", "tests/operator/test_operator_hf_config.py",
         "tests/operator/test_operator_children.py", "tests/operator/test_operator_handlers.py",
         "tests/operator/test_operator_placement.py", "tests/operator/test_operator_pod_security.py",
         "tests/operator/test_operator_profiler_pods.py", "tests/operator/test_operator_validation.py",

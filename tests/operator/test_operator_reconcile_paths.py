@@ -226,3 +226,31 @@ def test_a_status_lost_after_the_plan_was_stored_is_filled_in_from_the_cached_pl
                 "predictedSpeedupOverI1F1B"):
         assert status[key] == planned[key], key
     assert [r["pod"] for r in status["placement"]] == [f"demo-worker-{r}" for r in range(4)]
+
+
+def test_starting_gated_and_suspended_as_the_user_reads_them(cluster: Any, make_job: Any) -> None:
+    """The Running condition's reasons while the gang starts, waits for an admission
+    controller's gate, and is suspended (kubectl and automation key on the reasons); each pass
+    hands its caller the job's phase (the operator's jobs-by-phase gauge)."""
+    cluster.add_job(make_job())
+    rec = Reconciler(cluster)
+    assert rec.reconcile("ns", "demo").phase == "Planned"
+    running = _cond(cluster.job(), "Running")
+    assert (running["status"], running["reason"], running["message"]) == (
+        "False", "Starting", "0/4 ranks running, 4 pending")
+    for pod in cluster.pods():
+        pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+        pod["status"] = {"phase": "Pending"}
+    assert rec.reconcile("ns", "demo").phase == "Planned"
+    running = _cond(cluster.job(), "Running")
+    gated = "; ".join(f"demo-worker-{r}: gated by kueue.x-k8s.io/admission" for r in range(3))
+    assert (running["status"], running["reason"], running["message"]) == ("False", "WaitingForAdmission", gated)
+    assert ("Normal", "WaitingForAdmission", gated) in [e[1:4] for e in cluster.events]
+    cluster.job()["spec"]["suspend"] = True
+    assert rec.reconcile("ns", "demo").phase == "Suspended"
+    job = cluster.job()
+    suspended, running = _cond(job, "Suspended"), _cond(job, "Running")
+    assert (suspended["status"], suspended["reason"], suspended["message"]) == (
+        "True", "Suspended", "worker pods removed")
+    assert (running["status"], running["reason"]) == ("False", "Suspended")
+    assert ("Normal", "Suspended", "worker pods removed") in [e[1:4] for e in cluster.events]
