@@ -189,6 +189,7 @@ def test_running_and_a_gang_restart_as_the_user_reads_them(cluster: Any, make_jo
     assert (running["status"], running["reason"], running["message"]) == (
         "True", "AllRanksRunning", "2 running, 2 finished")
     assert cluster.events[-1][1:4] == ("Normal", "AllRanksRunning", "2 running, 2 finished")
+    assert not any(c["type"] == "Restarting" for c in job["status"]["conditions"])  # never restarted
     # Every rank fails: the restart names the first three, restarts the gang, looks again soon.
     for r in range(4):
         cluster.set_pod_phase(f"demo-worker-{r}", "Failed", ready=False)
@@ -200,11 +201,26 @@ def test_running_and_a_gang_restart_as_the_user_reads_them(cluster: Any, make_jo
     assert (restarting["reason"], restarting["message"]) == ("PodFailed", f"gang restart 1/3: {detail}")
     assert (running["status"], running["reason"]) == ("False", "Restarting")
     assert result.requeue_after == 2.0
+    # A pass while the old pods still terminate deletes nothing again.
+    deletes = cluster.calls.count("delete Pod")
+    assert deletes == 4
+    rec.reconcile("ns", "demo")
+    assert cluster.calls.count("delete Pod") == deletes
     cluster.finish_deletions()
     clock.advance(60)
     rec.reconcile("ns", "demo")
     assert len(cluster.pods()) == 4
     assert cluster.job()["status"]["startTime"] == started  # the job's start, not the attempt's
+    # The new attempt's pods start: still Restarting; once they run, the restart is over.
+    assert cluster.job()["status"]["phase"] == "Restarting"
+    assert _cond(cluster.job(), "Running")["reason"] == "Restarting"
+    _run_all(cluster)
+    rec.reconcile("ns", "demo")
+    job = cluster.job()
+    assert job["status"]["phase"] == "Running"
+    restarting = _cond(job, "Restarting")
+    assert (restarting["status"], restarting["reason"], restarting["message"]) == (
+        "False", "Recovered", "the gang runs again")
 
 
 def test_a_status_lost_after_the_plan_was_stored_is_filled_in_from_the_cached_plan(
@@ -254,3 +270,30 @@ def test_starting_gated_and_suspended_as_the_user_reads_them(cluster: Any, make_
         "True", "Suspended", "worker pods removed")
     assert (running["status"], running["reason"]) == ("False", "Suspended")
     assert ("Normal", "Suspended", "worker pods removed") in [e[1:4] for e in cluster.events]
+
+
+def test_unschedulable_ranks_are_named_three_at_most_and_a_gated_restart_clears_the_message(
+        cluster: Any, make_job: Any, clock: Any) -> None:
+    cluster.add_job(make_job(spec={"backoffLimit": 3}))
+    rec = Reconciler(cluster, clock=clock)
+    rec.reconcile("ns", "demo")
+    _unschedulable(cluster, clock.now.strftime("%Y-%m-%dT%H:%M:%SZ"))  # within the re-plan limit
+    rec.reconcile("ns", "demo")
+    named = "; ".join(f"demo-worker-{r}: 0/4 nodes are available" for r in range(3))
+    assert cluster.job()["status"]["message"] == f"unschedulable: {named}"
+    assert _cond(cluster.job(), "Running")["message"] == named
+    # A gang restart, then the new attempt's pods held by an admission controller's gate: the
+    # job waits for admission (Planned), and the restart's failure message goes.
+    for r in range(4):
+        cluster.set_pod_phase(f"demo-worker-{r}", "Failed", ready=False)
+    rec.reconcile("ns", "demo")
+    assert cluster.job()["status"]["phase"] == "Restarting" and cluster.job()["status"]["message"]
+    cluster.finish_deletions()
+    rec.reconcile("ns", "demo")
+    for pod in cluster.pods():
+        pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+        pod["status"] = {"phase": "Pending"}
+    rec.reconcile("ns", "demo")
+    status = cluster.job()["status"]
+    assert status["phase"] == "Planned" and "message" not in status
+    assert _cond(cluster.job(), "Running")["reason"] == "WaitingForAdmission"
