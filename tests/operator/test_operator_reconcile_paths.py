@@ -5,6 +5,7 @@ messages and events a user reads (in-memory API, as test_operator_reconcile.py).
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from adaptis.operator.capacity import CapacityLedger
@@ -297,3 +298,35 @@ def test_unschedulable_ranks_are_named_three_at_most_and_a_gated_restart_clears_
     status = cluster.job()["status"]
     assert status["phase"] == "Planned" and "message" not in status
     assert _cond(cluster.job(), "Running")["reason"] == "WaitingForAdmission"
+
+
+def test_a_job_being_deleted_gets_no_pass_and_frees_its_gpus_at_once(cluster: Any, make_job: Any) -> None:
+    rec = Reconciler(cluster)
+    cluster.add_job(make_job("big", spec={"parallelism": {"workers": 6, "gpusPerWorker": 1}}))
+    rec.reconcile("ns", "big")  # holds 6 of the 8 GPUs
+    pods = len(cluster.pods())
+    cluster.job("big")["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # finalizers keep it
+    assert rec.reconcile("ns", "big").phase is None  # gone or going: no pass
+    assert len(cluster.pods()) == pods  # its pods go with it (owner references), none are added
+    cluster.add_job(make_job("next", spec={"parallelism": {"workers": 4, "gpusPerWorker": 1}}))
+    rec.reconcile("ns", "next")
+    assert cluster.job("next")["status"]["phase"] == "Planned"  # not queued behind the GPUs of "big"
+
+
+def test_the_children_are_owned_by_the_job_uid(cluster: Any, make_job: Any) -> None:
+    """Owner references carry the job's uid: the garbage collector removes the children with
+    the job (and only with this job of the name)."""
+    cluster.add_job(make_job())
+    Reconciler(cluster).reconcile("ns", "demo")
+    for pod in cluster.pods():
+        assert [o["uid"] for o in pod["metadata"]["ownerReferences"]] == ["uid-demo"]
+
+
+def test_without_a_clock_the_operator_reads_utc_wall_time(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job(spec={"activeDeadlineSeconds": 3600}))
+    rec = Reconciler(cluster)
+    rec.reconcile("ns", "demo")
+    started = datetime.now(UTC) - timedelta(hours=2)
+    cluster.job()["status"]["startTime"] = started.strftime("%Y-%m-%dT%H:%M:%SZ")
+    rec.reconcile("ns", "demo")
+    assert _cond(cluster.job(), "Failed")["reason"] == "DeadlineExceeded"
