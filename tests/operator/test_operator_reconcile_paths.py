@@ -330,3 +330,15 @@ def test_without_a_clock_the_operator_reads_utc_wall_time(cluster: Any, make_job
     cluster.job()["status"]["startTime"] = started.strftime("%Y-%m-%dT%H:%M:%SZ")
     rec.reconcile("ns", "demo")
     assert _cond(cluster.job(), "Failed")["reason"] == "DeadlineExceeded"
+
+
+def test_a_suspended_job_frees_its_gpus_at_once(cluster: Any, make_job: Any) -> None:
+    rec = Reconciler(cluster)
+    cluster.add_job(make_job("big", spec={"parallelism": {"workers": 6, "gpusPerWorker": 1}}))
+    rec.reconcile("ns", "big")  # holds 6 of the 8 GPUs
+    cluster.job("big")["spec"]["suspend"] = True
+    rec.reconcile("ns", "big")
+    cluster.finish_deletions()
+    cluster.add_job(make_job("next", spec={"parallelism": {"workers": 4, "gpusPerWorker": 1}}))
+    rec.reconcile("ns", "next")
+    assert cluster.job("next")["status"]["phase"] == "Planned"  # not queued behind "big"
