@@ -195,7 +195,9 @@ def test_suspend_removes_pods_and_resume_recreates(cluster: Any, make_job: Any) 
     cluster.job()["spec"]["suspend"] = False
     rec.reconcile("ns", "demo")
     assert len(cluster.pods()) == 4
-    assert _cond(cluster.job(), "Suspended")["reason"] == "Resumed"
+    resumed = _cond(cluster.job(), "Suspended")
+    assert (resumed["status"], resumed["reason"], resumed["message"]) == ("False", "Resumed", "worker pods recreated")
+    assert ("Normal", "Resumed", "worker pods recreated") in [e[1:4] for e in cluster.events]
     assert "replace ConfigMap" not in cluster.calls  # suspend is not a spec change
 
 
