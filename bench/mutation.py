@@ -21,7 +21,7 @@ caught, as in a full run.
 Prints one line per module (killed, survived, other, score) and writes each module's
 surviving mutants, as diffs, to ``<out>/<module>.survivors.txt``. Measured: status.py, capacity.py
 and simulator.py in about 10 minutes on 2 shared cores with ``--jobs 1``; workqueue.py and
-validation.py; partition.py, strategies.py and reconcile.py in part, metrics.py and scheduler.py
+validation.py; partition.py and strategies.py in part, metrics.py, scheduler.py and reconcile.py
 in full (each over an hour on the shared cores; bench/RESULTS.md says which mutants, the figures
 and why each survivor is left); checkpoint.py in part and ownership.py in full; executor.py as a
 sample (a mutant of its constructor re-runs all of its tests: 6-16 s each on the shared
@@ -93,10 +93,11 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/operator/test_operator_placement.py",
     ),
     # Every test that runs reconcile passes against the fake cluster (the plan runner's tests
-    # wait on planner processes: the same passes, seconds slower).
+    # wait on planner processes: the same passes, seconds slower); the Hugging Face config's
+    # tests are the only ones of a job waiting for its ConfigMap.
     "adaptis/operator/reconcile.py": (
         "tests/operator/test_operator_reconcile.py", "tests/operator/test_operator_reconcile_paths.py",
-        "tests/operator/test_operator_capacity.py",
+        "tests/operator/test_operator_capacity.py", "tests/operator/test_operator_hf_config.py",
         "tests/operator/test_operator_children.py", "tests/operator/test_operator_handlers.py",
         "tests/operator/test_operator_placement.py", "tests/operator/test_operator_pod_security.py",
         "tests/operator/test_operator_profiler_pods.py", "tests/operator/test_operator_validation.py",

@@ -205,7 +205,7 @@ class Reconciler:
         self._delete_pods(p, stale)
         if not p.status.placement:
             p.update(**plan_summary(record, job=p.job.name))
-        c = census(current, total=workers)
+        c = census(current)
         have = {str(((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_RANK))
                 for pod in current if not (pod.get("metadata") or {}).get("deletionTimestamp")}
         missing = [r for r in range(workers) if str(r) not in have]

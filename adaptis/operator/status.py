@@ -88,7 +88,6 @@ def condition_true(conditions: Iterable[Condition], type_: str) -> bool:
 class PodCensus:
     """What the worker pods of the current attempt are doing."""
 
-    total: int
     ready: int = 0
     running: int = 0
     succeeded: int = 0
@@ -132,7 +131,7 @@ def _bubble_ratio(messages: Iterable[str]) -> float | None:
     return None
 
 
-def census(pods: Iterable[Mapping[str, Any]], *, total: int) -> PodCensus:
+def census(pods: Iterable[Mapping[str, Any]]) -> PodCensus:
     """Count the pods by what they are doing (only those of the current attempt are passed)."""
     ready = running = succeeded = failed = pending = terminating = 0
     unschedulable: list[str] = []
@@ -172,7 +171,7 @@ def census(pods: Iterable[Mapping[str, Any]], *, total: int) -> PodCensus:
                     "schedulingGates") or []]
                 gated.append(f"{name}: gated by {', '.join(gates) or 'a scheduling gate'}")
     return PodCensus(
-        total=total, ready=ready, running=running, succeeded=succeeded, failed=failed,
+        ready=ready, running=running, succeeded=succeeded, failed=failed,
         pending=pending, terminating=terminating, unschedulable=tuple(unschedulable),
         gated=tuple(gated),
         failures=tuple(failures), bubble_ratios=tuple(ratios),

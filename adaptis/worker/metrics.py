@@ -15,6 +15,10 @@ rank), ``adaptis_pipeline_seconds_total`` (the common start to the last rank's p
 this rank's busy + idle time) and ``adaptis_post_pipeline_seconds_total`` (the pipeline end to
 this rank's step end: tied-gradient exchange, gradient reductions, clipping, optimizer, stats).
 The plan's step and post-pipeline predictions, when it has them, sit beside them as gauges.
+
+The HELP texts are the user's reference too: :func:`series_table` renders the families' names,
+kinds and HELP texts as the "Series" table of docs/metrics.md (``adaptis docs`` writes it there,
+the tests check the checked-in copy), so the docs and what Prometheus shows cannot drift.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from adaptis.worker.executor import StepStats
 
-__all__ = ["METRIC_NAMES", "WorkerMetrics"]
+__all__ = ["METRIC_NAMES", "WorkerMetrics", "series_table"]
 
 log = logging.getLogger(__name__)
 
@@ -91,19 +95,24 @@ class WorkerMetrics:
         # prometheus-client appends _total to counters itself: name them without it.
         f = _Families(
             busy=Counter("adaptis_busy_seconds", "Compute time of this rank (F, B, W actions).", LABELS, registry=r),
-            idle=Counter("adaptis_idle_seconds", "Idle time of this rank within iterations (pipeline bubble).",
+            idle=Counter("adaptis_idle_seconds",
+                         "Idle time of this rank within the pipeline part of the steps (the bubble).",
                          LABELS, registry=r),
-            bubble=Gauge("adaptis_bubble_ratio", "Idle share of this rank in the last iteration (0-1).",
+            bubble=Gauge("adaptis_bubble_ratio", "Idle share of this rank in the last step's pipeline part (0-1).",
                          LABELS, registry=r),
             predicted_bubble=Gauge("adaptis_predicted_bubble_ratio",
-                                   "Bubble ratio the planner predicts for the plan (0-1).", LABELS, registry=r),
+                                   "Bubble ratio of the pipeline part the planner predicts for the plan (0-1).",
+                                   LABELS, registry=r),
             predicted_iteration=Gauge("adaptis_predicted_iteration_seconds",
-                                      "Iteration time the planner predicts for the plan.", LABELS, registry=r),
+                                      "Pipeline part of a step (iteration time) the planner predicts for the plan.",
+                                      LABELS, registry=r),
             predicted_step=Gauge("adaptis_predicted_step_seconds",
-                                 "Whole-step time the planner predicts (pipeline + post-pipeline part).",
+                                 "Whole-step time the planner predicts (pipeline + post-pipeline part); "
+                                 "absent when the plan does not model it.",
                                  LABELS, registry=r),
             predicted_post=Gauge("adaptis_predicted_post_pipeline_seconds",
-                                 "Post-pipeline time the planner predicts (reductions, clipping, optimizer).",
+                                 "Post-pipeline time the planner predicts (reductions, clipping, optimizer); "
+                                 "absent when the plan does not model it.",
                                  LABELS, registry=r),
             data=Counter("adaptis_data_seconds", "Time before the steps' common start: fetching the batch "
                          "and waiting for every rank.", LABELS, registry=r),
@@ -125,8 +134,9 @@ class WorkerMetrics:
             learning_rate=Gauge("adaptis_learning_rate",
                                 "Learning rate of the last step's optimizer update.", LABELS,
                                 registry=r),
-            sent=Counter("adaptis_sent_bytes", "Bytes this rank sent to other ranks.", LABELS, registry=r),
-            received=Counter("adaptis_received_bytes", "Bytes this rank received from other ranks.",
+            sent=Counter("adaptis_sent_bytes", "Bytes this rank sent to other ranks (pipeline traffic).", LABELS,
+                         registry=r),
+            received=Counter("adaptis_received_bytes", "Bytes this rank received from other ranks (pipeline traffic).",
                              LABELS, registry=r),
         )
         self._f = f
@@ -187,3 +197,17 @@ class WorkerMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+def series_table(registry: CollectorRegistry) -> str:
+    """The families of ``registry`` as a Markdown table: exported name, kind and HELP text.
+
+    A counter is listed by the name a query uses (``_total`` appended, as in the exposition).
+    """
+    rows = ["| metric | type | meaning |", "|---|---|---|"]
+    for family in registry.collect():
+        name = f"{family.name}_total" if family.type == "counter" else family.name
+        # A '|' would end the cell early; Markdown reads the escaped one as text.
+        meaning = family.documentation.replace("|", "\\|")
+        rows.append(f"| `{name}` | {family.type} | {meaning} |")
+    return "\n".join(rows) + "\n"

@@ -56,6 +56,29 @@ def test_cli_writes_and_check_detects_drift(tmp_path: Path) -> None:
     assert "problem.md is out of date" in _adaptis("docs", "--check", str(tmp_path)).stderr
 
 
+def test_cli_writes_and_checks_the_generated_section_of_a_hand_written_doc(tmp_path: Path) -> None:
+    assert _adaptis("docs", str(tmp_path)).returncode == 0
+    metrics = tmp_path / "metrics.md"
+    shutil.copy(DOCS / "metrics.md", metrics)
+    assert _adaptis("docs", "--check").returncode == 0, "the checked-in docs are stale: run `adaptis docs`"
+    assert _adaptis("docs", "--check", str(tmp_path)).returncode == 0
+    # A HELP text edited in the doc (not in the code) is drift; the write puts the code's back
+    # and leaves the prose around the section as written.
+    metrics.write_text(metrics.read_text().replace("Tokens trained.", "Tokens seen.")
+                       .replace("## Series", "## Series (edited prose)"))
+    stale = _adaptis("docs", "--check", str(tmp_path))
+    assert stale.returncode == 1 and "metrics.md is out of date" in stale.stderr, stale.stderr
+    assert _adaptis("docs", str(tmp_path)).returncode == 0
+    repaired = metrics.read_text()
+    assert "| `adaptis_tokens_total` | counter | Tokens trained. |" in repaired and "Tokens seen." not in repaired
+    assert "## Series (edited prose)" in repaired
+    # A doc without its markers is an error that says what to add, not a silently skipped section.
+    metrics.write_text("# Metrics\n")
+    missing = _adaptis("docs", str(tmp_path))
+    assert missing.returncode != 0
+    assert "has no generated section" in missing.stderr and "<!-- END generated -->" in missing.stderr
+
+
 def test_every_key_of_every_model_is_documented_with_its_bounds() -> None:
     problem, job = _rows(problem_reference()), _rows(job_reference())
     for key in ("action_overhead_s", "backward_fused", "weight_groups", "graph_walk",

@@ -132,6 +132,20 @@ def test_queue_order_is_priority_then_age_and_a_starved_job_holds_back_the_rest(
     assert "behind ns/urgent" in _cond(job, "Queued")["message"]
 
 
+def test_jobs_of_equal_priority_queue_by_age_not_by_name(cluster: Any, make_job: Any) -> None:
+    rec = Reconciler(cluster)
+    cluster.add_job(_job(make_job, "running", workers=6))
+    rec.reconcile("ns", "running")  # holds 6 of the 8 GPUs
+    # The older job's name sorts last: only its creation time puts it first.
+    cluster.add_job(_job(make_job, "zeta", workers=4, created="2026-01-01T00:01:00Z"))
+    cluster.add_job(_job(make_job, "alpha", workers=4, created="2026-01-01T00:02:00Z"))
+    rec.reconcile("ns", "alpha")
+    rec.reconcile("ns", "zeta")
+    rec.reconcile("ns", "alpha")
+    assert "1 of 2 waiting" in _cond(cluster.job("zeta"), "Queued")["message"]
+    assert "2 of 2 waiting" in _cond(cluster.job("alpha"), "Queued")["message"]
+
+
 def test_a_deleted_or_evicted_rank_restarts_the_gang(cluster: Any, make_job: Any) -> None:
     cluster.add_job(_job(make_job, "a", workers=2))
     rec = Reconciler(cluster)

@@ -57,7 +57,8 @@ def test_a_missing_config_map_keeps_the_job_waiting_then_it_plans_and_mounts_it(
     assert rec.reconcile("ns", "demo").requeue_after == 30.0
     clock.advance(600)
     assert rec.reconcile("ns", "demo").requeue_after == RETRY_MAX_S
-    assert [e[2] for e in cluster.events] == ["ConfigMapNotFound"]  # one event, not one a look
+    # One warning event, not one a look.
+    assert [e[1:3] for e in cluster.events] == [("Warning", "ConfigMapNotFound")]
 
     cluster.create(_config_map({"config.json": json.dumps(LLAMA)}))
     rec.reconcile("ns", "demo")

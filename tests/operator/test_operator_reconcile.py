@@ -179,19 +179,25 @@ def test_unschedulable_pods_show_in_status(cluster: Any, make_job: Any) -> None:
 
 
 def test_suspend_removes_pods_and_resume_recreates(cluster: Any, make_job: Any) -> None:
-    cluster.add_job(make_job())
+    cluster.add_job(make_job(spec={"parallelism": {"workers": 4, "gpusPerWorker": 1}}))
     rec = Reconciler(cluster)
+    rec.reconcile("ns", "demo")
+    _run_all(cluster)  # bound to their nodes
     rec.reconcile("ns", "demo")
     cluster.job()["spec"]["suspend"] = True
     rec.reconcile("ns", "demo")
-    assert cluster.job()["status"]["phase"] == "Suspended"
+    st = cluster.job()["status"]
+    assert st["phase"] == "Suspended"
+    assert (st["message"], st["workersReady"], "startTime" in st) == ("spec.suspend is true", "0/4", False)
     assert _cond(cluster.job(), "Suspended")["status"] == "True"
     cluster.finish_deletions()
     assert cluster.pods() == []
     cluster.job()["spec"]["suspend"] = False
     rec.reconcile("ns", "demo")
     assert len(cluster.pods()) == 4
-    assert _cond(cluster.job(), "Suspended")["reason"] == "Resumed"
+    resumed = _cond(cluster.job(), "Suspended")
+    assert (resumed["status"], resumed["reason"], resumed["message"]) == ("False", "Resumed", "worker pods recreated")
+    assert ("Normal", "Resumed", "worker pods recreated") in [e[1:4] for e in cluster.events]
     assert "replace ConfigMap" not in cluster.calls  # suspend is not a spec change
 
 
@@ -331,8 +337,9 @@ def test_a_broken_update_stops_the_running_pods_once_and_a_fix_starts_again(
     assert st["phase"] == "Planned" and "completionTime" not in st and len(cluster.pods()) == 4
     # Its stopped pods were not lost ranks (no restart used) and its deadline starts afresh.
     assert st["restarts"] == 0 and st["startTime"] != first_start, st
-    assert (_cond(cluster.job(), "Failed")["status"],
-            _cond(cluster.job(), "Failed")["reason"]) == ("False", "SpecChanged")
+    failed = _cond(cluster.job(), "Failed")
+    assert (failed["status"], failed["reason"], failed["message"]) == (
+        "False", "SpecChanged", "the spec was corrected")
 
 
 def test_only_an_invalid_spec_is_retried_on_a_new_generation(cluster: Any,

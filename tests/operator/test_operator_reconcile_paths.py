@@ -4,6 +4,8 @@ messages and events a user reads (in-memory API, as test_operator_reconcile.py).
 
 from __future__ import annotations
 
+import copy
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from adaptis.operator.capacity import CapacityLedger
@@ -188,6 +190,7 @@ def test_running_and_a_gang_restart_as_the_user_reads_them(cluster: Any, make_jo
     assert (running["status"], running["reason"], running["message"]) == (
         "True", "AllRanksRunning", "2 running, 2 finished")
     assert cluster.events[-1][1:4] == ("Normal", "AllRanksRunning", "2 running, 2 finished")
+    assert not any(c["type"] == "Restarting" for c in job["status"]["conditions"])  # never restarted
     # Every rank fails: the restart names the first three, restarts the gang, looks again soon.
     for r in range(4):
         cluster.set_pod_phase(f"demo-worker-{r}", "Failed", ready=False)
@@ -199,8 +202,143 @@ def test_running_and_a_gang_restart_as_the_user_reads_them(cluster: Any, make_jo
     assert (restarting["reason"], restarting["message"]) == ("PodFailed", f"gang restart 1/3: {detail}")
     assert (running["status"], running["reason"]) == ("False", "Restarting")
     assert result.requeue_after == 2.0
+    # A pass while the old pods still terminate deletes nothing again.
+    deletes = cluster.calls.count("delete Pod")
+    assert deletes == 4
+    rec.reconcile("ns", "demo")
+    assert cluster.calls.count("delete Pod") == deletes
     cluster.finish_deletions()
     clock.advance(60)
     rec.reconcile("ns", "demo")
     assert len(cluster.pods()) == 4
     assert cluster.job()["status"]["startTime"] == started  # the job's start, not the attempt's
+    # The new attempt's pods start: still Restarting; once they run, the restart is over.
+    assert cluster.job()["status"]["phase"] == "Restarting"
+    assert _cond(cluster.job(), "Running")["reason"] == "Restarting"
+    _run_all(cluster)
+    rec.reconcile("ns", "demo")
+    job = cluster.job()
+    assert job["status"]["phase"] == "Running"
+    restarting = _cond(job, "Restarting")
+    assert (restarting["status"], restarting["reason"], restarting["message"]) == (
+        "False", "Recovered", "the gang runs again")
+
+
+def test_a_status_lost_after_the_plan_was_stored_is_filled_in_from_the_cached_plan(
+        cluster: Any, make_job: Any) -> None:
+    """The placer stores the plan's ConfigMap before the pass writes the status: an operator
+    stopped in between, or a restore that brings back the job without its status, finds the
+    cached plan still valid (the placer then returns it without writing a summary), and the
+    pass fills the plan's summary in from it."""
+    cluster.add_job(make_job())
+    Reconciler(cluster).reconcile("ns", "demo")
+    planned = copy.deepcopy(cluster.job()["status"])
+    assert len(planned["placement"]) == 4
+    cluster.job()["status"] = {}
+    Reconciler(cluster).reconcile("ns", "demo")  # a fresh operator, as after a restart
+    status = cluster.job()["status"]
+    assert "replace ConfigMap" not in cluster.calls  # the cached plan, not a new one
+    assert cluster.calls.count("create Pod") == 4  # the running ranks' pods are kept
+    for key in ("placement", "stages", "strategy", "predictedIterationSeconds", "predictedBubbleRatio",
+                "predictedSpeedupOverI1F1B"):
+        assert status[key] == planned[key], key
+    assert [r["pod"] for r in status["placement"]] == [f"demo-worker-{r}" for r in range(4)]
+
+
+def test_starting_gated_and_suspended_as_the_user_reads_them(cluster: Any, make_job: Any) -> None:
+    """The Running condition's reasons while the gang starts, waits for an admission
+    controller's gate, and is suspended (kubectl and automation key on the reasons); each pass
+    hands its caller the job's phase (the operator's jobs-by-phase gauge)."""
+    cluster.add_job(make_job())
+    rec = Reconciler(cluster)
+    assert rec.reconcile("ns", "demo").phase == "Planned"
+    running = _cond(cluster.job(), "Running")
+    assert (running["status"], running["reason"], running["message"]) == (
+        "False", "Starting", "0/4 ranks running, 4 pending")
+    for pod in cluster.pods():
+        pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+        pod["status"] = {"phase": "Pending"}
+    assert rec.reconcile("ns", "demo").phase == "Planned"
+    running = _cond(cluster.job(), "Running")
+    gated = "; ".join(f"demo-worker-{r}: gated by kueue.x-k8s.io/admission" for r in range(3))
+    assert (running["status"], running["reason"], running["message"]) == ("False", "WaitingForAdmission", gated)
+    assert ("Normal", "WaitingForAdmission", gated) in [e[1:4] for e in cluster.events]
+    cluster.job()["spec"]["suspend"] = True
+    assert rec.reconcile("ns", "demo").phase == "Suspended"
+    job = cluster.job()
+    suspended, running = _cond(job, "Suspended"), _cond(job, "Running")
+    assert (suspended["status"], suspended["reason"], suspended["message"]) == (
+        "True", "Suspended", "worker pods removed")
+    assert (running["status"], running["reason"]) == ("False", "Suspended")
+    assert ("Normal", "Suspended", "worker pods removed") in [e[1:4] for e in cluster.events]
+
+
+def test_unschedulable_ranks_are_named_three_at_most_and_a_gated_restart_clears_the_message(
+        cluster: Any, make_job: Any, clock: Any) -> None:
+    cluster.add_job(make_job(spec={"backoffLimit": 3}))
+    rec = Reconciler(cluster, clock=clock)
+    rec.reconcile("ns", "demo")
+    _unschedulable(cluster, clock.now.strftime("%Y-%m-%dT%H:%M:%SZ"))  # within the re-plan limit
+    rec.reconcile("ns", "demo")
+    named = "; ".join(f"demo-worker-{r}: 0/4 nodes are available" for r in range(3))
+    assert cluster.job()["status"]["message"] == f"unschedulable: {named}"
+    assert _cond(cluster.job(), "Running")["message"] == named
+    # A gang restart, then the new attempt's pods held by an admission controller's gate: the
+    # job waits for admission (Planned), and the restart's failure message goes.
+    for r in range(4):
+        cluster.set_pod_phase(f"demo-worker-{r}", "Failed", ready=False)
+    rec.reconcile("ns", "demo")
+    assert cluster.job()["status"]["phase"] == "Restarting" and cluster.job()["status"]["message"]
+    cluster.finish_deletions()
+    rec.reconcile("ns", "demo")
+    for pod in cluster.pods():
+        pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+        pod["status"] = {"phase": "Pending"}
+    rec.reconcile("ns", "demo")
+    status = cluster.job()["status"]
+    assert status["phase"] == "Planned" and "message" not in status
+    assert _cond(cluster.job(), "Running")["reason"] == "WaitingForAdmission"
+
+
+def test_a_job_being_deleted_gets_no_pass_and_frees_its_gpus_at_once(cluster: Any, make_job: Any) -> None:
+    rec = Reconciler(cluster)
+    cluster.add_job(make_job("big", spec={"parallelism": {"workers": 6, "gpusPerWorker": 1}}))
+    rec.reconcile("ns", "big")  # holds 6 of the 8 GPUs
+    pods = len(cluster.pods())
+    cluster.job("big")["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # finalizers keep it
+    assert rec.reconcile("ns", "big").phase is None  # gone or going: no pass
+    assert len(cluster.pods()) == pods  # its pods go with it (owner references), none are added
+    cluster.add_job(make_job("next", spec={"parallelism": {"workers": 4, "gpusPerWorker": 1}}))
+    rec.reconcile("ns", "next")
+    assert cluster.job("next")["status"]["phase"] == "Planned"  # not queued behind the GPUs of "big"
+
+
+def test_the_children_are_owned_by_the_job_uid(cluster: Any, make_job: Any) -> None:
+    """Owner references carry the job's uid: the garbage collector removes the children with
+    the job (and only with this job of the name)."""
+    cluster.add_job(make_job())
+    Reconciler(cluster).reconcile("ns", "demo")
+    for pod in cluster.pods():
+        assert [o["uid"] for o in pod["metadata"]["ownerReferences"]] == ["uid-demo"]
+
+
+def test_without_a_clock_the_operator_reads_utc_wall_time(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job(spec={"activeDeadlineSeconds": 3600}))
+    rec = Reconciler(cluster)
+    rec.reconcile("ns", "demo")
+    started = datetime.now(UTC) - timedelta(hours=2)
+    cluster.job()["status"]["startTime"] = started.strftime("%Y-%m-%dT%H:%M:%SZ")
+    rec.reconcile("ns", "demo")
+    assert _cond(cluster.job(), "Failed")["reason"] == "DeadlineExceeded"
+
+
+def test_a_suspended_job_frees_its_gpus_at_once(cluster: Any, make_job: Any) -> None:
+    rec = Reconciler(cluster)
+    cluster.add_job(make_job("big", spec={"parallelism": {"workers": 6, "gpusPerWorker": 1}}))
+    rec.reconcile("ns", "big")  # holds 6 of the 8 GPUs
+    cluster.job("big")["spec"]["suspend"] = True
+    rec.reconcile("ns", "big")
+    cluster.finish_deletions()
+    cluster.add_job(make_job("next", spec={"parallelism": {"workers": 4, "gpusPerWorker": 1}}))
+    rec.reconcile("ns", "next")
+    assert cluster.job("next")["status"]["phase"] == "Planned"  # not queued behind "big"

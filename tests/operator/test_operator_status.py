@@ -56,7 +56,7 @@ def test_census_counts_and_explains() -> None:
     pods.append({"metadata": {"name": "r6", "deletionTimestamp": "x"}, "status": {}})
     pods.append({"metadata": {"name": "r7"}, "status": {"phase": "Pending"},
                  "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}})
-    c = census(pods, total=8)
+    c = census(pods)
     assert (c.ready, c.running, c.pending, c.failed, c.succeeded, c.terminating) == (
         1, 2, 2, 1, 2, 1)
     assert c.gated == ("r7: gated by kueue.x-k8s.io/admission",)
@@ -83,29 +83,29 @@ def _terminated(*messages: str) -> dict[str, Any]:
 @pytest.mark.parametrize("key", ["observedBubbleRatio", "bubble_ratio", "bubbleRatio"])
 def test_every_spelling_of_the_workers_bubble_ratio_is_read(key: str) -> None:
     pods = [_pod("r0", "Succeeded", **_terminated(json.dumps({key: 0.25})))]
-    assert census(pods, total=1).bubble_ratios == (0.25,)
+    assert census(pods).bubble_ratios == (0.25,)
 
 
 @pytest.mark.parametrize(("value", "read"), [(0, 0.0), (1, 1.0), (1.5, None), (2, None), (-0.1, None)])
 def test_a_bubble_ratio_is_read_only_within_zero_and_one_inclusive(value: float,
                                                                    read: float | None) -> None:
     pods = [_pod("r0", "Succeeded", **_terminated(json.dumps({"bubbleRatio": value})))]
-    assert census(pods, total=1).bubble_ratios == (() if read is None else (read,))
+    assert census(pods).bubble_ratios == (() if read is None else (read,))
 
 
 def test_an_unreadable_termination_message_does_not_hide_a_later_one() -> None:
     # A container's own crash text can precede the worker's JSON line.
     pods = [_pod("r0", "Succeeded", **_terminated("Traceback ...", '{"bubble_ratio": 0.3}'))]
-    assert census(pods, total=1).observed_bubble_ratio == 0.3
+    assert census(pods).observed_bubble_ratio == 0.3
 
 
-def test_census_counts_every_pod_and_passes_the_total_through() -> None:
+def test_census_counts_every_pod_of_each_phase() -> None:
     gone = {"metadata": {"name": "t", "deletionTimestamp": "2026-01-01T00:00:00Z"}, "status": {}}
     pods = [gone, gone, _pod("f0", "Failed"), _pod("f1", "Failed", reason="Evicted"),
             {"metadata": {}, "status": {"phase": "Failed", "message": "boom"}},
             {"metadata": {"name": "new"}}]  # no status yet: Pending
-    c = census(pods, total=7)
-    assert (c.total, c.terminating, c.failed, c.pending) == (7, 2, 3, 1)
+    c = census(pods)
+    assert (c.terminating, c.failed, c.pending) == (2, 3, 1)
     # The pod's message, else its reason, else just "failed"; a pod without a name is "?".
     assert c.failures == ("f0: failed", "f1: Evicted", "?: boom")
 
@@ -126,7 +126,7 @@ def test_why_pending_pods_wait_unschedulable_or_gated() -> None:
         pending("g1", by_reason, [{"name": "kueue.x-k8s.io/admission"}, {"name": "other"}]),
         pending("g2", None, [{}]),  # a gate with no name
         pending("p0", {"status": "False", "reason": "Other"}),  # neither
-    ], total=5)
+    ])
     assert c.pending == 5
     assert c.unschedulable == ("u0: unschedulable",)
     assert c.gated == ("g0: gated by a scheduling gate",

@@ -114,6 +114,53 @@ def test_a_parameter_under_two_names_is_found_by_either() -> None:
     torch.testing.assert_close(copy.state[head]["exp_avg"], opt.state[shared]["exp_avg"])
 
 
+def test_a_parameter_without_a_name_is_not_held_not_saved_and_blocks_a_restore() -> None:
+    """A parameter the optimizer steps but no name covers cannot be saved by name; a restore
+    names it by its shape and loads nothing (it would otherwise restart from a fresh state)."""
+    params = _params()
+    anon = nn.Parameter(torch.zeros(2, 5))
+    opt = torch.optim.AdamW([*params.values(), anon], lr=0.05)
+    for q in opt.param_groups[0]["params"]:
+        q.grad = torch.ones_like(q)
+    opt.step()
+    assert held_names(opt, named=params) == list(NAMES)
+    saved = export_state(opt, named=params)
+    assert set(saved) == set(NAMES)
+    other = _params()
+    fresh = torch.optim.AdamW([*other.values(), nn.Parameter(torch.zeros(2, 5))], lr=0.05)
+    assert import_state(fresh, named=other, find=saved) == ["<unnamed parameter (2, 5)>"]
+    assert not fresh.state
+
+
+def test_state_that_is_not_a_tensor_moves_as_it_is_and_the_restored_tensors_are_copies() -> None:
+    # L-BFGS keeps counters (ints), a step size (float) and lists of tensors beside tensors.
+    params = _params()
+    opt = torch.optim.LBFGS(list(params.values()), lr=0.1, max_iter=3)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = sum((p.sin() * (i + 1)).sum() for i, p in enumerate(params.values()))
+        loss.backward()  # type: ignore[union-attr]
+        return loss  # type: ignore[return-value]
+
+    opt.step(closure)
+    saved = export_state(opt, named=params)
+    first = saved["0.weight"]  # L-BFGS keeps its whole state on the first parameter
+    assert isinstance(first["n_iter"], int) and first["n_iter"] == opt.state[params["0.weight"]]["n_iter"]
+    other = _params()
+    fresh = torch.optim.LBFGS(list(other.values()), lr=0.1, max_iter=3)
+    find = {"0.weight": first, "1.weight": None, "2.weight": None}
+    assert import_state(fresh, named=other, find=find) == []
+    restored = fresh.state[other["0.weight"]]
+    assert (restored["n_iter"], restored["func_evals"]) == (first["n_iter"], first["func_evals"])
+    torch.testing.assert_close(restored["d"], first["d"], rtol=0, atol=0)
+    # The source may be a memory-mapped file that a later prune unlinks: the optimizer holds a
+    # copy, not a view of it.
+    kept = restored["d"].clone()
+    first["d"].fill_(7.0)
+    torch.testing.assert_close(restored["d"], kept, rtol=0, atol=0)
+
+
 def test_a_step_is_complete_when_its_recorded_savers_are_seen_together() -> None:
     # Rank 0 sees its own files, rank 1 its own: step 4 of a 2-saver job is complete only
     # in the union; step 6 lacks rank 1's file; step 8 was written by a 3-saver job.
