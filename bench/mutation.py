@@ -51,11 +51,12 @@ MODULES: dict[str, tuple[str, ...]] = {
     ),
     # The search's own tests, its time limit, the value test (the joint search itself, not the
     # baseline fallback, beats every baseline by a stated margin), screening (the large-problem
-    # path: estimates, then confirm) and the W tail (the other patterns' climbs): ~15 s in all.
+    # path: estimates, then confirm), the W tail (the other patterns' climbs) and the search's
+    # accounts (admission, confirming, counting, deadlines): ~20 s in all.
     "adaptis/planner/search.py": (
         "tests/planner/test_planner_search.py", "tests/planner/test_planner_time_limit.py",
         "tests/planner/test_planner_value.py", "tests/planner/test_planner_screening.py",
-        "tests/planner/test_planner_w_tail.py",
+        "tests/planner/test_planner_w_tail.py", "tests/planner/test_planner_search_accounts.py",
     ),
     # The partition's own tests, the baselines' and the properties' partition tests. (Every
     # plan starts from a partition, so the whole planner suite reaches it: under mutmut each

@@ -132,19 +132,25 @@ def test_a_screened_estimate_is_the_screens_estimate_of_that_candidate() -> None
     with mock.patch.object(screening, "SCREEN_ABOVE", 0):
         ev = _Evaluator(costs, budget=5)
     assert ev.screen is not None
-    stages, owner = [(0, 2), (2, 4), (4, 6), (6, 8)], [0, 1, 1, 0]
+    # F + B per stage 5, 4, 6, 5: the device of the last stage is the busiest (11 against 9).
+    stages, owner = [(0, 2), (2, 4), (4, 6), (6, 8)], [0, 0, 1, 1]
     cand = ev.score("v", owner, stages, Policy())
     assert cand.schedule is None and ev.evals == 1
     busiest = max(loads(costs, owner, [0, 2, 4, 6, 8], prefix_work(costs)))
     assert cand.estimate == ev.screen.estimate(stages=stages, owner=owner, policy=Policy(), busiest=busiest,
                                                beat=math.inf, deadline=None)
+    # Against a time it cannot beat, the estimate is the floor: the busiest device's work shows.
+    floor = ev.score("v", owner, stages, Policy(), beat=1.0).estimate
+    assert floor == ev.screen.estimate(stages=stages, owner=owner, policy=Policy(), busiest=busiest,
+                                       beat=1.0, deadline=None)
 
 
 @pytest.mark.parametrize("screen", [False, True])
 def test_the_deadline_has_passed_at_its_own_instant(screen: bool) -> None:
-    costs = _costs()
+    costs = _costs(m=16)  # 16 >= 4 x 4 devices: the screen's extrapolation reaches far enough
     with mock.patch.object(screening, "SCREEN_ABOVE", 0 if screen else screening.SCREEN_ABOVE):
         ev = _Evaluator(costs, budget=5, deadline=5.0, clock=lambda: 5.0)
+    assert (ev.screen is not None) is screen
     with pytest.raises(OutOfTime):
         ev.score("p", [0, 1, 2, 3], ONE_PER_DEVICE, Policy())
     assert ev.evals == 0
