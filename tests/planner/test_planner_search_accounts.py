@@ -185,3 +185,95 @@ def test_a_screened_estimate_stops_inside_a_long_schedule_at_the_deadline() -> N
     assert ev.screen is not None
     with pytest.raises(OutOfTime):
         ev.score("v", list(range(40)), [(i, i + 1) for i in range(40)], Policy())
+
+
+# --- what the phases try -------------------------------------------------------------------------
+
+def _heavy_head(body: int, *, devices: int = 4, m: int = 8) -> Costs:
+    layer = {"name": "l", "forward": 1.0, "backward": 2.0, "weight": 0.5, "activation_bytes": 1.0,
+             "param_bytes": 1.0, "output_bytes": 1.0}
+    layers = [{"name": "embedding", "kind": "embedding", "forward": 0.1, "weight": 0.1, "param_bytes": 5.0},
+              {"repeat": body, "layers": [layer]},
+              {"name": "head", "kind": "head", "forward": 8.0, "backward": 2.0, "weight": 1.0,
+               "activation_bytes": 4.0, "param_bytes": 5.0}]
+    return Costs.from_problem(parse_problem({"name": "t", "microbatches": m, "layers": layers,
+                                             "devices": {"count": devices}}))
+
+
+def _traced(costs: Costs) -> tuple[list[tuple[str, int, Policy, float]], Any]:
+    """Every candidate the search scores, in order: (pattern, stages, policy, time)."""
+    seen: list[tuple[str, int, Policy, float]] = []
+    score = _Evaluator.score
+
+    def spy(self: _Evaluator, pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy,
+            *, beat: float = math.inf) -> _Candidate:
+        cand = score(self, pattern, owner, stages, policy, beat=beat)
+        seen.append((pattern, len(stages), policy, cand.time))
+        return cand
+
+    with mock.patch.object(_Evaluator, "score", spy):
+        found = joint_search(costs)
+    return seen, found
+
+
+def _phase1(trace: list[tuple[str, int, Policy, float]]) -> dict[str, list[tuple[str, float]]]:
+    """Phase 1's structures per family, in the order tried, each at its best cut set's time."""
+    fams: dict[str, list[tuple[str, float]]] = {}
+    for pattern, _, policy, t in trace:
+        if pattern.startswith("packed") or not policy.fill_with_w or not policy.split_backward:
+            break  # packed structures, then phase 2
+        tried = fams.setdefault(pattern.rsplit("-v", 1)[0], [])
+        if tried and tried[-1][0] == pattern:
+            tried[-1] = (pattern, min(tried[-1][1], t))
+        else:
+            tried.append((pattern, t))
+    return fams
+
+
+def test_a_family_grows_past_one_stage_count_that_misses_but_not_past_two() -> None:
+    costs = _heavy_head(20)
+    trace, found = _traced(costs)
+    fams = _phase1(trace)
+    after_one_miss = []
+    for family, tried in fams.items():
+        best, misses = math.inf, 0
+        for pattern, t in tried:
+            assert misses < 2, (family, tried)  # two misses in a row: the family has stopped
+            if misses == 1:
+                after_one_miss.append((pattern, t < best))
+            best, misses = (t, 0) if t < best else (best, misses + 1)
+    # Measured: isolated-head v2 185.2, v3 185.6 (a miss), v4 183.6, v5 185.9 (a miss), v6 183.1;
+    # vshape v2 192.1, v3 213.9, v4 210.6, then no v5.
+    assert ("isolated-head-v4", True) in after_one_miss and ("isolated-head-v6", True) in after_one_miss
+    assert [p for p, _ in fams["vshape"]] == ["vshape-v2", "vshape-v3", "vshape-v4"]
+    assert found is not None and found.pattern == "isolated-head-v6"  # only reached past a miss
+
+
+def test_a_screened_family_stops_at_its_first_miss() -> None:
+    costs = _heavy_head(20, m=16)
+    with mock.patch.object(screening, "SCREEN_ABOVE", 0):
+        trace, found = _traced(costs)
+    assert found is not None
+    for family, tried in _phase1(trace).items():
+        times = [t for _, t in tried]
+        assert all(a > b for a, b in zip(times[:-1], times[1:-1])), (family, tried)  # each but the last improved
+
+
+def test_phase2_tries_the_other_policies_and_admission_mode_on_the_four_best_structures() -> None:
+    costs = _heavy_head(14)  # 16 layers on 4 devices: packed 2, 3 and 4 stages a device
+    trace, _ = _traced(costs)
+    first = next(i for i, (p, _, pol, _) in enumerate(trace) if not pol.fill_with_w or not pol.split_backward)
+    structures, tuned = trace[:first], trace[first:]
+    assert [p for p, *_ in structures if p.startswith("packed")] == ["packed-v2", "packed-v3", "packed-v4"]
+    best: dict[str, tuple[float, Policy]] = {}
+    for pattern, _, policy, t in structures:
+        if t < best.get(pattern, (math.inf, policy))[0]:
+            best[pattern] = (t, policy)
+    top = sorted(best, key=lambda p: best[p][0])[:4]
+    want = []
+    for pattern in top:
+        mode = best[pattern][1].admit_per_device
+        want += [(pattern, Policy(fill_with_w=False, admit_per_device=mode)),
+                 (pattern, Policy(split_backward=False, admit_per_device=mode)),
+                 (pattern, Policy(admit_per_device=not mode))]
+    assert [(p, pol) for p, _, pol, _ in tuned[:len(want)]] == want
