@@ -277,3 +277,15 @@ def test_phase2_tries_the_other_policies_and_admission_mode_on_the_four_best_str
                  (pattern, Policy(split_backward=False, admit_per_device=mode)),
                  (pattern, Policy(admit_per_device=not mode))]
     assert [(p, pol) for p, _, pol, _ in tuned[:len(want)]] == want
+
+
+def test_a_search_cut_short_returns_its_champion_whole() -> None:
+    costs = _costs()
+    seen: list[float] = []
+    found = joint_search(costs, deadline=1.0, clock=lambda: 2.0 if seen else 0.0,
+                         on_progress=lambda e, b, t: seen.append(t))
+    assert found is not None and found.cut_short and found.evaluations == 1
+    # The first candidate tried: the looped (1F1B-like) structure, one layer a device, default policy.
+    assert found.policy == Policy() and found.pattern == "looped-v1"
+    assert found.stages == ONE_PER_DEVICE and found.owner == [0, 1, 2, 3]
+    assert found.schedule.iteration_time == seen[0] == 22.0
