@@ -17,7 +17,8 @@ surviving mutants, as diffs, to ``<out>/<module>.survivors.txt``. Measured: stat
 and simulator.py in about 10 minutes on 2 shared cores with ``--jobs 1``; workqueue.py and
 validation.py; partition.py, strategies.py, scheduler.py and reconcile.py in part and metrics.py
 in full (over an hour on the shared cores; bench/RESULTS.md says which mutants, the figures and
-why each survivor is left). search.py and executor.py are not yet measured.
+why each survivor is left); search.py in part (every function but ``_phases``, a random sample
+of that). executor.py is not yet measured.
 """
 
 from __future__ import annotations
