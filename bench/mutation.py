@@ -25,7 +25,7 @@ validation.py; partition.py and strategies.py in part, metrics.py, scheduler.py 
 in full (each over an hour on the shared cores; bench/RESULTS.md says which mutants, the figures
 and why each survivor is left); checkpoint.py in part and ownership.py in full; executor.py as a
 sample (a mutant of its constructor re-runs all of its tests: 6-16 s each on the shared
-cores). search.py is not yet measured.
+cores); search.py in part (every function but ``_phases``, a random sample of that).
 """
 
 from __future__ import annotations
@@ -61,9 +61,14 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/planner/test_planner_schedule_rules.py", "tests/planner/test_planner_scheduler.py",
         "tests/planner/test_planner_search.py", "tests/planner/test_planner_time_limit.py",
     ),
+    # The search's own tests, its time limit, the value test (the joint search itself, not the
+    # baseline fallback, beats every baseline by a stated margin), screening (the large-problem
+    # path: estimates, then confirm), the W tail (the other patterns' climbs) and the search's
+    # accounts (admission, confirming, counting, deadlines): ~20 s in all.
     "adaptis/planner/search.py": (
         "tests/planner/test_planner_search.py", "tests/planner/test_planner_time_limit.py",
-        "tests/planner/test_planner_value.py", "tests/planner/test_planner_search_quality.py",
+        "tests/planner/test_planner_value.py", "tests/planner/test_planner_screening.py",
+        "tests/planner/test_planner_w_tail.py", "tests/planner/test_planner_search_accounts.py",
     ),
     # The partition's own tests, the baselines' and the properties' partition tests. (Every
     # plan starts from a partition, so the whole planner suite reaches it: under mutmut each
