@@ -7,14 +7,11 @@ code in the test process, where mutation testing (bench/mutation.py) can see it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-from worker_harness import SMALL_MODEL, free_port
+from worker_harness import SMALL_MODEL, one_rank_group  # noqa: F401 (the fixture)
 
 from adaptis.api.job import TrainingSpec, WorkerConfig
 from adaptis.api.plan import Plan
@@ -35,13 +32,7 @@ TRAIN = TrainingSpec(microbatches=2, microbatch_size=2, sequence_length=8, grad_
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_rank_group() -> Iterator[None]:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            timeout=timedelta(seconds=30))
-    yield
-    dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("one_rank_group")  # a real 1-rank gloo group (worker_harness)
 
 
 def _three_stages() -> Plan:

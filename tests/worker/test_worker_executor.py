@@ -4,14 +4,11 @@ with split B/W against the reference, clipping and the optimizer step, transfer 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-from worker_harness import SMALL_MODEL, free_port
+from worker_harness import SMALL_MODEL, one_rank_group  # noqa: F401 (the fixture)
 
 from adaptis.api.job import TrainingSpec, WorkerConfig
 from adaptis.api.plan import Plan
@@ -24,13 +21,7 @@ TRAIN = TrainingSpec(microbatches=3, microbatch_size=2, sequence_length=8, grad_
 N_LAYERS = 5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_rank_group() -> Iterator[None]:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            timeout=timedelta(seconds=30))
-    yield
-    dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("one_rank_group")  # a real 1-rank gloo group (worker_harness)
 
 
 def _config(plan: Plan, training: TrainingSpec = TRAIN) -> WorkerConfig:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -42,6 +44,17 @@ def parity_reference() -> tuple[float, dict[str, torch.Tensor], float]:
     ref = reference_step(PARITY_MODEL, t, batch=data.batch(position=0, sequences=t.microbatches * t.microbatch_size))
     norm = sum(float(g.double().pow(2).sum()) for k, g in ref.grads.items() if k != f"{PARITY_LAYERS - 1}.weight")
     return ref.loss, ref.grads, norm**0.5
+
+
+@pytest.fixture(scope="module")
+def one_rank_group() -> Iterator[None]:
+    """A real gloo process group of one rank in this process: in-process executor and checkpoint
+    tests, which mutation testing reaches (tests: ``pytestmark = pytest.mark.usefixtures(...)``)."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=30))
+    yield
+    dist.destroy_process_group()
 
 
 def free_port() -> int:
