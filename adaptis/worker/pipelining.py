@@ -49,6 +49,7 @@ __all__ = [
     "StageShapes",
     "TORCH_KIND",
     "WallActionTimer",
+    "WrappedTimer",
     "backward_full",
     "backward_kind_of",
     "backward_input",
@@ -83,6 +84,29 @@ class ActionTimer:
     def collect(self) -> dict[str, float]:
         """Busy seconds per kind since the last reset (waits for the device where needed)."""
         return dict(self.seconds)
+
+
+class WrappedTimer(ActionTimer):
+    """A timer around another (a testing slowdown, a trace): resets and collects through
+    ``inner``, and the step the run loop sets reaches every layer of the wrapping."""
+
+    def __init__(self, inner: ActionTimer) -> None:
+        self.inner = inner  # first: ActionTimer's __init__ sets the step, which lives in inner
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def step(self) -> int:
+        return self.inner.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.inner.step = value
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def collect(self) -> dict[str, float]:
+        return self.inner.collect()
 
 
 class WallActionTimer(ActionTimer):

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from adaptis.worker.pipelining import ActionTimer
+from adaptis.worker.pipelining import ActionTimer, WrappedTimer
 
 __all__ = ["ENV", "Slowdown", "SlowedTimer", "parse_slowdown", "slowed"]
 
@@ -65,23 +65,16 @@ def parse_slowdown(text: str) -> dict[int, Slowdown]:
     return out
 
 
-class SlowedTimer(ActionTimer):
+class SlowedTimer(WrappedTimer):
     """``inner``'s timing, with each action stretched by the factor once ``step`` >= the start.
 
     The run loop sets :attr:`step` to the step it is about to run (1-based)."""
 
     def __init__(self, inner: ActionTimer, *, slowdown: Slowdown,
                  sync: Callable[[], None] | None = None) -> None:
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self.slowdown = slowdown
         self._sync = sync  # waits for the device, so the action's duration is known on the host
-
-    def reset(self) -> None:
-        self.inner.reset()
-
-    def collect(self) -> dict[str, float]:
-        return self.inner.collect()
 
     @contextmanager
     def measure(self, kind: str) -> Iterator[None]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from adaptis.worker.pipelining import ActionTimer
+from adaptis.worker.pipelining import ActionTimer, WrappedTimer
 
 __all__ = ["ENV", "TracedTimer", "rank_trace_path", "traced"]
 
@@ -36,27 +36,25 @@ def rank_trace_path(directory: Path, *, rank: int) -> Path:
     return directory / f"rank-{rank}.json"
 
 
-class TracedTimer(ActionTimer):
+class TracedTimer(WrappedTimer):
     """``inner``'s timing, each call also recorded; the step's calls written at :meth:`collect`
     (which the executor calls once a step, after the pipeline part)."""
 
     def __init__(self, inner: ActionTimer, *, path: Path) -> None:
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self.path = path
         self.calls: list[tuple[str, float, float]] = []
 
     def reset(self) -> None:
-        self.inner.reset()
+        super().reset()
         self.calls.clear()
 
     def collect(self) -> dict[str, float]:
         self.path.write_text(json.dumps({"step": self.step, "calls": self.calls}))
-        return self.inner.collect()
+        return super().collect()
 
     @contextmanager
     def measure(self, kind: str) -> Iterator[None]:
-        self.inner.step = self.step  # a slowed inner timer reads it
         start = time.perf_counter()
         try:
             with self.inner.measure(kind):
