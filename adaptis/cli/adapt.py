@@ -59,6 +59,7 @@ class Segment:
     stopped_at: float | None = None  # every rank checkpointed and exited
     resumed_step: int = 0
     steps: list[dict[str, Any]] = field(default_factory=list)  # rank 0's step events
+    max_data_seconds: float = 0.0  # the largest data phase of those steps (kept as they come)
     rank_stages: dict[int, list[int]] = field(default_factory=dict)  # what each rank said it runs
 
     def report(self) -> dict[str, Any]:
@@ -87,6 +88,7 @@ class Trained:
     """What :func:`train` hands back for the summary."""
 
     plan: Plan  # the last plan run
+    problem: Problem  # what it was planned for (after a re-plan: the speeds corrected by measurement)
     steps: list[dict[str, Any]]  # rank 0's step events, each step once (a resume drops the re-run ones)
     starts: dict[int, dict[str, Any]]  # each rank's first start event
     reduce: list[tuple[float, float]]
@@ -246,6 +248,7 @@ def train(*, config: WorkerConfig, problem: Problem, plan: Plan, spec: Adaptatio
                 if seg.first_step_at is None:
                     seg.first_step_at = time.perf_counter()
                 seg.steps.append(event)
+                seg.max_data_seconds = max(seg.max_data_seconds, event.get("data_seconds", 0.0))
                 steps.append(event)
                 on_step(event)
             if adapter.observe(event, segment=seg, restart_seconds=_restart_seconds(segments)):
@@ -274,8 +277,8 @@ def train(*, config: WorkerConfig, problem: Problem, plan: Plan, spec: Adaptatio
     # Per step (rank 0's, each step once): the curve across re-plans, for a look or a benchmark.
     adaptation["losses"] = [s["loss"] for s in steps]
     adaptation["iteration_seconds"] = [s["iteration_seconds"] for s in steps]
-    return Trained(plan=plan, steps=steps, starts=starts, reduce=reduce, segments=segments,
-                   adaptation=adaptation)
+    return Trained(plan=plan, problem=adapter.problem, steps=steps, starts=starts, reduce=reduce,
+                   segments=segments, adaptation=adaptation)
 
 
 def _restart_seconds(segments: list[Segment]) -> float:
@@ -286,7 +289,7 @@ def _restart_seconds(segments: list[Segment]) -> float:
     stops = [s.stop_seconds for s in segments if s.stop_seconds is not None]
     if stops:
         return launch + max(stops)
-    return launch + max((e.get("data_seconds", 0.0) for s in segments for e in s.steps), default=0.0)
+    return launch + max((s.max_data_seconds for s in segments), default=0.0)
 
 
 def check_slowdown(text: str | None, *, ranks: int) -> None:

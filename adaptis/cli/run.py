@@ -276,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
                      workdir=workdir, ports=[starts[r].get("metrics_port") for r in sorted(starts)],
                      checkpoints=(ckpt_dir, ckpt_every, starts[0]["resumed_step"] if 0 in starts else 0))
     result["adaptation"] = done.adaptation
-    report = _trace(args.trace, plan=plan, problem=problem, ranks=pipeline) if args.trace else None
+    report = _trace(args.trace, plan=plan, problem=done.problem, ranks=pipeline) if args.trace else None
     if report is not None:
         result["trace"] = str(args.trace / "trace.json")
     if args.json:

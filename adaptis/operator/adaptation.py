@@ -35,10 +35,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from adaptis.api.adaptation import AdaptationStatus, ReplanRecord
 from adaptis.api.job import JobSpec
+from adaptis.api.problem import Link
 from adaptis.operator.errors import OperatorError, PlanTooLarge, Unsatisfiable
 from adaptis.operator.manifests import plan_hash, render_config_map
 from adaptis.operator.measurements import AdaptationSettings, MeasurementError, Sample, query_job
-from adaptis.operator.planning import PlanRecord, build_problem, correct_speeds, node_slots
+from adaptis.operator.planning import DEFAULT_INTER_NODE, PlanRecord, build_problem, correct_speeds, node_slots
 from adaptis.operator.status import plan_summary
 from adaptis.planner.drift import Decision, DriftWindow, decide, predicted_busy
 from adaptis.planner.errors import PlannerError
@@ -88,7 +89,7 @@ class Adapter:
 
     def __init__(self, cluster: Cluster, *, settings: AdaptationSettings,
                  publish: Callable[[PassState], None], fetch: Fetch = query_job,
-                 observer: AdaptationObserver | None = None, inter_node: Any = None) -> None:
+                 observer: AdaptationObserver | None = None, inter_node: Link = DEFAULT_INTER_NODE) -> None:
         self._cluster = cluster
         self._settings = settings
         self._publish = publish  # write the status before the pods of the old plan go
@@ -212,8 +213,7 @@ class Adapter:
         if any(n not in profiles for n in record.nodes):
             return None  # a planned node is gone: placement re-plans anyway
         slots = [node_slots(profiles[n], spec=spec)[0] for n in record.nodes]
-        kwargs = {} if self._inter_node is None else {"inter_node": self._inter_node}
-        problem = build_problem(spec, slots, name=f"{p.job.namespace}/{p.job.name}", **kwargs)
+        problem = build_problem(spec, slots, name=f"{p.job.namespace}/{p.job.name}", inter_node=self._inter_node)
         g.problem = correct_speeds(problem, record.device_speed)
         busy = predicted_busy(g.problem, record.plan)
         if self._observer is not None:

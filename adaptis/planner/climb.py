@@ -13,7 +13,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from adaptis.planner.costs import Costs
-from adaptis.planner.structures import evenness_of, loads, max_load, prefix_work
+from adaptis.planner.structures import evenness_of, loads, max_load
 
 if TYPE_CHECKING:
     from adaptis.planner.search import _Candidate, _Evaluator
@@ -46,7 +46,7 @@ def refine(costs: Costs, *, best: _Candidate, ev: _Evaluator) -> _Candidate:
     """Partition moves from ``best`` (same placement and policy), each kept only if the
     simulated time improves, until no move helps or ``ev``'s budget is spent (on a screened
     problem: after :data:`_REFINE_SCREENED` of them, each a full schedule)."""
-    pre = prefix_work(costs)
+    pre = ev.pre  # the evaluator's prefix sums of the layers' work
     tried: set[tuple[int, ...]] = set()
     if ev.screen is not None:
         ev.budget = min(ev.budget, ev.evals + _REFINE_SCREENED)

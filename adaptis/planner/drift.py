@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from adaptis.api.plan import Plan
-from adaptis.api.problem import DeviceList, Problem
+from adaptis.api.problem import TIME_UNIT_SECONDS, DeviceList, Problem
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import PlannerError
 from adaptis.planner.simulator import Simulation, simulate
@@ -40,13 +40,11 @@ from adaptis.planner.strategies import plan_strategy
 __all__ = ["Decision", "Drift", "DriftWindow", "corrected_problem", "decide", "idle_devices", "predicted_busy",
            "scaled_speeds"]
 
-_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
-
 
 def predicted_busy(problem: Problem, plan: Plan) -> list[float]:
     """Seconds of compute (F, B, W) the performance model gives each pipeline device a step."""
     sim = simulate(Costs.from_problem(problem), plan)
-    unit = _SECONDS[problem.time_unit]
+    unit = TIME_UNIT_SECONDS[problem.time_unit]
     return [b * unit for b in sim.busy]
 
 
@@ -189,7 +187,7 @@ def decide(problem: Problem, plan: Plan, *, drift: Drift, strategy: str, remaini
     measured by the caller). A new plan that idles a device is taken as any other (the
     workers run it; the reason names the idle devices)."""
     fixed = corrected_problem(problem, ratios=drift.ratios)
-    unit = _SECONDS[problem.time_unit]
+    unit = TIME_UNIT_SECONDS[problem.time_unit]
     old = simulate(Costs.from_problem(fixed), plan)
     if not old.feasible:  # the old plan cannot be judged on the corrected problem: never worse
         raise PlannerError(f"the running plan does not replay on the corrected problem: {old.reason}")

@@ -98,11 +98,7 @@ def memory_cuts(costs: Costs) -> list[tuple[Stages, list[int]]]:
 def memory_fallback(costs: Costs) -> tuple[Stages, list[int], Schedule] | None:
     """The fastest memory-driven plan that the list scheduler fits; None if there is none."""
     best: tuple[Stages, list[int], Schedule] | None = None
-    for order in _orders(costs):
-        cut = _tightest(costs, order=order)
-        if cut is None:
-            continue
-        stages, owner = cut
+    for stages, owner in memory_cuts(costs):  # a repeated cut could only tie: strict < keeps the first
         for policy in _POLICIES:
             sched = list_schedule(costs, stages=stages, owner=owner, policy=policy)
             if sched.feasible and (best is None or sched.iteration_time < best[2].iteration_time):

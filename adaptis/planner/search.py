@@ -237,7 +237,7 @@ def _phases(costs: Costs, *, ev: _Evaluator,
     best: _Candidate | None = None
     # Phase 1: structure (placement pattern x stage count) with balanced partitions.
     ranked: list[_Candidate] = []
-    pre = prefix_work(costs)
+    pre = ev.pre
     stalled: set[str] = set()  # pattern families whose last two stage counts did not help
     fam_best: dict[str, float] = {}
     misses: dict[str, int] = {}

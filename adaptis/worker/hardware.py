@@ -23,6 +23,7 @@ a new key here needs a field there.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -208,6 +209,7 @@ def device_memory_bytes(device: torch.device) -> float:
 _DEFAULT_CACHE_BYTES = 64 * 2**20
 
 
+@functools.cache  # read once a process: the profiler asks before every layer's timed runs
 def cache_bytes(device: torch.device) -> int:
     """Bytes of the device's largest cache: L2 on CUDA, the last level (often L3) on CPU."""
     if device.type == "cuda":
