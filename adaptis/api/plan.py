@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from adaptis.api.errors import SpecError, from_validation_error
 from adaptis.api.plan_packing import pack_actions, unpack_actions
+from adaptis.api.problem import TIME_UNIT_SECONDS
 
 __all__ = [
     "Action",
@@ -32,6 +33,7 @@ __all__ = [
     "StrategyResult",
     "STRATEGY_NAMES",
     "load_plan",
+    "predicted_seconds",
 ]
 
 StageId = NewType("StageId", int)
@@ -75,6 +77,23 @@ class Predicted(BaseModel):
         "post_pipeline_time), in time_unit; what a step measures. None: not modelled.",
     )
 
+
+def predicted_seconds(predicted: Predicted | None) -> dict[str, float | None]:
+    """A plan's predictions in seconds (the bubble ratio as it is), keyed as the worker's
+    metrics take them; None where the plan has none (a plan may not model the post-pipeline
+    part)."""
+    if predicted is None:
+        return {"bubble_ratio": None, "iteration_seconds": None, "step_seconds": None,
+                "post_pipeline_seconds": None}
+    unit = TIME_UNIT_SECONDS[predicted.time_unit]
+
+    def seconds(value: float | None) -> float | None:
+        return None if value is None else value * unit
+
+    return {"bubble_ratio": predicted.bubble_ratio,
+            "iteration_seconds": seconds(predicted.iteration_time),
+            "step_seconds": seconds(predicted.step_time),
+            "post_pipeline_seconds": seconds(predicted.post_pipeline_time)}
 
 class Plan(BaseModel):
     """Partition, placement and schedule: everything a worker needs to run an iteration."""

@@ -25,8 +25,8 @@ from typing import Any
 
 from adaptis.api.adaptation import AdaptationSpec, ReplanRecord
 from adaptis.api.job import WorkerConfig
-from adaptis.api.plan import Plan
-from adaptis.api.problem import TIME_UNIT_SECONDS, Problem
+from adaptis.api.plan import Plan, predicted_seconds
+from adaptis.api.problem import Problem
 from adaptis.planner.drift import Decision, Drift, DriftWindow, decide, predicted_busy
 from adaptis.planner.errors import PlannerError
 
@@ -41,11 +41,6 @@ Say = Callable[[str], None]
 
 def layers_per_device(plan: Plan) -> list[int]:
     return [sum(plan.stages[s][1] - plan.stages[s][0] for s in stages) for stages in plan.placement]
-
-
-def _iteration_s(plan: Plan) -> float | None:
-    p = plan.predicted
-    return p.iteration_time * TIME_UNIT_SECONDS[p.time_unit] if p else None
 
 
 @dataclass
@@ -68,7 +63,7 @@ class Segment:
                 "stages": len(self.plan.stages), "placement": self.plan.placement,
                 "layers_per_device": layers_per_device(self.plan),
                 "rank_stages": [self.rank_stages.get(r) for r in sorted(self.rank_stages)],
-                "predicted_iteration_seconds": _iteration_s(self.plan),
+                "predicted_iteration_seconds": predicted_seconds(self.plan.predicted)["iteration_seconds"],
                 "measured_iteration_seconds": statistics.mean(s["iteration_seconds"] for s in steady)
                 if steady else None,
                 "launch_to_first_step_seconds": None if self.first_step_at is None

@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from adaptis.api.job import AdaPtisJob, ModelSpec, WorkerConfig, load_job, resolve_precision
-from adaptis.api.plan import STRATEGY_NAMES, Plan
+from adaptis.api.plan import STRATEGY_NAMES, Plan, predicted_seconds
 from adaptis.api.problem import (
-    TIME_UNIT_SECONDS,
     DeviceList,
     IdenticalDevices,
     Link,
@@ -215,16 +213,17 @@ def run(args: argparse.Namespace) -> int:
     problem = _local_replicas(_problem(args, job, workers=pipeline, precision=precision),
                               replicas=replicas)
     if device == "cpu":
-        problem = _shared_cores(problem, threads=ranks * args.threads, cores=os.cpu_count() or 1)
+        from adaptis.worker.contention import usable_cores
+
+        # The cores this process may use (affinity, a pod's CPU limit), which the ranks inherit.
+        problem = _shared_cores(problem, threads=ranks * args.threads, cores=usable_cores())
     plan = _plan(problem, strategy, time_limit_s=float(spec.planner.time_limit_seconds))
     plan = plan.model_copy(update={"precision": precision})
-    pred = plan.predicted
-    pred_bubble = pred.bubble_ratio if pred else None
-    pred_iter = pred.iteration_time * TIME_UNIT_SECONDS[pred.time_unit] if pred else None
+    pred = predicted_seconds(plan.predicted)
     mesh = f" x {replicas} data-parallel replicas ({ranks} ranks)" if replicas > 1 else ""
     _say(args, f"planned {strategy} ({precision}): {len(plan.stages)} stages on {pipeline} ranks{mesh}, "
-               f"placement "
-               f"{plan.placement}; predicted iteration {fmt(pred_iter, 's')}, bubble {pct(pred_bubble)} "
+               f"placement {plan.placement}; predicted iteration {fmt(pred['iteration_seconds'], 's')}, "
+               f"bubble {pct(pred['bubble_ratio'])} "
                f"({time.perf_counter() - t0:.1f} s to profile and plan)")
     port = spec.metrics.port if args.metrics_port is None else args.metrics_port
     # The directory goes to the ranks even when this run saves none: they resume from it.
@@ -267,12 +266,10 @@ def run(args: argparse.Namespace) -> int:
         print("adaptis run: interrupted; all ranks stopped", file=sys.stderr)
         return 130
     plan, steps, starts = done.plan, done.steps, done.starts
-    pred = plan.predicted
-    pred_bubble = pred.bubble_ratio if pred else None
-    pred_iter = pred.iteration_time * TIME_UNIT_SECONDS[pred.time_unit] if pred else None
+    pred = predicted_seconds(plan.predicted)
     result = summary(job.metadata.name, strategy=strategy, plan=plan, workers=workers, steps=steps,
                      mesh=(replicas, pipeline, zero), reduce=done.reduce,
-                     pred=(pred_bubble, pred_iter), seconds=time.perf_counter() - started,
+                     pred=(pred["bubble_ratio"], pred["iteration_seconds"]), seconds=time.perf_counter() - started,
                      workdir=workdir, ports=[starts[r].get("metrics_port") for r in sorted(starts)],
                      checkpoints=(ckpt_dir, ckpt_every, starts[0]["resumed_step"] if 0 in starts else 0))
     result["adaptation"] = done.adaptation

@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from adaptis.api.plan import Plan
+from adaptis.api.plan import Plan, predicted_seconds
 
 __all__ = ["fmt", "pct", "print_summary", "summary"]
 
@@ -54,9 +54,7 @@ def _phases(steady: list[dict[str, Any]], *, plan: Plan) -> dict[str, Any]:
     phase, the pipeline part and the post-pipeline part are common to the ranks (each ends at a
     collective), and the job's bubble ratio splits the pipeline part into busy and bubble (the
     mean over the ranks of their idle time)."""
-    from adaptis.worker.runner import predictions
-
-    predicted = predictions(plan.predicted)
+    predicted = predicted_seconds(plan.predicted)
     out: dict[str, Any] = {"predicted_step_seconds": predicted["step_seconds"],
                            "predicted_post_pipeline_seconds": predicted["post_pipeline_seconds"],
                            "measured_step_seconds": None, "phases": None}

@@ -16,13 +16,12 @@ from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import JobSpec
 from adaptis.api.problem import IdenticalDevices, Problem
 from adaptis.planner.hf_estimate import estimate_model_layers
-from adaptis.worker.contention import co_runner_count, co_runners
 from adaptis.worker.profiler import (
     ProfileSettings,
     measure_action_overhead,
     measure_graph_visit,
     problem_from_profiles,
-    profile_layers,
+    profile_layers_among_ranks,
 )
 
 __all__ = ["estimate_problem", "measure_problem"]
@@ -73,9 +72,7 @@ def measure_problem(spec: JobSpec, *, devices: int, repeats: int = 3,
 
         return measure_hf_problem(spec, devices=devices, repeats=repeats, precision=precision)
     settings = ProfileSettings(warmup=1, repeats=repeats, dtype=dtype)
-    with co_runners(spec, count=co_runner_count(device=settings.device, ranks_on_host=devices,
-                                                       asked=settings.co_runners), dtype=dtype):
-        profiles = profile_layers(spec, settings=settings)
+    profiles = profile_layers_among_ranks(spec, settings=settings, ranks_on_host=devices)
     return problem_from_profiles(profiles, name=_problem_name(spec),
                                  microbatches=spec.training.microbatches, devices=devices, memory_bytes=None,
                                  action_overhead_s=measure_action_overhead(settings=settings),

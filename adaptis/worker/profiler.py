@@ -83,6 +83,7 @@ __all__ = [
     "measure_graph_visit",
     "profile_job",
     "profile_layers",
+    "profile_layers_among_ranks",
     "profile_module",
     "problem_from_profiles",
 ]
@@ -166,6 +167,13 @@ def profile_layers(spec: JobSpec, *, settings: ProfileSettings) -> list[LayerPro
     return [replace(first, **{f: pick(getattr(p[i], f) for p in passes) for f in _TIMES})
             for i, first in enumerate(passes[0])]
 
+
+def profile_layers_among_ranks(spec: JobSpec, *, settings: ProfileSettings, ranks_on_host: int) -> list[LayerProfile]:
+    """:func:`profile_layers` beside the co-runners that stand for the host's other ranks
+    (:mod:`adaptis.worker.contention`; none on a GPU, or as ``settings.co_runners`` says)."""
+    count = co_runner_count(device=settings.device, ranks_on_host=ranks_on_host, asked=settings.co_runners)
+    with co_runners(spec, count=count, dtype=settings.dtype):
+        return profile_layers(spec, settings=settings)
 
 _TIMES = ("forward_s", "backward_s", "weight_s", "fused_backward_s", "optimizer_s")
 
@@ -257,10 +265,7 @@ def profile_job(spec: JobSpec, *, settings: ProfileSettings, devices: int, name:
         profiles = profile_hf_layers(spec, settings=settings)
     else:
         on_host = hardware.ranks_per_node if hardware is not None else devices
-        with co_runners(spec, count=co_runner_count(device=settings.device, ranks_on_host=on_host,
-                                                       asked=settings.co_runners),
-                        dtype=settings.dtype):
-            profiles = profile_layers(spec, settings=settings)
+        profiles = profile_layers_among_ranks(spec, settings=settings, ranks_on_host=on_host)
     overhead = measure_action_overhead(settings=settings)
     # The zoo's own blocks time the graph walks in context; a Hugging Face model's: the default.
     visit = measure_graph_visit(settings=settings,

@@ -29,15 +29,14 @@ import torch.distributed as dist
 
 from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import WorkerConfig
-from adaptis.api.plan import Predicted
-from adaptis.api.problem import TIME_UNIT_SECONDS
+from adaptis.api.plan import predicted_seconds
 from adaptis.worker.checkpoint import agree_resume_step, load_checkpoint, save_checkpoint
 from adaptis.worker.data import open_source, shard_position
 from adaptis.worker.executor import Executor, StepStats
 from adaptis.worker.metrics import WorkerMetrics
 from adaptis.worker.preemption import StopRequest
 
-__all__ = ["EVENT_PREFIX", "Emit", "RankEnv", "predictions", "print_events", "run_worker"]
+__all__ = ["EVENT_PREFIX", "Emit", "RankEnv", "print_events", "run_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -116,16 +115,14 @@ def run_worker(config: WorkerConfig, *, env: RankEnv, emit: Emit, linger_s: floa
     try:
         executor = Executor(config, rank=env.rank, world_size=env.world_size, device=device)
         metrics = WorkerMetrics(job=config.job_name, rank=env.rank)
-        predicted = executor.plan.predicted
-        pred_bubble = predicted.bubble_ratio if predicted else None
-        pred_iter = predicted.iteration_time * TIME_UNIT_SECONDS[predicted.time_unit] if predicted else None
-        metrics.set_prediction(**predictions(predicted))
+        forecast = predicted_seconds(executor.plan.predicted)
+        metrics.set_prediction(**forecast)
         want = metrics_port(config, env=env)
         port = metrics.serve(port=want) if want is not None else None
         # SIGTERM during the steps stops the ranks at a step boundary, after a checkpoint.
         with StopRequest(device=device) as stop:
             done = _loop(config, env=env, executor=executor, metrics=metrics, emit=emit, port=port,
-                         predicted=(pred_bubble, pred_iter), stop=stop)
+                         predicted=(forecast["bubble_ratio"], forecast["iteration_seconds"]), stop=stop)
         if done["event"] == "preempted":
             return done
         if linger_s > 0 and port is not None:
@@ -135,23 +132,6 @@ def run_worker(config: WorkerConfig, *, env: RankEnv, emit: Emit, linger_s: floa
         if metrics is not None:
             metrics.close()
         dist.destroy_process_group()
-
-
-def predictions(predicted: Predicted | None) -> dict[str, float | None]:
-    """The plan's predictions in seconds, keyed as :meth:`WorkerMetrics.set_prediction` takes
-    them; None where the plan has none (a plan may not model the post-pipeline part)."""
-    if predicted is None:
-        return {"bubble_ratio": None, "iteration_seconds": None, "step_seconds": None,
-                "post_pipeline_seconds": None}
-    unit = TIME_UNIT_SECONDS[predicted.time_unit]
-
-    def seconds(value: float | None) -> float | None:
-        return None if value is None else value * unit
-
-    return {"bubble_ratio": predicted.bubble_ratio,
-            "iteration_seconds": seconds(predicted.iteration_time),
-            "step_seconds": seconds(predicted.step_time),
-            "post_pipeline_seconds": seconds(predicted.post_pipeline_time)}
 
 
 def _linger(seconds: float, *, rank: int) -> None:
@@ -193,7 +173,7 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
           "predicted_bubble_ratio": predicted[0], "predicted_iteration_seconds": predicted[1]})
     started = time.perf_counter()
     last: StepStats | None = None
-    forecast = predictions(executor.plan.predicted)
+    forecast = predicted_seconds(executor.plan.predicted)
     # The data phase runs from here (the end of the previous step's bookkeeping and checkpoint)
     # to the step's common start: the batch fetch, then the wait for every rank at the barrier.
     data_start = time.perf_counter()

@@ -120,7 +120,6 @@ def test_profiling_a_job_on_cpu_runs_beside_the_hosts_other_ranks(entry: str, mo
 
     quick = ProfileSettings(warmup=0, repeats=1)
     monkeypatch.setattr(profiler, "co_runners", record)
-    monkeypatch.setattr(problem, "co_runners", record)
     if entry == "profile_job":
         profiler.profile_job(_spec(), settings=quick, devices=2, name="t")
         profiler.profile_job(_spec(), settings=ProfileSettings(warmup=0, repeats=1, co_runners=0), devices=2,
