@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -33,7 +34,7 @@ from adaptis.operator.manifests import config_map_name, render_config_map, rende
 from adaptis.operator.measuring import measure_candidates
 from adaptis.operator.passes import PassState, ReconcileSettings
 from adaptis.operator.plan_runner import Planner, Planning, PlanRequest, planned_reason
-from adaptis.operator.planning import PlanRecord, record_from_config_map, spec_hash
+from adaptis.operator.planning import PlanRecord, Slot, record_from_config_map, spec_hash
 from adaptis.operator.profile_store import measured_figures, profile_selector, read_stored_profiles
 from adaptis.operator.profiling import NodeProfile, candidate_nodes, profile_node
 from adaptis.operator.status import condition_true, plan_summary
@@ -110,61 +111,24 @@ class Placer:
               profilers: Sequence[Mapping[str, Any]]) -> PlanRecord | None:
         """The cached plan while valid and its GPUs free, else (once admitted onto free GPUs)
         a new one written to the ConfigMap."""
-        ns, name = p.job.namespace, p.job.name
-        key = (ns, name)
-        raw_nodes = {str((n.get("metadata") or {}).get("name", "")): n
-                     for n in self._cluster.list_nodes()}
-        stored = read_stored_profiles(self._cluster.list_config_maps(
-            self._settings.profile_namespace, selector=profile_selector()))
-        nodes = [self._profile(n, stored=stored.get(node)) for node, n in raw_nodes.items()]
-        with self._profiles_lock:  # forget deleted nodes
-            for gone in [n for n in self._profiles if n not in raw_nodes]:
-                del self._profiles[gone]
-        p.live_nodes = frozenset(n.name for n in nodes)
-        p.node_profiles = {n.name: n for n in nodes}
-        avoided = self._avoided(key, now=p.now)
-        candidates = [c for c in candidate_nodes(
-            nodes, node_selector=spec.worker.node_selector, tolerations=spec.worker.tolerations,
-            gpus_per_worker=spec.parallelism.gpus_per_worker) if c.name not in avoided]
-        by_name = {c.name: c for c in candidates}
-        cm = self._cluster.get_config_map(ns, config_map_name(name))
-        cached = record_from_config_map(cm)
-        shash = spec_hash(spec)
-        gpw = spec.parallelism.gpus_per_worker
-        if cached is not None and cached.still_valid(spec_hash_now=shash, candidates=by_name,
-                                                     ranks_per_pod=max(1, gpw)) \
-                and (gpw == 0 or hold_placement(self._ledger, self._cluster, key=key,
-                                                record=cached, candidates=candidates,
-                                                gpus_per_worker=gpw,
-                                                by_kueue=bool(spec.queue_name))):
-            self._admitted(p, workers=len(cached.nodes))
-            return cached
-
-        notes: list[str] = []
+        key = (p.job.namespace, p.job.name)
+        scene = self._survey(p, spec=spec, key=key)
+        if self._keeps_cached(p, spec=spec, key=key, scene=scene):
+            return scene.cached
+        candidates, notes = scene.candidates, []
         if spec.planner.profile == "measure":
             measured_now = measure_candidates(
                 self._cluster, p, spec=spec, candidates=candidates, profilers=profilers,
-                raw_nodes=raw_nodes, given_up=self._given_up.setdefault(key, {}),
+                raw_nodes=scene.raw_nodes, given_up=self._given_up.setdefault(key, {}),
                 settings=self._settings, create_all=partial(create_many, self._cluster))
             if measured_now is None:
                 return None  # profiler pods still at work: their events wake the job
             candidates, notes = measured_now
-            by_name = {c.name: c for c in candidates}
-
-        kinds = sorted({f"{c.gpu_product or 'cpu'}" for c in candidates})
-        profile_msg = f"{len(candidates)} candidate node(s) of {len(nodes)}: {', '.join(kinds)}"
-        measured = sum(c.measured for c in candidates)
-        if spec.planner.profile == "measure" or measured:
-            # Measured profiles come from the operator's profile ConfigMaps (profile_store);
-            # nodes without one are estimated from the table of known GPUs.
-            profile_msg += f"; {measured} with a measured profile, the rest estimated"
-        if notes:
-            profile_msg += "; " + "; ".join(notes)
-        if avoided:
-            profile_msg += f"; avoiding {', '.join(sorted(avoided))} (stayed unschedulable)"
-        slots = None
+        profile_msg = _profile_message(candidates, nodes=scene.nodes, notes=notes, avoided=scene.avoided,
+                                       measuring=spec.planner.profile == "measure")
+        slots: list[Slot] | None = None
         failure: tuple[str, str] | None = None
-        if gpw > 0:
+        if spec.parallelism.gpus_per_worker > 0:
             try:
                 admitted = admit(self._ledger, self._cluster, key=key, spec=spec,
                                  candidates=candidates, created=p.created, own=profilers)
@@ -179,16 +143,68 @@ class Placer:
                     return None
                 slots = admitted
                 self._admitted(p, workers=len(slots))
+        made = self._plan(p, spec=spec, key=key, scene=scene, candidates=candidates, slots=slots,
+                          failure=failure, profile_msg=profile_msg)
+        if made is None:
+            return None
+        record, rendered = made
+        p.condition("Profiling", "False", reason="Profiled", message=profile_msg)
+        children.probe_then_store(self._cluster, rendered, replace=scene.config_map is not None,
+                                  probe=render_pod(p.job, spec, record, rank=0, attempt=0,
+                                                   settings=self._settings.manifests))
+        self._announce(p, record=record, scene=scene, candidates=candidates)
+        return record
+
+    def _survey(self, p: PassState, *, spec: JobSpec, key: JobKey) -> _Scene:
+        """The nodes as they are now (profiled, the pass told which are alive), the job's
+        candidates among them and its cached plan."""
+        raw_nodes = {str((n.get("metadata") or {}).get("name", "")): n
+                     for n in self._cluster.list_nodes()}
+        stored = read_stored_profiles(self._cluster.list_config_maps(
+            self._settings.profile_namespace, selector=profile_selector()))
+        nodes = [self._profile(n, stored=stored.get(node)) for node, n in raw_nodes.items()]
+        with self._profiles_lock:  # forget deleted nodes
+            for gone in [n for n in self._profiles if n not in raw_nodes]:
+                del self._profiles[gone]
+        p.live_nodes = frozenset(n.name for n in nodes)
+        p.node_profiles = {n.name: n for n in nodes}
+        avoided = self._avoided(key, now=p.now)
+        candidates = [c for c in candidate_nodes(
+            nodes, node_selector=spec.worker.node_selector, tolerations=spec.worker.tolerations,
+            gpus_per_worker=spec.parallelism.gpus_per_worker) if c.name not in avoided]
+        cm = self._cluster.get_config_map(key[0], config_map_name(key[1]))
+        return _Scene(raw_nodes=raw_nodes, nodes=len(nodes), avoided=avoided, candidates=candidates,
+                      config_map=cm, cached=record_from_config_map(cm), spec_hash=spec_hash(spec))
+
+    def _keeps_cached(self, p: PassState, *, spec: JobSpec, key: JobKey, scene: _Scene) -> bool:
+        """The cached plan still holds: same spec, its nodes unchanged, and its GPUs held (or
+        taken again) for the job."""
+        cached, gpw = scene.cached, spec.parallelism.gpus_per_worker
+        if cached is None or not cached.still_valid(
+                spec_hash_now=scene.spec_hash, candidates={c.name: c for c in scene.candidates},
+                ranks_per_pod=max(1, gpw)):
+            return False
+        if gpw > 0 and not hold_placement(self._ledger, self._cluster, key=key, record=cached,
+                                          candidates=scene.candidates, gpus_per_worker=gpw,
+                                          by_kueue=bool(spec.queue_name)):
+            return False
+        self._admitted(p, workers=len(cached.nodes))
+        return True
+
+    def _plan(self, p: PassState, *, spec: JobSpec, key: JobKey, scene: _Scene,
+              candidates: list[NodeProfile], slots: list[Slot] | None, failure: tuple[str, str] | None,
+              profile_msg: str) -> tuple[PlanRecord, dict[str, Any]] | None:
+        """A new plan and its ConfigMap, or None: planning in the background, or it failed (now,
+        or before on the same inputs: not searched again), which the job's status says."""
+        ns, name = key
         # A plan corrected by adaptation keeps its corrected speeds while it stays on its nodes.
+        cached = scene.cached
         correction = ((tuple(cached.nodes), tuple(cached.device_speed))
                       if cached is not None and cached.device_speed else None)
-        inputs = "|".join([shash, *(c.fingerprint() for c in candidates),
+        inputs = "|".join([scene.spec_hash, *(c.fingerprint() for c in candidates),
                            *(s.node.name for s in slots or ()), repr(correction)])
-        failed = self._failed.get(key)
-        record: PlanRecord | None = None
-        if failure is not None:
-            failed = (inputs, *failure)
-        elif failed is None or failed[0] != inputs:
+        failed = (inputs, *failure) if failure is not None else self._failed.get(key)
+        if failed is None or failed[0] != inputs:
             p.update(phase="Profiling")
             p.condition("Profiling", "True", reason="ProfilingNodes", message=profile_msg)
             self._publish(p)
@@ -201,34 +217,33 @@ class Placer:
                     p.condition("Planned", "False", reason="Planning", message=made.message,
                                 event="Normal")
                     return None  # the reservation is held while it plans
-                record = made
-                rendered = render_config_map(p.job, spec, record)
+                rendered = render_config_map(p.job, spec, made)
             except (Unsatisfiable, PlanTooLarge, PlannerError, ValidationError) as err:
                 reason = (err.reason if isinstance(err, Unsatisfiable)
                           else type(err).__name__ if isinstance(err, OperatorError)
                           else "PlannerError")
                 message = f"planner: {err}" if reason == "PlannerError" else str(err)
-                failed = (inputs, reason, message)
-                self._failed[key] = failed
+                failed = self._failed[key] = (inputs, reason, message)
             else:
                 self._failed.pop(key, None)
-        if failed is not None and failed[0] == inputs:
-            self._ledger.release(key)
-            p.update(phase="Pending", message=failed[2])
-            p.condition("Profiling", "False", reason="Profiled", message=profile_msg)
-            p.condition("Planned", "False", reason=failed[1], message=failed[2], event="Warning")
-            p.requeue.append(_RETRY_UNSATISFIABLE_S)
-            return None
-        if record is None:
-            return None
+                return made, rendered
+        self._ledger.release(key)
+        p.update(phase="Pending", message=failed[2])
         p.condition("Profiling", "False", reason="Profiled", message=profile_msg)
-        children.probe_then_store(self._cluster, rendered, replace=cm is not None, probe=render_pod(
-            p.job, spec, record, rank=0, attempt=0, settings=self._settings.manifests))
-        if cached is not None and cached.spec_hash == shash:
+        p.condition("Planned", "False", reason=failed[1], message=failed[2], event="Warning")
+        p.requeue.append(_RETRY_UNSATISFIABLE_S)
+        return None
+
+    def _announce(self, p: PassState, *, record: PlanRecord, scene: _Scene,
+                  candidates: list[NodeProfile]) -> None:
+        """The status of a new plan: why the job re-planned (if it did) and what it planned."""
+        cached = scene.cached
+        if cached is not None and cached.spec_hash == scene.spec_hash:
+            by_name = {c.name: c for c in candidates}
             lost = sorted(n for n, fp in cached.node_fingerprints.items()
                           if n not in by_name or by_name[n].fingerprint() != fp)
             p.update(replans=p.status.replans + 1)
-            if lost and set(lost) <= avoided:
+            if lost and set(lost) <= scene.avoided:
                 reason, why = "Unschedulable", (f"re-planned without node(s) {', '.join(lost)}, "
                                                 "where its ranks stayed unschedulable")
             elif lost:
@@ -238,7 +253,7 @@ class Placer:
                 reason, why = "CapacityLost", ("re-planned: GPUs of the cached placement are held "
                                                "by others now")
             p.condition("Restarting", "True", reason=reason, message=why, event="Warning")
-        summary = plan_summary(record, job=name)
+        summary = plan_summary(record, job=p.job.name)
         p.update(**summary)
         speedup = record.predicted_speedup_over_i1f1b
         reason, note, event = planned_reason(record)
@@ -249,7 +264,6 @@ class Placer:
                     f"{'n/a' if speedup is None else f'{speedup:.2f}x'}{note}", event=event)
         if p.status.phase in {"Profiling", "Queued"}:
             p.update(phase="Planned", message=None)
-        return record
 
     @staticmethod
     def _admitted(p: PassState, *, workers: int) -> None:
@@ -265,6 +279,37 @@ class Placer:
         for node in [n for n, until in bans.items() if until <= now]:
             del bans[node]
         return set(bans)
+
+
+@dataclass(frozen=True, slots=True)
+class _Scene:
+    """What one pass found: the nodes, the job's candidates, its ConfigMap and cached plan."""
+
+    raw_nodes: dict[str, Mapping[str, Any]]
+    nodes: int
+    avoided: set[str]
+    candidates: list[NodeProfile]
+    config_map: Mapping[str, Any] | None
+    cached: PlanRecord | None
+    spec_hash: str
+
+
+def _profile_message(candidates: Sequence[NodeProfile], *, nodes: int, notes: Sequence[str],
+                     avoided: set[str], measuring: bool) -> str:
+    """The Profiling condition's message: the candidates, how their figures were had, and
+    the nodes left out."""
+    kinds = sorted({f"{c.gpu_product or 'cpu'}" for c in candidates})
+    msg = f"{len(candidates)} candidate node(s) of {nodes}: {', '.join(kinds)}"
+    measured = sum(c.measured for c in candidates)
+    if measuring or measured:
+        # Measured profiles come from the operator's profile ConfigMaps (profile_store);
+        # nodes without one are estimated from the table of known GPUs.
+        msg += f"; {measured} with a measured profile, the rest estimated"
+    if notes:
+        msg += "; " + "; ".join(notes)
+    if avoided:
+        msg += f"; avoiding {', '.join(sorted(avoided))} (stayed unschedulable)"
+    return msg
 
 
 def _ranks(record: PlanRecord) -> str:

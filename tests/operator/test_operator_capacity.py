@@ -225,3 +225,22 @@ def test_a_job_kueue_holds_back_holds_no_gpus(cluster: Any, make_job: Any) -> No
     cluster.add_job(_job(make_job, "third", workers=3, created="2026-01-01T00:02:00Z"))
     rec.reconcile("ns", "third")
     assert cluster.job("third")["status"]["phase"] == "Queued"
+
+
+def test_a_cached_plan_whose_gpus_others_took_is_planned_again(cluster: Any, make_job: Any) -> None:
+    # The job planned and ran; its pods went, and while the operator was down someone else's
+    # pods took the GPUs its cached plan names. The cache must not be trusted blindly: the job
+    # re-plans onto free GPUs, and says why.
+    cluster.add_job(_job(make_job, "a", workers=2))
+    Reconciler(cluster).reconcile("ns", "a")
+    first = _nodes_of(cluster, "a")
+    for pod in cluster.pods():
+        cluster.delete_pod("ns", pod["metadata"]["name"])
+    cluster.finish_deletions()
+    for i, node in enumerate(sorted(first)):
+        _foreign_pod(cluster, f"theirs-{i}", node=node, gpus=2)
+    Reconciler(cluster).reconcile("ns", "a")  # a restarted operator: an empty ledger
+    job = cluster.job("a")
+    assert _nodes_of(cluster, "a").isdisjoint(first)
+    assert job["status"]["replans"] == 1
+    assert _cond(job, "Restarting")["reason"] == "CapacityLost"
