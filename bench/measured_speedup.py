@@ -23,6 +23,15 @@ that planned it (fixed baselines usually plan alike, adaptis and balanced may no
 (``--caches warm --co-runners 0``: how layers were profiled before issue 16's fixes).
 
     python bench/measured_speedup.py --workloads moe --profiles default,cold-alone,warm-alone
+
+``--stability N`` runs nothing: it profiles each variant N times, taking turns, and reports per
+strategy how far the N predictions spread (issue 16's goal: within 3 %). Before each round it
+takes a reference profile (``--caches warm --co-runners 0 --estimator min``: the layers' least
+disturbed time, which moves only with the host's own speed), and reports the spread of the
+predictions divided by the round's reference too: what is left once the host's drift is taken
+out is the profiler's own noise.
+
+    python bench/measured_speedup.py --workloads example,moe --stability 5
 """
 
 from __future__ import annotations
@@ -51,6 +60,8 @@ PROFILES: dict[str, tuple[str, ...]] = {
     "cold-alone": ("--co-runners", "0"),
     "warm-alone": ("--caches", "warm", "--co-runners", "0"),
 }
+#: ``--stability``'s reference: the least disturbed layer times, which follow only the host's speed.
+REFERENCE = ("--caches", "warm", "--co-runners", "0", "--estimator", "min")
 
 
 def workload(name: str) -> dict[str, Any]:
@@ -185,6 +196,8 @@ def main() -> None:
                    help=f"profile variants to compare, comma-separated, of {', '.join(PROFILES)} "
                         "(default: default)")
     p.add_argument("--json", type=Path, help="also write every run here")
+    p.add_argument("--stability", type=int, metavar="N",
+                   help="run nothing: profile each variant N times and report the predictions' spread")
     args = p.parse_args()
     strategies, variants = args.strategies.split(","), args.profiles.split(",")
     if unknown := [v for v in variants if v not in PROFILES]:
@@ -197,6 +210,10 @@ def main() -> None:
         for name in args.workloads.split(","):
             manifest = Path(tmp) / f"{name}.yaml"
             manifest.write_text(yaml.safe_dump(workload(name)))
+            if args.stability:
+                lines += stability(name, manifest, variants=variants, strategies=strategies, times=args.stability,
+                                   tmp=Path(tmp))
+                continue
             problems = {}
             for variant in variants:  # YAML: what `adaptis profile` writes
                 problems[variant] = Path(tmp) / f"{name}-{variant}-problem.yaml"
@@ -222,6 +239,45 @@ def main() -> None:
     print("\n".join(lines))
     if args.json:
         args.json.write_text(json.dumps(everything, indent=2))
+
+
+def stability(name: str, manifest: Path, *, variants: list[str], strategies: list[str], times: int,
+              tmp: Path) -> list[str]:
+    """Each variant profiled ``times`` times, taking turns after a reference profile each round;
+    per variant and strategy, the spread ((max - min) / min) of the predicted iteration, raw
+    and divided by the round's reference (the sum of its layers' F and fused backward)."""
+    from adaptis.api.problem import load_problem
+
+    rows: list[tuple[str, float, dict[str, float]]] = []
+    for i in range(times):
+        ref_path = tmp / f"{name}-reference-{i}.yaml"
+        profile(manifest, out=ref_path, flags=REFERENCE)
+        reference = sum(lay.forward + (lay.backward_fused or lay.backward + lay.weight)
+                        for lay in load_problem(ref_path).expanded_layers())
+        for variant in variants:
+            path = tmp / f"{name}-{variant}-{i}.yaml"
+            profile(manifest, out=path, flags=PROFILES[variant])
+            predicted = {s: next(iter(v.values())) for (s, _k), v in distinct_plans({variant: path},
+                                                                                    strategies=strategies).items()}
+            rows.append((variant, reference, predicted))
+            print(f"{name} round {i} {variant:<10} reference {reference:.2f} ms, predicted "
+                  + " ".join(f"{s} {1e3 * t:.0f} ms" for s, t in predicted.items())
+                  + f", load {os.getloadavg()[0]:.2f}", flush=True)
+
+    def spread(xs: list[float]) -> str:
+        return f"{100 * (max(xs) - min(xs)) / min(xs):.1f} %"
+
+    refs = [r for v, r, _p in rows if v == variants[0]]
+    lines = [f"### {name}: {times} profiles of each variant", "",
+             f"Reference (layers warm, alone, min): {min(refs):.2f}-{max(refs):.2f} ms, spread {spread(refs)}.", "",
+             "| variant | strategy | predicted ms (min-max) | spread | spread / reference |", "|---|---|---|---|---|"]
+    for variant in variants:
+        mine = [(r, p) for v, r, p in rows if v == variant]
+        for s in strategies:
+            ms = [1e3 * p[s] for _r, p in mine]
+            lines.append(f"| {variant} | {s} | {min(ms):.0f}-{max(ms):.0f} | {spread(ms)} | "
+                         f"{spread([m / r for m, (r, _p) in zip(ms, mine, strict=True)])} |")
+    return [*lines, ""]
 
 
 def distinct_plans(problems: dict[str, Path], *, strategies: list[str]) -> dict[tuple[str, str], dict[str, float]]:

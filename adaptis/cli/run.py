@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adaptis.api.job import AdaPtisJob, ModelSpec, WorkerConfig, load_job, resolve_precision
+from adaptis.api.job import AdaPtisJob, JobSpec, ModelSpec, WorkerConfig, load_job, resolve_precision
 from adaptis.api.plan import STRATEGY_NAMES, Plan, predicted_seconds
 from adaptis.api.problem import (
     DeviceList,
@@ -31,7 +31,7 @@ from adaptis.api.problem import (
     load_problem,
 )
 from adaptis.api.rules import check_job
-from adaptis.cli.adapt import check_slowdown, train
+from adaptis.cli.adapt import Trained, check_slowdown, train
 from adaptis.cli.run_summary import fmt, pct, print_summary, summary
 
 
@@ -151,129 +151,40 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptis.cli import CLIError
-    from adaptis.worker.errors import PreemptedError, RankFailedError
-    from adaptis.worker.preemption import EXIT_PREEMPTED
-    from adaptis.worker.launcher import LocalLauncher
-    from adaptis.worker.slowdown import ENV
-    from adaptis.worker.trace import ENV as TRACE_ENV
-
+    """Profile, plan, train on local ranks (re-planning as the adaptation policy says), report."""
     job = load_job(args.manifest)
-    spec = job.spec
-    workers = args.workers or spec.parallelism.workers
-    training = spec.training
-    if args.steps:
-        training = training.model_copy(update={"steps": args.steps})
-    strategy = args.strategy or spec.planner.strategy
-    workdir = Path(args.workdir or Path(".adaptis") / job.metadata.name)
-    ckpt_every = spec.checkpoint.every_steps if args.checkpoint_every is None else args.checkpoint_every
-    # The cluster's rules (adaptis.api.rules), on the spec as the flags change it, before any
-    # checkpoint is cleared, profile taken or rank started; a SpecError exits 2 naming the field.
-    parallelism = spec.parallelism.model_copy(update={"workers": workers})
-    check_job(name=job.metadata.name, spec=spec.model_copy(update={
-        "parallelism": parallelism,
-        "training": training, "planner": spec.planner.model_copy(update={"strategy": strategy}),
-        "checkpoint": spec.checkpoint.model_copy(update={"every_steps": ckpt_every})}))
-    check_slowdown(args.slowdown, ranks=parallelism.ranks)
+    spec = _as_flagged(args, job)
     if args.dry_run:
         from adaptis.cli.dry_run import dry_run
 
-        return dry_run(args, job, strategy=strategy)
-    if training.data.source == "text":  # tokenized here, once: bad data exits 2 before any rank starts
-        from adaptis.worker.data import prepare_text
-        from adaptis.worker.errors import DataError
-
-        try:
-            prepare_text(training, huggingface=spec.model.huggingface, vocab_size=spec.model.vocab_size)
-        except DataError as err:
-            raise CLIError(str(err)) from None
-    # The mesh: R replicas of a P-rank pipeline; the plan is made for P devices.
-    ranks, replicas, pipeline = parallelism.ranks, parallelism.data_parallel, parallelism.pipeline_ranks
-    zero = parallelism.zero_stage if replicas > 1 else 0
+        return dry_run(args, job, strategy=spec.planner.strategy)
+    _prepare_data(spec)
+    workdir = Path(args.workdir or Path(".adaptis") / job.metadata.name)
     ckpt_dir = workdir / "checkpoints"
     # Checkpoints are keyed by parameter name: any plan, rank count, R or ZeRO stage resumes them.
     resume_from = _checkpoints(args, ckpt_dir, model=spec.model)
-    if resume_from is not None and resume_from >= training.steps:
-        # Nothing left to train: say so at once rather than profile, plan and start ranks.
-        _say(args, f"the checkpoint of step {resume_from} in {ckpt_dir} already completes the "
-                   f"{training.steps} steps: nothing to train; raise --steps to train on, or --fresh "
-                   "to train again")
-        if args.json:
-            print(json.dumps({"job": job.metadata.name, "steps": resume_from, "trained_steps": 0,
-                              "workdir": str(workdir), "checkpoint_dir": str(ckpt_dir),
-                              "resumed_from_step": resume_from}, indent=2))
-        return 0
+    if resume_from is not None and resume_from >= spec.training.steps:
+        return _nothing_left(args, job.metadata.name, step=resume_from, steps=spec.training.steps,
+                             workdir=workdir)
     if resume_from is not None:
         _say(args, f"resuming from the checkpoint of step {resume_from} in {ckpt_dir} (--fresh to start over)")
-
-    t0 = time.perf_counter()
-    device = _device(spec.parallelism.gpus_per_worker, workers=ranks)
-    # The precision the ranks will run: profiled in, and recorded in the plan (they check it).
-    precision = resolve_precision(training.precision, cuda=device == "cuda")
-    problem = _local_replicas(_problem(args, job, workers=pipeline, precision=precision),
-                              replicas=replicas)
-    if device == "cpu":
-        from adaptis.worker.contention import usable_cores
-
-        # The cores this process may use (affinity, a pod's CPU limit), which the ranks inherit.
-        problem = _shared_cores(problem, threads=ranks * args.threads, cores=usable_cores())
-    plan = _plan(problem, strategy, time_limit_s=float(spec.planner.time_limit_seconds))
-    plan = plan.model_copy(update={"precision": precision})
-    pred = predicted_seconds(plan.predicted)
-    mesh = f" x {replicas} data-parallel replicas ({ranks} ranks)" if replicas > 1 else ""
-    _say(args, f"planned {strategy} ({precision}): {len(plan.stages)} stages on {pipeline} ranks{mesh}, "
-               f"placement {plan.placement}; predicted iteration {fmt(pred['iteration_seconds'], 's')}, "
-               f"bubble {pct(pred['bubble_ratio'])} "
-               f"({time.perf_counter() - t0:.1f} s to profile and plan)")
-    port = spec.metrics.port if args.metrics_port is None else args.metrics_port
-    # The directory goes to the ranks even when this run saves none: they resume from it.
-    config = WorkerConfig(
-        job_name=job.metadata.name, model=spec.model, training=training,
-        plan=plan.model_dump(mode="json", exclude_none=True),
-        metrics_port=None if port == 0 else port, checkpoint_dir=str(ckpt_dir.resolve()),
-        checkpoint_every=ckpt_every, data_parallel=replicas, zero_stage=zero,
-    )
-    def on_step(event: dict[str, Any]) -> None:
-        _say(args, f"step {event['step']:>4}/{training.steps}  loss {event['loss']:.4f}  "
-                   f"{event['tokens_per_second']:>8.0f} tokens/s  bubble {pct(event['bubble_ratio'])} "
-                   f"(predicted {pct(event.get('predicted_bubble_ratio'))})")
-
-    def launcher(cfg: WorkerConfig) -> LocalLauncher:
-        # Local ranks share one host: rank r serves metrics on port + r (pods all use the port).
-        return LocalLauncher(cfg, world_size=ranks, workdir=workdir, threads=args.threads,
-                             metrics_base=None if port == 0 else port, device=device,
-                             env=env or None)
-
-    env = {ENV: args.slowdown} if args.slowdown else {}
-    if args.trace is not None:
-        env[TRACE_ENV] = str(args.trace.resolve())
-
-    adaptation = spec.adaptation
-    if args.adaptation:
-        adaptation = adaptation.model_copy(update={"policy": args.adaptation})
+    device, problem, plan = _plan_here(args, job, spec=spec)
     started = time.perf_counter()
-    try:
-        # The closed loop (adaptis.cli.adapt): one launch, or one per re-plan.
-        done = train(config=config, problem=problem, plan=plan, spec=adaptation, strategy=strategy,
-                     ranks=ranks, replicas=replicas, time_limit_s=float(spec.planner.time_limit_seconds),
-                     launcher=launcher, on_step=on_step, say=lambda text: _say(args, text))
-    except RankFailedError as err:
-        raise CLIError(str(err)) from None
-    except PreemptedError as err:  # a rank got SIGTERM: all checkpointed one step and stopped
-        print(f"adaptis run: {err}", file=sys.stderr)
-        return EXIT_PREEMPTED
-    except KeyboardInterrupt:
-        print("adaptis run: interrupted; all ranks stopped", file=sys.stderr)
-        return 130
-    plan, steps, starts = done.plan, done.steps, done.starts
-    pred = predicted_seconds(plan.predicted)
-    result = summary(job.metadata.name, strategy=strategy, plan=plan, workers=workers, steps=steps,
-                     mesh=(replicas, pipeline, zero), reduce=done.reduce,
-                     pred=(pred["bubble_ratio"], pred["iteration_seconds"]), seconds=time.perf_counter() - started,
-                     workdir=workdir, ports=[starts[r].get("metrics_port") for r in sorted(starts)],
-                     checkpoints=(ckpt_dir, ckpt_every, starts[0]["resumed_step"] if 0 in starts else 0))
+    done = _train(args, job.metadata.name, spec=spec, device=device, problem=problem, plan=plan, workdir=workdir)
+    if isinstance(done, int):
+        return done
+    par = spec.parallelism
+    pred = predicted_seconds(done.plan.predicted)
+    starts = done.starts
+    result = summary(job.metadata.name, strategy=spec.planner.strategy, plan=done.plan, workers=par.workers,
+                     steps=done.steps, mesh=(par.data_parallel, par.pipeline_ranks, _zero(spec)),
+                     reduce=done.reduce, pred=(pred["bubble_ratio"], pred["iteration_seconds"]),
+                     seconds=time.perf_counter() - started, workdir=workdir,
+                     ports=[starts[r].get("metrics_port") for r in sorted(starts)],
+                     checkpoints=(ckpt_dir, spec.checkpoint.every_steps,
+                                  starts[0]["resumed_step"] if 0 in starts else 0))
     result["adaptation"] = done.adaptation
-    report = _trace(args.trace, plan=plan, problem=done.problem, ranks=pipeline) if args.trace else None
+    report = _trace(args.trace, plan=done.plan, problem=done.problem, ranks=par.pipeline_ranks) if args.trace else None
     if report is not None:
         result["trace"] = str(args.trace / "trace.json")
     if args.json:
@@ -285,6 +196,133 @@ def run(args: argparse.Namespace) -> int:
 
             print_trace(report, directory=args.trace)
     return 0
+
+
+def _as_flagged(args: argparse.Namespace, job: AdaPtisJob) -> JobSpec:
+    """The job's spec as the flags change it (workers, steps, strategy, checkpoints), checked by
+    the cluster's rules (adaptis.api.rules) before any checkpoint is cleared, profile taken or
+    rank started: a SpecError exits 2 naming the field."""
+    spec = job.spec
+    update: dict[str, Any] = {
+        "parallelism": spec.parallelism.model_copy(update={"workers": args.workers or spec.parallelism.workers}),
+        "planner": spec.planner.model_copy(update={"strategy": args.strategy or spec.planner.strategy}),
+    }
+    if args.steps:
+        update["training"] = spec.training.model_copy(update={"steps": args.steps})
+    if args.checkpoint_every is not None:
+        update["checkpoint"] = spec.checkpoint.model_copy(update={"every_steps": args.checkpoint_every})
+    spec = spec.model_copy(update=update)
+    check_job(name=job.metadata.name, spec=spec)
+    check_slowdown(args.slowdown, ranks=spec.parallelism.ranks)
+    return spec
+
+
+def _zero(spec: JobSpec) -> int:
+    return spec.parallelism.zero_stage if spec.parallelism.data_parallel > 1 else 0
+
+
+def _prepare_data(spec: JobSpec) -> None:
+    """Text data is tokenized here, once: bad data exits 2 before any rank starts."""
+    if spec.training.data.source != "text":
+        return
+    from adaptis.cli import CLIError
+    from adaptis.worker.data import prepare_text
+    from adaptis.worker.errors import DataError
+
+    try:
+        prepare_text(spec.training, huggingface=spec.model.huggingface, vocab_size=spec.model.vocab_size)
+    except DataError as err:
+        raise CLIError(str(err)) from None
+
+
+def _nothing_left(args: argparse.Namespace, name: str, *, step: int, steps: int, workdir: Path) -> int:
+    """The checkpoint already completes the steps: say so at once rather than profile, plan and
+    start ranks."""
+    ckpt_dir = workdir / "checkpoints"
+    _say(args, f"the checkpoint of step {step} in {ckpt_dir} already completes the {steps} steps: nothing "
+               "to train; raise --steps to train on, or --fresh to train again")
+    if args.json:
+        print(json.dumps({"job": name, "steps": step, "trained_steps": 0, "workdir": str(workdir),
+                          "checkpoint_dir": str(ckpt_dir), "resumed_from_step": step}, indent=2))
+    return 0
+
+
+def _plan_here(args: argparse.Namespace, job: AdaPtisJob, *, spec: JobSpec) -> tuple[str, Problem, Plan]:
+    """The ranks' device, the problem (profiled here, estimated or given) and its plan; the
+    mesh is R replicas of a P-rank pipeline, and the plan is made for P devices."""
+    t0 = time.perf_counter()
+    par = spec.parallelism
+    device = _device(par.gpus_per_worker, workers=par.ranks)
+    # The precision the ranks will run: profiled in, and recorded in the plan (they check it).
+    precision = resolve_precision(spec.training.precision, cuda=device == "cuda")
+    problem = _local_replicas(_problem(args, job, workers=par.pipeline_ranks, precision=precision),
+                              replicas=par.data_parallel)
+    if device == "cpu":
+        from adaptis.worker.contention import usable_cores
+
+        # The cores this process may use (affinity, a pod's CPU limit), which the ranks inherit.
+        problem = _shared_cores(problem, threads=par.ranks * args.threads, cores=usable_cores())
+    strategy = spec.planner.strategy
+    plan = _plan(problem, strategy, time_limit_s=float(spec.planner.time_limit_seconds))
+    plan = plan.model_copy(update={"precision": precision})
+    pred = predicted_seconds(plan.predicted)
+    mesh = f" x {par.data_parallel} data-parallel replicas ({par.ranks} ranks)" if par.data_parallel > 1 else ""
+    _say(args, f"planned {strategy} ({precision}): {len(plan.stages)} stages on {par.pipeline_ranks} ranks{mesh}, "
+               f"placement {plan.placement}; predicted iteration {fmt(pred['iteration_seconds'], 's')}, "
+               f"bubble {pct(pred['bubble_ratio'])} ({time.perf_counter() - t0:.1f} s to profile and plan)")
+    return device, problem, plan
+
+
+def _train(args: argparse.Namespace, name: str, *, spec: JobSpec, device: str, problem: Problem, plan: Plan,
+           workdir: Path) -> Trained | int:
+    """The ranks' run, through the closed loop (adaptis.cli.adapt: one launch, or one per
+    re-plan); an exit code when the run stopped early (preempted, interrupted)."""
+    from adaptis.cli import CLIError
+    from adaptis.worker.errors import PreemptedError, RankFailedError
+    from adaptis.worker.launcher import LocalLauncher
+    from adaptis.worker.preemption import EXIT_PREEMPTED
+    from adaptis.worker.slowdown import ENV
+    from adaptis.worker.trace import ENV as TRACE_ENV
+
+    par, training = spec.parallelism, spec.training
+    port = spec.metrics.port if args.metrics_port is None else args.metrics_port
+    # The directory goes to the ranks even when this run saves none: they resume from it.
+    config = WorkerConfig(
+        job_name=name, model=spec.model, training=training,
+        plan=plan.model_dump(mode="json", exclude_none=True),
+        metrics_port=None if port == 0 else port, checkpoint_dir=str((workdir / "checkpoints").resolve()),
+        checkpoint_every=spec.checkpoint.every_steps, data_parallel=par.data_parallel, zero_stage=_zero(spec),
+    )
+    env = {ENV: args.slowdown} if args.slowdown else {}
+    if args.trace is not None:
+        env[TRACE_ENV] = str(args.trace.resolve())
+
+    def on_step(event: dict[str, Any]) -> None:
+        _say(args, f"step {event['step']:>4}/{training.steps}  loss {event['loss']:.4f}  "
+                   f"{event['tokens_per_second']:>8.0f} tokens/s  bubble {pct(event['bubble_ratio'])} "
+                   f"(predicted {pct(event.get('predicted_bubble_ratio'))})")
+
+    def launcher(cfg: WorkerConfig) -> LocalLauncher:
+        # Local ranks share one host: rank r serves metrics on port + r (pods all use the port).
+        return LocalLauncher(cfg, world_size=par.ranks, workdir=workdir, threads=args.threads,
+                             metrics_base=None if port == 0 else port, device=device, env=env or None)
+
+    adaptation = spec.adaptation
+    if args.adaptation:
+        adaptation = adaptation.model_copy(update={"policy": args.adaptation})
+    try:
+        return train(config=config, problem=problem, plan=plan, spec=adaptation, strategy=spec.planner.strategy,
+                     ranks=par.ranks, replicas=par.data_parallel,
+                     time_limit_s=float(spec.planner.time_limit_seconds),
+                     launcher=launcher, on_step=on_step, say=lambda text: _say(args, text))
+    except RankFailedError as err:
+        raise CLIError(str(err)) from None
+    except PreemptedError as err:  # a rank got SIGTERM: all checkpointed one step and stopped
+        print(f"adaptis run: {err}", file=sys.stderr)
+        return EXIT_PREEMPTED
+    except KeyboardInterrupt:
+        print("adaptis run: interrupted; all ranks stopped", file=sys.stderr)
+        return 130
 
 
 def _trace(directory: Path, *, plan: Plan, problem: Problem, ranks: int) -> dict[str, Any] | None:
