@@ -41,7 +41,7 @@ from adaptis.operator.manifests import plan_hash, render_config_map
 from adaptis.operator.measurements import AdaptationSettings, MeasurementError, Sample, query_job
 from adaptis.operator.planning import DEFAULT_INTER_NODE, PlanRecord, build_problem, correct_speeds, node_slots
 from adaptis.operator.status import plan_summary
-from adaptis.planner.drift import Decision, DriftWindow, decide, predicted_busy
+from adaptis.planner.drift import Decision, Drift, DriftWindow, decide, predicted_busy
 from adaptis.planner.errors import PlannerError
 
 if TYPE_CHECKING:
@@ -111,69 +111,16 @@ class Adapter:
     def adapt(self, p: PassState, *, spec: JobSpec, record: PlanRecord) -> PlanRecord:
         """The record to run: ``record``, or the re-planned one (policy auto)."""
         key = (p.job.namespace, p.job.name)
-        policy = spec.adaptation.policy
-        if policy == "off":
-            self._jobs.pop(key, None)
+        g = self._due(p, key, spec=spec, record=record)
+        if g is None:
             return record
-        if not self._settings.prometheus_url:
-            p.condition("ReplanSuggested", "False", reason="NoMeasurementSource",
-                        message=f"spec.adaptation.policy is {policy}, but the operator reads no "
-                        "measurements: start it with --prometheus-url (chart value "
-                        "operator.adaptation.prometheusUrl); the job runs its plan unchanged")
+        seen = self._observe(p, g, key=key, spec=spec, record=record)
+        if seen is None:
             return record
-        state = self._jobs.setdefault(key, _JobState())
-        gang = f"{plan_hash(record)}/{p.status.restarts}"
-        if state.gang is None or state.gang.gang != gang:
-            state.gang = _Gang(gang=gang, started=p.now)
-        if p.status.phase != "Running":
-            return record
-        g = state.gang
-        poll = self._settings.poll_s
-        if g.last_poll is not None and (waited := (p.now - g.last_poll).total_seconds()) < poll:
-            p.requeue.append(poll - waited)
-            return record
-        g.last_poll = p.now
-        p.requeue.append(poll)
+        drift, step, problem = seen
         try:
-            window = self._window(p, g, spec=spec, record=record)
-        except (PlannerError, Unsatisfiable, ValueError) as err:
-            # The running plan cannot be replayed on its problem (an old operator's record):
-            # say so once per poll, never fail the pass over it.
-            p.condition("ReplanSuggested", "False", reason="ReplanFailed",
-                        message=f"the running plan's prediction cannot be rebuilt: {err}")
-            return record
-        if window is None:
-            return record
-        try:
-            sample = self._fetch(self._settings.prometheus_url, namespace=key[0], job=key[1],
-                                 timeout_s=self._settings.query_timeout_s)
-        except MeasurementError as err:
-            p.condition("ReplanSuggested", "False", reason=err.reason, message=str(err))
-            return record
-        if sample is None:
-            return record
-        if not g.first_step_seen and sample.step >= 1:
-            g.first_step_seen = True
-            state.restart_s = max(0.0, (p.now - g.started).total_seconds())
-            log.info("%s/%s: gang %s took %.0f s from its pods to its first step", *key, gang,
-                     state.restart_s)
-        counters = sample.counters(record.mesh.world)
-        # A poll that sees no new step (polls faster than steps or scrapes) adds nothing; fed
-        # to the window, the repeated step would read as a restart and empty it.
-        if counters is None or sample.step == g.last_step:
-            return record
-        g.last_step = sample.step
-        window.observe(step=sample.step, busy_seconds_total=counters)
-        ratios = window.ratios()
-        if ratios is not None:
-            self._set_adaptation(p, measured_ratio=[round(r, 4) for r in ratios])
-        drift = window.drift(threshold=spec.adaptation.drift_threshold)
-        if drift is None or g.problem is None:
-            return record
-        window.reset()  # every decision needs a full window of its own
-        try:
-            decision = decide(g.problem, record.plan, drift=drift, strategy=spec.planner.strategy,
-                              remaining_steps=max(0, spec.training.steps - sample.step),
+            decision = decide(problem, record.plan, drift=drift, strategy=spec.planner.strategy,
+                              remaining_steps=max(0, spec.training.steps - step),
                               restart_seconds=self.restart_seconds(key),
                               min_gain=spec.adaptation.min_gain,
                               time_limit_s=min(float(spec.planner.time_limit_seconds),
@@ -184,16 +131,16 @@ class Adapter:
         if not decision.replan or decision.plan is None:
             p.condition("ReplanSuggested", "False", reason="NotWorthIt", message=decision.reason)
             return record
-        base = g.problem
-        factors = _factors(decision.problem, base, record.device_speed)
+        factors = _factors(decision.problem, problem, record.device_speed)
         rec = ReplanRecord(
-            time=p.stamp, step=sample.step, action="suggested", reason=decision.reason,
+            time=p.stamp, step=step, action="suggested", reason=decision.reason,
             old_predicted_iteration_seconds=round(decision.old_iteration_seconds, 6),
             new_predicted_iteration_seconds=round(decision.new_iteration_seconds, 6),
             device_speed=[round(f, 4) for f in factors], stages=len(decision.plan.stages))
         # Applied re-plans are counted by their records (maxReplans is at most the MAX_HISTORY
         # status keeps): past that many, auto only suggests.
         applied = len(p.status.adaptation.history) if p.status.adaptation else 0
+        policy = spec.adaptation.policy
         if policy == "suggest" or applied >= spec.adaptation.max_replans:
             return self._suggest(p, key, rec=rec, capped=policy == "auto", spec=spec, record=record)
         try:
@@ -202,6 +149,79 @@ class Adapter:
         except (PlanTooLarge, Unsatisfiable, OperatorError) as err:
             log.warning("%s/%s: the re-plan could not be stored: %s", *key, err)
             return self._suggest(p, key, rec=rec, capped=False, spec=spec, record=record)
+
+    def _due(self, p: PassState, key: JobKey, *, spec: JobSpec, record: PlanRecord) -> _Gang | None:
+        """The running gang when its measurements are due for a look (adaptation on, a
+        measurement source, the job running, a poll interval since the last look), else None."""
+        policy = spec.adaptation.policy
+        if policy == "off":
+            self._jobs.pop(key, None)
+            return None
+        if not self._settings.prometheus_url:
+            p.condition("ReplanSuggested", "False", reason="NoMeasurementSource",
+                        message=f"spec.adaptation.policy is {policy}, but the operator reads no "
+                        "measurements: start it with --prometheus-url (chart value "
+                        "operator.adaptation.prometheusUrl); the job runs its plan unchanged")
+            return None
+        state = self._jobs.setdefault(key, _JobState())
+        gang = f"{plan_hash(record)}/{p.status.restarts}"
+        if state.gang is None or state.gang.gang != gang:
+            state.gang = _Gang(gang=gang, started=p.now)
+        if p.status.phase != "Running":
+            return None
+        g = state.gang
+        poll = self._settings.poll_s
+        if g.last_poll is not None and (waited := (p.now - g.last_poll).total_seconds()) < poll:
+            p.requeue.append(poll - waited)
+            return None
+        g.last_poll = p.now
+        p.requeue.append(poll)
+        return g
+
+    def _observe(self, p: PassState, g: _Gang, *, key: JobKey, spec: JobSpec,
+                 record: PlanRecord) -> tuple[Drift, int, Problem] | None:
+        """Feed the gang's window the newest step's busy times; the drift, that step and the
+        problem the plan was made for once a full window shows one, else None. A failure to
+        read or replay is a condition, never a failed pass."""
+        try:
+            window = self._window(p, g, spec=spec, record=record)
+        except (PlannerError, Unsatisfiable, ValueError) as err:
+            # The running plan cannot be replayed on its problem (an old operator's record):
+            # say so once per poll, never fail the pass over it.
+            p.condition("ReplanSuggested", "False", reason="ReplanFailed",
+                        message=f"the running plan's prediction cannot be rebuilt: {err}")
+            return None
+        if window is None:
+            return None
+        try:
+            sample = self._fetch(self._settings.prometheus_url, namespace=key[0], job=key[1],
+                                 timeout_s=self._settings.query_timeout_s)
+        except MeasurementError as err:
+            p.condition("ReplanSuggested", "False", reason=err.reason, message=str(err))
+            return None
+        if sample is None:
+            return None
+        if not g.first_step_seen and sample.step >= 1:
+            g.first_step_seen = True
+            state = self._jobs[key]
+            state.restart_s = max(0.0, (p.now - g.started).total_seconds())
+            log.info("%s/%s: gang %s took %.0f s from its pods to its first step", *key, g.gang,
+                     state.restart_s)
+        counters = sample.counters(record.mesh.world)
+        # A poll that sees no new step (polls faster than steps or scrapes) adds nothing; fed
+        # to the window, the repeated step would read as a restart and empty it.
+        if counters is None or sample.step == g.last_step:
+            return None
+        g.last_step = sample.step
+        window.observe(step=sample.step, busy_seconds_total=counters)
+        ratios = window.ratios()
+        if ratios is not None:
+            self._set_adaptation(p, measured_ratio=[round(r, 4) for r in ratios])
+        drift = window.drift(threshold=spec.adaptation.drift_threshold)
+        if drift is None or g.problem is None:
+            return None
+        window.reset()  # every decision needs a full window of its own
+        return drift, sample.step, g.problem
 
     # --- pieces ---------------------------------------------------------------------------
     def _window(self, p: PassState, g: _Gang, *, spec: JobSpec,

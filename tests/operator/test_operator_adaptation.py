@@ -376,3 +376,20 @@ def test_a_record_that_cannot_be_replayed_is_a_condition_not_a_failed_pass(
     cond = _cond(job, "ReplanSuggested")
     assert cond is not None and cond["reason"] == "ReplanFailed", cond
     assert job["status"]["phase"] == "Running" and workers.calls == 0
+
+
+def test_prometheus_is_asked_once_a_poll_interval_however_often_the_job_is_reconciled(
+        cluster: Any, make_job: Any, clock: Any) -> None:
+    # Pod events reconcile a running job many times a second; each pass must not become a
+    # Prometheus query. poll_s is 10 s here, passes come 3 s apart.
+    cluster.add_job(_job(make_job, policy="suggest"))
+    workers = Workers(slow={})
+    rec = _reconciler(cluster, clock, workers)
+    _start(cluster, rec)
+    calls = [workers.calls]
+    for _ in range(7):
+        clock.advance(3.0)
+        rec.reconcile("ns", "demo")
+        calls.append(workers.calls)
+    # The first look at +3 s; the next is due at +13 s and happens at the pass of +15 s.
+    assert calls == [0, 1, 1, 1, 1, 2, 2, 2]
