@@ -122,7 +122,7 @@ def run_worker(config: WorkerConfig, *, env: RankEnv, emit: Emit, linger_s: floa
         # SIGTERM during the steps stops the ranks at a step boundary, after a checkpoint.
         with StopRequest(device=device) as stop:
             done = _loop(config, env=env, executor=executor, metrics=metrics, emit=emit, port=port,
-                         predicted=(forecast["bubble_ratio"], forecast["iteration_seconds"]), stop=stop)
+                         forecast=forecast, stop=stop)
         if done["event"] == "preempted":
             return done
         if linger_s > 0 and port is not None:
@@ -143,96 +143,123 @@ def _linger(seconds: float, *, rank: int) -> None:
         log.info("rank %d stopped while lingering after its last step", rank)
 
 
+@dataclass
+class _Progress:
+    """Where training stands: steps done, the data position and the job's counters (every
+    replica's sequences), as a checkpoint records them."""
+
+    step: int = 0
+    position: int = 0
+    tokens: int = 0
+    samples: int = 0
+
+    def advance(self, *, samples: int, tokens: int) -> None:
+        self.step += 1
+        self.position += samples
+        self.tokens += tokens
+        self.samples += samples
+
+    def saved_by(self, ckpt: str, *, executor: Executor) -> None:
+        save_checkpoint(ckpt, executor=executor, step=self.step, position=self.position, tokens=self.tokens,
+                        samples=self.samples)
+
+
 def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: WorkerMetrics,
-          emit: Emit, port: int | None, predicted: tuple[float | None, float | None],
+          emit: Emit, port: int | None, forecast: dict[str, float | None],
           stop: StopRequest) -> dict[str, Any]:
     t = config.training
     per_step = t.microbatches * t.microbatch_size  # sequences of one replica
-    replicas = executor.mesh.replicas
     # Counters and the data position are the job's: every replica's sequences.
-    samples_per_step = per_step * replicas
+    samples_per_step = per_step * executor.mesh.replicas
     tokens_per_step = samples_per_step * t.sequence_length
-    step = position = tokens = samples = 0
-    exact: bool | None = None  # the resume restored the optimizer state too (None: fresh start)
     ckpt = config.checkpoint_dir
-    if ckpt:
-        found = agree_resume_step(ckpt)
-        if found is not None:
-            resumed = load_checkpoint(ckpt, executor=executor, step=found)
-            step, position, tokens, samples = resumed.step, resumed.position, resumed.tokens, resumed.samples
-            exact = resumed.exact
-            metrics.restore(steps=step, tokens=tokens, samples=samples)
-            log.info("rank %d resumed from the checkpoint of step %d", env.rank, step)
-    needs_data = executor.holds_first or executor.holds_last
-    source = open_source(t.data, vocab_size=_vocab(config), sequence_length=t.sequence_length,
-                         seed=t.seed, huggingface=config.model.huggingface) if needs_data else None
+    now, exact = _resume(config, rank=env.rank, executor=executor, metrics=metrics)
+    source = open_source(t.data, vocab_size=_vocab(config), sequence_length=t.sequence_length, seed=t.seed,
+                         huggingface=config.model.huggingface) if executor.holds_first or executor.holds_last else None
     emit({"event": "start", "rank": env.rank, "world_size": env.world_size, "pid": os.getpid(),
-          "replica": executor.replica, "pipeline_rank": executor.pipeline_rank, "data_parallel": replicas,
-          "metrics_port": port, "resumed_step": step, "resumed_exact": exact, "stages": executor.stage_ids,
-          "precision": executor.precision,
-          "predicted_bubble_ratio": predicted[0], "predicted_iteration_seconds": predicted[1]})
+          "replica": executor.replica, "pipeline_rank": executor.pipeline_rank,
+          "data_parallel": executor.mesh.replicas, "metrics_port": port, "resumed_step": now.step,
+          "resumed_exact": exact, "stages": executor.stage_ids, "precision": executor.precision,
+          "predicted_bubble_ratio": forecast["bubble_ratio"],
+          "predicted_iteration_seconds": forecast["iteration_seconds"]})
     started = time.perf_counter()
     last: StepStats | None = None
-    forecast = predicted_seconds(executor.plan.predicted)
     # The data phase runs from here (the end of the previous step's bookkeeping and checkpoint)
     # to the step's common start: the batch fetch, then the wait for every rank at the barrier.
     data_start = time.perf_counter()
     busy_total = 0.0
-    while step < t.steps:
-        batch = source.batch(position=shard_position(position=position, replica=executor.replica,
+    while now.step < t.steps:
+        batch = source.batch(position=shard_position(position=now.position, replica=executor.replica,
                                                      sequences=per_step),
                              sequences=per_step) if source is not None else None
-        executor.set_learning_rate(step=step)  # from the step alone: a resume continues the curve
-        executor.timer.step = step + 1  # the testing slowdown starts at a step (worker.slowdown)
+        executor.set_learning_rate(step=now.step)  # from the step alone: a resume continues the curve
+        executor.timer.step = now.step + 1  # the testing slowdown starts at a step (worker.slowdown)
         last = executor.step(batch)
         busy_total += last.busy_seconds[env.rank]
         data_seconds = executor.started_at - data_start
-        step += 1
-        position += samples_per_step
-        tokens += tokens_per_step
-        samples += samples_per_step
+        now.advance(samples=samples_per_step, tokens=tokens_per_step)
         metrics.record(last, tokens=tokens_per_step, samples=samples_per_step, data_seconds=data_seconds)
-        emit({"event": "step", "rank": env.rank, "step": step, "loss": last.loss,
-              "tokens_per_second": tokens_per_step / last.step_seconds,
-              "step_seconds": last.step_seconds, "iteration_seconds": last.iteration_seconds,
-              "data_seconds": data_seconds, "post_pipeline_seconds": last.post_pipeline_seconds,
-              "predicted_step_seconds": forecast["step_seconds"],
-              "predicted_post_pipeline_seconds": forecast["post_pipeline_seconds"],
-              "bubble_ratio": last.bubble_ratio, "rank_bubble_ratio": last.rank_bubble_ratio,
-              "busy_seconds": last.busy_seconds[env.rank], "idle_seconds": last.idle_seconds,
-              # Since this process started, as adaptis_busy_seconds_total: the drift detector's input.
-              "busy_seconds_total": busy_total,
-              "grad_norm": last.grad_norm, "reduce_wait_seconds": last.reduce_wait_seconds,
-              "tokens": tokens, "samples": samples,
-              "sent_bytes": last.sent_bytes, "received_bytes": last.received_bytes,
-              "peak_memory_bytes": last.peak_memory_bytes, "lr": last.learning_rate,
-              "precision": executor.precision,
-              "predicted_bubble_ratio": predicted[0], "predicted_iteration_seconds": predicted[1]})
-        saved = bool(ckpt and config.checkpoint_every and step % config.checkpoint_every == 0)
+        emit(_step_event(last, rank=env.rank, now=now, tokens=tokens_per_step, data_seconds=data_seconds,
+                         busy_total=busy_total, precision=executor.precision,
+                         predicted=forecast))
+        saved = bool(ckpt and config.checkpoint_every and now.step % config.checkpoint_every == 0)
         if saved and executor.saves_checkpoint:
-            save_checkpoint(ckpt, executor=executor, step=step, position=position, tokens=tokens,
-                            samples=samples)
-        if step < t.steps and stop.agreed():
-            return _preempted(ckpt, executor=executor, emit=emit, saved=saved, step=step, position=position,
-                              tokens=tokens, samples=samples)
+            now.saved_by(ckpt, executor=executor)
+        if now.step < t.steps and stop.agreed():
+            return _preempted(ckpt, executor=executor, emit=emit, saved=saved, now=now)
         data_start = time.perf_counter()
-    done = {"event": "done", "rank": env.rank, "steps": step, "tokens": tokens, "samples": samples,
+    done = {"event": "done", "rank": env.rank, "steps": now.step, "tokens": now.tokens, "samples": now.samples,
             "seconds": time.perf_counter() - started, "loss": last.loss if last else None,
             "bubble_ratio": last.bubble_ratio if last else None}
     emit(done)
     return done
 
 
-def _preempted(ckpt: str | None, *, executor: Executor, emit: Emit, saved: bool, step: int, position: int,
-               tokens: int, samples: int) -> dict[str, Any]:
-    """Every rank agreed to stop after ``step``: checkpoint it (unless just done) and say so."""
+def _resume(config: WorkerConfig, *, rank: int, executor: Executor,
+            metrics: WorkerMetrics) -> tuple[_Progress, bool | None]:
+    """Where to start: the newest checkpoint every rank has, loaded into the executor and the
+    metrics, and whether it restored the optimizer state too (None: a fresh start)."""
+    ckpt = config.checkpoint_dir
+    found = agree_resume_step(ckpt) if ckpt else None
+    if found is None:
+        return _Progress(), None
+    resumed = load_checkpoint(ckpt, executor=executor, step=found)
+    metrics.restore(steps=resumed.step, tokens=resumed.tokens, samples=resumed.samples)
+    log.info("rank %d resumed from the checkpoint of step %d", rank, resumed.step)
+    return _Progress(step=resumed.step, position=resumed.position, tokens=resumed.tokens,
+                     samples=resumed.samples), resumed.exact
+
+
+def _step_event(last: StepStats, *, rank: int, now: _Progress, tokens: int, data_seconds: float,
+                busy_total: float, precision: str, predicted: dict[str, float | None]) -> dict[str, Any]:
+    """Rank ``rank``'s event of the step just done (the launcher prints rank 0's)."""
+    return {"event": "step", "rank": rank, "step": now.step, "loss": last.loss,
+            "tokens_per_second": tokens / last.step_seconds,
+            "step_seconds": last.step_seconds, "iteration_seconds": last.iteration_seconds,
+            "data_seconds": data_seconds, "post_pipeline_seconds": last.post_pipeline_seconds,
+            "predicted_step_seconds": predicted["step_seconds"],
+            "predicted_post_pipeline_seconds": predicted["post_pipeline_seconds"],
+            "bubble_ratio": last.bubble_ratio, "rank_bubble_ratio": last.rank_bubble_ratio,
+            "busy_seconds": last.busy_seconds[rank], "idle_seconds": last.idle_seconds,
+            # Since this process started, as adaptis_busy_seconds_total: the drift detector's input.
+            "busy_seconds_total": busy_total,
+            "grad_norm": last.grad_norm, "reduce_wait_seconds": last.reduce_wait_seconds,
+            "tokens": now.tokens, "samples": now.samples,
+            "sent_bytes": last.sent_bytes, "received_bytes": last.received_bytes,
+            "peak_memory_bytes": last.peak_memory_bytes, "lr": last.learning_rate, "precision": precision,
+            "predicted_bubble_ratio": predicted["bubble_ratio"],
+            "predicted_iteration_seconds": predicted["iteration_seconds"]}
+
+
+def _preempted(ckpt: str | None, *, executor: Executor, emit: Emit, saved: bool, now: _Progress) -> dict[str, Any]:
+    """Every rank agreed to stop after ``now.step``: checkpoint it (unless just done) and say so."""
     if ckpt and not saved and executor.saves_checkpoint:
-        save_checkpoint(ckpt, executor=executor, step=step, position=position, tokens=tokens, samples=samples)
-    event = {"event": "preempted", "rank": executor.rank, "step": step, "tokens": tokens, "samples": samples,
-             "checkpoint_dir": ckpt or None}
+        now.saved_by(ckpt, executor=executor)
+    event = {"event": "preempted", "rank": executor.rank, "step": now.step, "tokens": now.tokens,
+             "samples": now.samples, "checkpoint_dir": ckpt or None}
     if not ckpt:
         log.warning("rank %d stopped after step %d without a checkpoint (no checkpoint directory)",
-                    executor.rank, step)
+                    executor.rank, now.step)
     emit(event)
     return event
 
