@@ -28,6 +28,15 @@ class StageCosts:
     param_bytes: tuple[float, ...]
     output_bytes: tuple[float, ...]  # what the stage's last layer sends on
 
+    def held_by(self, owner: list[int], *, devices: int) -> tuple[list[float], list[float]]:
+        """Per device: the parameter bytes of its stages, and the activation bytes one
+        microbatch keeps through them (``owner[s]``: stage s's device)."""
+        params, activations = [0.0] * devices, [0.0] * devices
+        for s, d in enumerate(owner):
+            params[d] += self.param_bytes[s]
+            activations[d] += self.activation_bytes[s]
+        return params, activations
+
 
 @dataclass(frozen=True, slots=True)
 class Costs:

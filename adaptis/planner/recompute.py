@@ -45,13 +45,8 @@ def tight_devices(costs: Costs, *, stages: Stages, owner: list[int]) -> list[int
     """Devices that hold fewer microbatches (parameters plus every activation kept) than the
     pipeline needs in flight to fill: ``min(len(stages), microbatches)``; with an activation
     working set that does not fit even once counted as holding none."""
-    sc = costs.stage_costs(stages)
     want = min(len(stages), costs.microbatches)
-    params = [0.0] * costs.devices
-    need = [0.0] * costs.devices
-    for s, d in enumerate(owner):
-        params[d] += sc.param_bytes[s]
-        need[d] += sc.activation_bytes[s]
+    params, need = costs.stage_costs(stages).held_by(owner, devices=costs.devices)
     out = []
     for d in sorted(set(owner)):
         room = costs.memory[d] - params[d]

@@ -91,11 +91,7 @@ def inflight_caps(costs: Costs, *, sc: StageCosts, owner: list[int],
     """How many admitted microbatches each device can hold at once: parameters plus that many
     microbatches' activations of its stages fit its memory. A reason (str) if not even one fits."""
     m = costs.microbatches
-    params = [0.0] * costs.devices
-    need = [0.0] * costs.devices  # activations of one microbatch through the device's stages
-    for s, d in enumerate(owner):
-        params[d] += sc.param_bytes[s]
-        need[d] += sc.activation_bytes[s]
+    params, need = sc.held_by(owner, devices=costs.devices)
     caps = []
     for d in range(costs.devices):
         room = costs.memory[d] - params[d]
