@@ -101,18 +101,26 @@ class LocalLauncher:
                on_event: Callable[[dict[str, Any]], None], readers: list[threading.Thread]) -> list[dict[str, Any]]:
         done: dict[int, dict[str, Any]] = {}
         preempted: set[int | None] = set()
+
+        def take(rank: int, event: dict[str, Any]) -> None:
+            if event.get("event") == "done":
+                done[rank] = event
+            elif event.get("event") == "preempted":
+                preempted.add(event.get("step"))
+            on_event(event)
+
+        def drain() -> None:  # the ranks exited: their last lines, then what is queued
+            for t in readers:
+                t.join(timeout=2)
+            while not events.empty():
+                take(*events.get())
+
         while True:
             try:
-                rank, event = events.get(timeout=0.2)
+                take(*events.get(timeout=0.2))
+                continue
             except queue.Empty:
                 pass
-            else:
-                if event.get("event") == "done":
-                    done[rank] = event
-                elif event.get("event") == "preempted":
-                    preempted.add(event.get("step"))
-                on_event(event)
-                continue
             codes = [p.poll() for p in self.processes]
             failed = [r for r, c in enumerate(codes) if c not in (None, 0, EXIT_PREEMPTED)]
             if failed:
@@ -120,24 +128,12 @@ class LocalLauncher:
                 self.stop()
                 raise self._failure(failed)
             if EXIT_PREEMPTED in codes and None not in codes:
-                for t in readers:
-                    t.join(timeout=2)
-                while not events.empty():
-                    _rank, event = events.get()
-                    if event.get("event") == "preempted":
-                        preempted.add(event.get("step"))
-                    on_event(event)
+                drain()
                 step = max((s for s in preempted if s is not None), default=None)
                 raise PreemptedError(f"the ranks stopped gracefully after step {step} (SIGTERM); "
                                      "rerun to resume from its checkpoint", step=step)
             if all(c == 0 for c in codes):
-                for t in readers:
-                    t.join(timeout=2)
-                while not events.empty():
-                    rank, event = events.get()
-                    if event.get("event") == "done":
-                        done[rank] = event
-                    on_event(event)
+                drain()
                 return [done[r] for r in sorted(done)]
 
     def _failure(self, failed: list[int]) -> RankFailedError:
