@@ -109,14 +109,12 @@ class TokenFile:
                             f"need at least {sequence_length + 1}")
 
     def batch(self, *, position: int, sequences: int) -> Batch:
-        rows = []
-        for i in range(position, position + sequences):
-            start = (i % self._count) * self.sequence_length
-            rows.append(np.asarray(self._tokens[start : start + self.sequence_length + 1], dtype=np.int64))
-        tokens = torch.from_numpy(np.stack(rows))
-        if int(tokens.max()) >= self.vocab_size:
-            raise DataError(f"token file holds id {int(tokens.max())} >= vocab_size {self.vocab_size}")
-        return Batch(inputs=tokens[:, :-1].contiguous(), targets=tokens[:, 1:].contiguous())
+        starts = [i % self._count for i in range(position, position + sequences)]
+        out = _packed_batch(self._tokens, starts=starts, length=self.sequence_length)
+        top = max(int(out.inputs.max()), int(out.targets.max()))
+        if top >= self.vocab_size:
+            raise DataError(f"token file holds id {top} >= vocab_size {self.vocab_size}")
+        return out
 
 
 class TextCorpus:
@@ -149,13 +147,16 @@ class TextCorpus:
         return int(self.order(epoch)[offset])
 
     def batch(self, *, position: int, sequences: int) -> Batch:
-        length = self.sequence_length
-        rows = []
-        for i in range(position, position + sequences):
-            start = self.sequence_index(i) * length
-            rows.append(np.asarray(self._tokens[start : start + length + 1], dtype=np.int64))
-        tokens = torch.from_numpy(np.stack(rows))
-        return Batch(inputs=tokens[:, :-1].contiguous(), targets=tokens[:, 1:].contiguous())
+        starts = [self.sequence_index(i) for i in range(position, position + sequences)]
+        return _packed_batch(self._tokens, starts=starts, length=self.sequence_length)
+
+
+def _packed_batch(tokens: np.ndarray, *, starts: list[int], length: int) -> Batch:
+    """Packed sequences ``starts`` (indices in units of ``length``) of a token stream: each
+    reads length + 1 tokens, the inputs and the targets one token apart."""
+    rows = [np.asarray(tokens[i * length : i * length + length + 1], dtype=np.int64) for i in starts]
+    both = torch.from_numpy(np.stack(rows))
+    return Batch(inputs=both[:, :-1].contiguous(), targets=both[:, 1:].contiguous())
 
 
 def open_source(spec: DataSpec, *, vocab_size: int, sequence_length: int, seed: int,
