@@ -99,9 +99,11 @@ MODULES: dict[str, tuple[str, ...]] = {
     ),
     # Every test that runs reconcile passes against the fake cluster (the plan runner's tests
     # wait on planner processes: the same passes, seconds slower); the Hugging Face config's
-    # tests are the only ones of a job waiting for its ConfigMap.
+    # tests are the only ones of a job waiting for its ConfigMap, the adaptation tests (~3 s)
+    # the only users of the arguments the reconciler hands its Adapter.
     "adaptis/operator/reconcile.py": (
         "tests/operator/test_operator_reconcile.py", "tests/operator/test_operator_reconcile_paths.py",
+        "tests/operator/test_operator_adaptation.py", "tests/operator/test_operator_reconcile_edges.py",
         "tests/operator/test_operator_capacity.py", "tests/operator/test_operator_hf_config.py",
         "tests/operator/test_operator_children.py", "tests/operator/test_operator_handlers.py",
         "tests/operator/test_operator_placement.py", "tests/operator/test_operator_pod_security.py",
