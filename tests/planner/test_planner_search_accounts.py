@@ -20,7 +20,7 @@ from adaptis.planner.errors import OutOfTime
 from adaptis.planner.scheduler import Policy, list_schedule
 from adaptis.planner.screening import Screen
 from adaptis.planner.search import _Candidate, _Evaluator, _scheduled, _throttled, joint_search
-from adaptis.planner.structures import loads, prefix_work
+from adaptis.planner.structures import loads, patterns, prefix_work
 
 ONE_PER_DEVICE = [(0, 1), (1, 2), (2, 3), (3, 4)]
 
@@ -185,6 +185,35 @@ def test_a_screened_estimate_stops_inside_a_long_schedule_at_the_deadline() -> N
     assert ev.screen is not None
     with pytest.raises(OutOfTime):
         ev.score("v", list(range(40)), [(i, i + 1) for i in range(40)], Policy())
+
+
+def test_a_full_schedule_stops_inside_at_the_deadline() -> None:
+    # 16 devices x 128 microbatches: the largest problem scheduled in full (not screened); one
+    # schedule takes over 4096 scheduler steps, so it reads time.monotonic() inside it (the
+    # clock given to the search is only read between candidates).
+    costs = _costs(layers=16, devices=16, m=128)
+    ev = _Evaluator(costs, budget=5, deadline=time.monotonic() - 1.0, clock=lambda: -math.inf)
+    assert ev.screen is None
+    with pytest.raises(OutOfTime):
+        ev.run("v", list(range(16)), [(i, i + 1) for i in range(16)], Policy())
+
+
+def test_the_default_budget_is_the_structures_plus_27() -> None:
+    """docs/planner-search.md: evaluations are bounded by about the number of structures plus
+    27 (24 for phase 2 and the climbs, 3 for the packed structures, k = 2, 3, 4); the extra
+    cut sets and admission variants raise it as they come, so the first report shows it bare."""
+    costs = _costs(layers=8, devices=2, m=8, forward=[1.0, 2.0, 1.0, 1.0, 3.0, 1.0, 1.0, 2.0])
+    budgets: list[int] = []
+    joint_search(costs, on_progress=lambda e, b, t: budgets.append(b))
+    assert budgets[0] == len(patterns(costs)) + 27
+
+
+def test_a_screened_search_names_the_pattern_of_the_plan_it_returns() -> None:
+    costs = _costs(layers=8, devices=2, m=8, forward=[1.0, 2.0, 1.0, 1.0, 3.0, 1.0, 1.0, 2.0])
+    with mock.patch.object(screening, "SCREEN_ABOVE", 0):
+        found = joint_search(costs)
+    assert found is not None
+    assert found.pattern in {name for name, _ in patterns(costs)} | {f"packed-v{k}" for k in (2, 3, 4)}
 
 
 # --- what the phases try -------------------------------------------------------------------------
