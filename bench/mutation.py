@@ -83,11 +83,12 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/planner/test_planner_properties.py::test_spread_partition_keeps_the_bottleneck_and_evens_the_rest",
         "tests/planner/test_planner_properties.py::test_spread_partition_leaves_no_idle_tail",
     ),
-    # Its own tests and those of its time limit, memory fallback and bound (properties, search
-    # and the CLI plan by name too, but each survivor would re-run them all: minutes each).
+    # Its own tests and those of its time limit, memory fallback, bound and recomputation (~8 s;
+    # properties, search and the CLI plan by name too, but each survivor would re-run them all).
     "adaptis/planner/strategies.py": (
         "tests/planner/test_planner_strategies.py", "tests/planner/test_planner_time_limit.py",
         "tests/planner/test_planner_feasibility.py", "tests/planner/test_planner_bounds.py",
+        "tests/planner/test_planner_recompute_search.py",
     ),
     "adaptis/operator/status.py": (
         "tests/operator/test_operator_status.py", "tests/operator/test_operator_reconcile.py",

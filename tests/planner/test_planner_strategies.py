@@ -10,6 +10,7 @@ each) on 2 devices with 4 microbatches: every baseline splits it 2 + 2, so a sta
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -268,3 +269,31 @@ def test_nothing_fits_within_the_time_limit_says_both() -> None:
         "leanest plan seen (1f1b) needs 240 bytes on device 0, which has 205 (1.17x); device 0 needs 240 "
         "bytes, has 205; device 1 needs 220 bytes, has 205")
     assert adaptis.search_seconds is not None and 0 <= adaptis.search_seconds < 60
+
+
+def test_the_searched_plan_carries_its_microbatches_unit_and_search_time() -> None:
+    """The search's plan is built from its schedule alone: the microbatches, the prediction's
+    time unit (the problem's) and the seconds the call took are filled in for it."""
+    doc = _problem().model_dump(mode="json", exclude_none=True) | {"time_unit": "s"}
+    started = time.perf_counter()
+    out = plan_strategy(parse_problem(doc), "adaptis")
+    took = time.perf_counter() - started
+    assert out.plan is not None and out.plan.predicted is not None
+    assert (out.plan.strategy, out.plan.microbatches, out.plan.predicted.time_unit) == ("adaptis", 4, "s")
+    assert out.result.search_seconds is not None and 0 < out.result.search_seconds <= took
+
+
+def test_a_search_cut_short_by_the_limit_says_its_plan_is_the_searchs() -> None:
+    """The deadline passes after the search's first candidate (its progress report waits for
+    it): with no baseline to compare, the plan is that candidate's and the note says so."""
+    costs = Costs.from_problem(_problem())
+    limit = strategies._Limit(2.0, time.monotonic() + 2.0, None)
+
+    def slow_progress(evals: int, budget: int, best: float) -> None:
+        while time.monotonic() < limit.deadline:  # type: ignore[operator]
+            time.sleep(0.05)
+
+    out = strategies._adaptis(costs, {}, on_progress=slow_progress, limit=limit)
+    assert out.name == "adaptis" and out.result.feasible
+    assert out.result.cut_short == ("the best plan found within the time limit (2 s): the joint search's "
+                                    "(1 search candidates)")
