@@ -9,8 +9,10 @@ each) on 2 devices with 4 microbatches: every baseline splits it 2 + 2, so a sta
 
 from __future__ import annotations
 
+import functools
 import math
 import time
+from unittest import mock
 
 import pytest
 
@@ -284,16 +286,19 @@ def test_the_searched_plan_carries_its_microbatches_unit_and_search_time() -> No
 
 
 def test_a_search_cut_short_by_the_limit_says_its_plan_is_the_searchs() -> None:
-    """The deadline passes after the search's first candidate (its progress report waits for
-    it): with no baseline to compare, the plan is that candidate's and the note says so."""
+    """The deadline passes right after the search's first candidate (the real search, read
+    through a clock that jumps past the deadline at its first progress report): with no
+    baseline to compare, the plan is that candidate's and the note says so."""
     costs = Costs.from_problem(_problem())
-    limit = strategies._Limit(2.0, time.monotonic() + 2.0, None)
+    limit = strategies._Limit(2.0, time.monotonic() + 3600.0, None)
+    now = [-math.inf]
 
-    def slow_progress(evals: int, budget: int, best: float) -> None:
-        while time.monotonic() < limit.deadline:  # type: ignore[operator]
-            time.sleep(0.05)
+    def first_report_ends_the_time(evals: int, budget: int, best: float) -> None:
+        now[0] = math.inf
 
-    out = strategies._adaptis(costs, {}, on_progress=slow_progress, limit=limit)
+    search = functools.partial(strategies.joint_search, clock=lambda: now[0])
+    with mock.patch.object(strategies, "joint_search", search):
+        out = strategies._adaptis(costs, {}, on_progress=first_report_ends_the_time, limit=limit)
     assert out.name == "adaptis" and out.result.feasible
     assert out.result.cut_short == ("the best plan found within the time limit (2 s): the joint search's "
                                     "(1 search candidates)")
