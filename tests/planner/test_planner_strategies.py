@@ -87,6 +87,7 @@ def test_adaptis_alone_may_fit_where_most_baselines_do_not() -> None:
 def test_nothing_fits_names_the_leanest_plan_and_every_device() -> None:
     comparison, outcomes = compare(_problem(memory_bytes=205))
     adaptis = outcomes["adaptis"]
+    assert adaptis.name == "adaptis"  # a caller reading the outcome alone knows what failed
     assert adaptis.plan is None and adaptis.simulation is None and not adaptis.result.feasible
     # 1F1B and balanced both need 240 bytes on device 0; the first in the contract's order wins.
     assert adaptis.result.reason == (
