@@ -83,11 +83,12 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/planner/test_planner_properties.py::test_spread_partition_keeps_the_bottleneck_and_evens_the_rest",
         "tests/planner/test_planner_properties.py::test_spread_partition_leaves_no_idle_tail",
     ),
-    # Its own tests and those of its time limit, memory fallback and bound (properties, search
-    # and the CLI plan by name too, but each survivor would re-run them all: minutes each).
+    # Its own tests and those of its time limit, memory fallback, bound and recomputation (~8 s;
+    # properties, search and the CLI plan by name too, but each survivor would re-run them all).
     "adaptis/planner/strategies.py": (
         "tests/planner/test_planner_strategies.py", "tests/planner/test_planner_time_limit.py",
         "tests/planner/test_planner_feasibility.py", "tests/planner/test_planner_bounds.py",
+        "tests/planner/test_planner_recompute_search.py",
     ),
     "adaptis/operator/status.py": (
         "tests/operator/test_operator_status.py", "tests/operator/test_operator_reconcile.py",
@@ -99,9 +100,11 @@ MODULES: dict[str, tuple[str, ...]] = {
     ),
     # Every test that runs reconcile passes against the fake cluster (the plan runner's tests
     # wait on planner processes: the same passes, seconds slower); the Hugging Face config's
-    # tests are the only ones of a job waiting for its ConfigMap.
+    # tests are the only ones of a job waiting for its ConfigMap, the adaptation tests (~3 s)
+    # the only users of the arguments the reconciler hands its Adapter.
     "adaptis/operator/reconcile.py": (
         "tests/operator/test_operator_reconcile.py", "tests/operator/test_operator_reconcile_paths.py",
+        "tests/operator/test_operator_adaptation.py", "tests/operator/test_operator_reconcile_edges.py",
         "tests/operator/test_operator_capacity.py", "tests/operator/test_operator_hf_config.py",
         "tests/operator/test_operator_children.py", "tests/operator/test_operator_handlers.py",
         "tests/operator/test_operator_placement.py", "tests/operator/test_operator_pod_security.py",

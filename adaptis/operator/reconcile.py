@@ -175,7 +175,8 @@ class Reconciler:
                         message="worker pods recreated", event="Normal")
 
         deadline = spec.active_deadline_seconds
-        started = parse_time(st.start_time)
+        # p.status, not st: a corrected spec's new start cleared start_time above.
+        started = parse_time(p.status.start_time)
         if deadline and started:
             left = deadline - (p.now - started).total_seconds()
             if left <= 0:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from adaptis.api.job import JobSpec
+from adaptis.api.problem import Link
 from adaptis.operator.manifests import LABEL_PLAN
 from adaptis.operator.measurements import AdaptationSettings, MeasurementError, Sample, parse_sample
 from adaptis.operator.passes import ReconcileSettings
@@ -127,6 +128,26 @@ def test_suggest_reports_the_better_plan_and_leaves_the_pods(cluster: Any, make_
     assert workers.replans == ["suggested"]
     _poll(rec, clock, 1)  # the drift goes on, but the next decision needs a full window again
     assert workers.replans == ["suggested"]
+
+
+def test_the_drift_is_weighed_on_the_inter_node_link_the_operator_was_given(
+        cluster: Any, make_job: Any, clock: Any) -> None:
+    """The plan was made on the operator's --inter-node-* link; the adapter must predict the
+    running plan on that same network: a device measured slower can only lengthen it, never
+    make it faster than the placer predicted. (On a slow link the transfers dominate, so a
+    prediction on the default or a free link would be several times faster.)"""
+    cluster.add_job(_job(make_job, policy="suggest"))
+    workers = Workers(slow={1: 2.0})
+    slow_link = Link(bandwidth_bytes_per_s=2e8, latency_s=1e-4)
+    settings = ReconcileSettings(inter_node=slow_link, adaptation=AdaptationSettings(
+        prometheus_url="http://prom", poll_s=10.0, default_restart_s=0.0))
+    rec = Reconciler(cluster, settings=settings, clock=clock, observer=workers, fetch=workers.fetch)
+    _start(cluster, rec)
+    record = record_from_config_map(cluster.get_config_map("ns", "demo-config"))
+    assert record is not None and len(set(record.nodes)) > 1  # the plan crosses nodes
+    _poll(rec, clock, 3)
+    suggestion = cluster.job()["status"]["adaptation"]["suggestion"]
+    assert suggestion["oldPredictedIterationSeconds"] >= record.predicted_iteration_seconds
 
 
 def test_a_measured_slow_restart_outweighs_the_gain(cluster: Any, make_job: Any,

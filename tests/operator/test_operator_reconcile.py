@@ -335,6 +335,7 @@ def test_a_broken_update_stops_the_running_pods_once_and_a_fix_starts_again(
     rec.reconcile("ns", "demo")
     st = cluster.job()["status"]
     assert st["phase"] == "Planned" and "completionTime" not in st and len(cluster.pods()) == 4
+    assert "message" not in st, st["message"]  # the failure's message goes with it
     # Its stopped pods were not lost ranks (no restart used) and its deadline starts afresh.
     assert st["restarts"] == 0 and st["startTime"] != first_start, st
     failed = _cond(cluster.job(), "Failed")

@@ -125,6 +125,16 @@ def test_spread_evens_the_stages_under_the_bottleneck() -> None:
     assert got == [(0, 5), (5, 7), (7, 9)]
 
 
+def test_spread_is_skipped_past_its_size_limit() -> None:
+    """The spread's DP costs layers^2 x stages steps (seconds of Python past a few million): up
+    to 2e6 it spreads, past it the fill-early optimum is returned (docstring: "skipped on very
+    large inputs"). 500 unit layers on 8 stages sit exactly at the limit, 501 just past it."""
+    at_limit = balanced_partition(_plain(*([1.0] * 500)), stages_count=8, spread=True)
+    assert [hi - lo for lo, hi in at_limit] == [63, 63, 63, 63, 62, 62, 62, 62]
+    past = balanced_partition(_plain(*([1.0] * 501)), stages_count=8, spread=True)
+    assert [hi - lo for lo, hi in past] == [63] * 7 + [60]  # fill-early: 7 x 63, the rest last
+
+
 def test_spread_may_leave_single_layer_stages_first() -> None:
     """Layers of work 1, 1, 3, 3, 1 on devices of speed 2, 1, 1, 2: the bottleneck is 3 (a layer
     of 3 alone on a speed-1 device). Two partitions reach it: 1 | 1 | 3 | 3+1 (stage times 0.5,

@@ -254,3 +254,20 @@ def test_a_full_device_admitting_on_its_own_runs_its_w_before_another_stages_for
     sched = list_schedule(_costs(layers=3, memory=4.0, activation=1.0), stages=[(0, 1), (1, 2), (2, 3)],
                           owner=[0, 1, 0], policy=Policy(admit_per_device=True))
     assert _v_order(sched.actions)[0].startswith("F0.0 F0.1 F2.0 B2.0 W2.0 B0.0 W0.0 F2.1 ")
+
+
+def test_an_input_wakes_its_device_when_it_arrives_whatever_the_other_links() -> None:
+    """Four stages on four nodes, F = 1, B = 2, W = 1 time units, 8 microbatches; only the first
+    link is slow (6), the others free. F1.k runs k+7 to k+8, F2.k k+8 to k+9, so device 3 gets
+    F3.0's input at 9 and, idle, must start it then (not when some other link's time has
+    passed): B3.0 ends at 12 and its gradient is back on device 2 at 12, just as F2.4's input
+    arrives: B before F, so device 2 runs B2.0 right after F2.3."""
+    layers = [{"name": f"l{i}", "forward": 1.0, "backward": 2.0, "weight": 1.0, "activation_bytes": 1.0,
+               "output_bytes": 6.0 if i == 0 else 0.0} for i in range(4)]
+    costs = Costs.from_problem(parse_problem({
+        "name": "t", "microbatches": 8, "layers": layers, "time_unit": "s",
+        "devices": {"count": 4, "per_node": 1},
+        "network": {"inter_node": {"bandwidth_bytes_per_s": 1.0}}}))
+    sched = list_schedule(costs, stages=[(i, i + 1) for i in range(4)], owner=[0, 1, 2, 3])
+    assert _order(sched.actions)[3].startswith("F0 B0 F1 B1 ")
+    assert _order(sched.actions)[2].startswith("F0 F1 F2 F3 B0 F4 B1 ")

@@ -9,7 +9,10 @@ each) on 2 devices with 4 microbatches: every baseline splits it 2 + 2, so a sta
 
 from __future__ import annotations
 
+import functools
 import math
+import time
+from unittest import mock
 
 import pytest
 
@@ -84,6 +87,7 @@ def test_adaptis_alone_may_fit_where_most_baselines_do_not() -> None:
 def test_nothing_fits_names_the_leanest_plan_and_every_device() -> None:
     comparison, outcomes = compare(_problem(memory_bytes=205))
     adaptis = outcomes["adaptis"]
+    assert adaptis.name == "adaptis"  # a caller reading the outcome alone knows what failed
     assert adaptis.plan is None and adaptis.simulation is None and not adaptis.result.feasible
     # 1F1B and balanced both need 240 bytes on device 0; the first in the contract's order wins.
     assert adaptis.result.reason == (
@@ -268,3 +272,34 @@ def test_nothing_fits_within_the_time_limit_says_both() -> None:
         "leanest plan seen (1f1b) needs 240 bytes on device 0, which has 205 (1.17x); device 0 needs 240 "
         "bytes, has 205; device 1 needs 220 bytes, has 205")
     assert adaptis.search_seconds is not None and 0 <= adaptis.search_seconds < 60
+
+
+def test_the_searched_plan_carries_its_microbatches_unit_and_search_time() -> None:
+    """The search's plan is built from its schedule alone: the microbatches, the prediction's
+    time unit (the problem's) and the seconds the call took are filled in for it."""
+    doc = _problem().model_dump(mode="json", exclude_none=True) | {"time_unit": "s"}
+    started = time.perf_counter()
+    out = plan_strategy(parse_problem(doc), "adaptis")
+    took = time.perf_counter() - started
+    assert out.plan is not None and out.plan.predicted is not None
+    assert (out.plan.strategy, out.plan.microbatches, out.plan.predicted.time_unit) == ("adaptis", 4, "s")
+    assert out.result.search_seconds is not None and 0 < out.result.search_seconds <= took
+
+
+def test_a_search_cut_short_by_the_limit_says_its_plan_is_the_searchs() -> None:
+    """The deadline passes right after the search's first candidate (the real search, read
+    through a clock that jumps past the deadline at its first progress report): with no
+    baseline to compare, the plan is that candidate's and the note says so."""
+    costs = Costs.from_problem(_problem())
+    limit = strategies._Limit(2.0, time.monotonic() + 3600.0, None)
+    now = [-math.inf]
+
+    def first_report_ends_the_time(evals: int, budget: int, best: float) -> None:
+        now[0] = math.inf
+
+    search = functools.partial(strategies.joint_search, clock=lambda: now[0])
+    with mock.patch.object(strategies, "joint_search", search):
+        out = strategies._adaptis(costs, {}, on_progress=first_report_ends_the_time, limit=limit)
+    assert out.name == "adaptis" and out.result.feasible
+    assert out.result.cut_short == ("the best plan found within the time limit (2 s): the joint search's "
+                                    "(1 search candidates)")
