@@ -274,7 +274,8 @@ class Reconciler:
             p.condition("Running", "False", reason="WaitingForAdmission",
                         message="; ".join(c.gated[:3]), event="Normal")
         elif p.status.phase not in {"Restarting"}:
-            p.update(phase="Planned")
+            # Starting clears what held the gang back before (a policy's refusal, unschedulable).
+            p.update(phase="Planned", message=None)
             p.condition("Running", "False", reason="Starting",
                         message=f"{c.running}/{workers} ranks running, "
                         f"{c.pending + created} pending")

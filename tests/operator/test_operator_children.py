@@ -139,6 +139,16 @@ def test_a_policy_refusal_waits_with_a_slow_retry(cluster: Any, make_job: Any, k
     assert result.requeue_after == 30.0
 
 
+def test_a_lifted_policy_refusal_leaves_no_stale_message(cluster: Any, make_job: Any) -> None:
+    cluster.add_job(make_job())
+    Reconciler(Refusing(cluster, kind="Pod", status=403, text=PSA_403)).reconcile("ns", "demo")
+    assert "violates PodSecurity" in cluster.job()["status"]["message"]
+    Reconciler(cluster).reconcile("ns", "demo")  # the admin relaxed the policy: the pods start
+    job = cluster.job()
+    assert _cond(job, "Running")["reason"] == "Starting" and len(cluster.pods()) == 4
+    assert "message" not in job["status"], job["status"].get("message")
+
+
 @pytest.mark.parametrize("kind", ["ConfigMap", "Service", "Pod"])
 def test_api_server_failures_propagate_to_the_queue(cluster: Any, make_job: Any,
                                                     kind: str) -> None:
