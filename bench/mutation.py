@@ -45,6 +45,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere: `bench` imports
+
+from bench.mutation_ranks import CAUGHT_ACROSS_RANKS, CROSS_RANK, cross_rank, refresh_tests  # noqa: E402
 
 #: Core module -> the fast unit tests that cover it.
 MODULES: dict[str, tuple[str, ...]] = {
@@ -134,7 +137,7 @@ FORKSERVER = {"adaptis/worker/executor.py", "adaptis/worker/checkpoint.py", "ada
 
 #: mutmut's exit-code names that count as caught: the tests failed, or the mutant hung or
 #: crashed its test process (mutmut's "timeout" and "segfault").
-CAUGHT = {"killed", "timeout", "segfault"}
+CAUGHT = {"killed", "timeout", "segfault", *CAUGHT_ACROSS_RANKS}
 
 
 def mutmut_config(module: str, tests: tuple[str, ...], *, also_copy: list[str]) -> str:
@@ -172,29 +175,38 @@ def scratch_copy(dest: Path) -> None:
             shutil.copy2(src, dest / rel)
 
 
-def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int,
-               sample: int | None = None, seed: int = 0) -> tuple[Counter[str], int]:
-    """Mutate one module (all its mutants, or a seeded sample of ``sample`` of them); returns
-    the count of each mutmut status over the mutants run, and how many mutants the module has."""
+def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int, sample: int | None = None,
+               seed: int = 0, ranks: bool = False, reuse: bool = False) -> tuple[Counter[str], int]:
+    """Mutate one module (all its mutants, or a seeded sample of ``sample`` of them), then with
+    ``ranks`` run what survived against its multi-process tests (bench/mutation_ranks.py);
+    returns the count of each status over the mutants run, and how many mutants the module has.
+    ``reuse``: the scratch copy a previous run of the same module (and sample) left in ``out``,
+    its statuses as that run left them, no mutmut run."""
     stem = module.replace("/", ".")
     work = out / stem
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    scratch_copy(work)
-    also_copy = sorted(p.name for p in work.iterdir() if p.name not in {"adaptis", "tests"})
-    with (work / "pyproject.toml").open("a") as f:
-        f.write(mutmut_config(module, tests, also_copy=also_copy))
     mutmut = Mutmut(work=work, log=out / f"{stem}.log")
+    if reuse:
+        if not (work / "mutants" / "mutmut-stats.json").exists():
+            raise SystemExit(f"--reuse: no mutmut run of {module} in {work}; run it without --reuse first")
+    else:
+        if work.exists():
+            shutil.rmtree(work)
+        work.mkdir(parents=True)
+        scratch_copy(work)
+        also_copy = sorted(p.name for p in work.iterdir() if p.name not in {"adaptis", "tests"})
+        with (work / "pyproject.toml").open("a") as f:
+            f.write(mutmut_config(module, tests, also_copy=also_copy))
     unreached: list[str] = []
     if sample is None:
-        mutmut.run(jobs=jobs)
+        if not reuse:
+            mutmut.run(jobs=jobs)
         everything = mutmut.statuses()
         statuses = everything
     else:
         # A first run with a filter that matches no mutant generates the mutants and records
         # which tests reach which function, then stops: the names to sample from.
-        mutmut.run(jobs=jobs, names=[f"{stem[:-3]}.no_such_function__mutmut_0"], expect_failure=True)
+        if not reuse:
+            mutmut.run(jobs=jobs, names=[f"{stem[:-3]}.no_such_function__mutmut_0"], expect_failure=True)
         everything = mutmut.statuses()
         chosen = sorted(random.Random(seed).sample(sorted(everything), min(sample, len(everything))))
         # mutmut cannot be handed a mutant whose function no test reaches (it looks its tests
@@ -202,14 +214,20 @@ def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int,
         reached = mutmut.reached_functions()
         run = [n for n in chosen if n.partition("__mutmut_")[0] in reached]
         unreached = [n for n in chosen if n not in run]
-        if run:
+        if run and not reuse:
             mutmut.run(jobs=jobs, names=run)
         now = mutmut.statuses()
         statuses = {n: now[n] for n in run} | {n: "no tests" for n in unreached}
+    if ranks and module in CROSS_RANK:
+        if reuse:
+            refresh_tests(work, root=ROOT)
+        # Not the "not checked" of a run stopped early: those never met the unit tests.
+        left = sorted(n for n, s in statuses.items() if s in {"survived", "no tests"})
+        statuses |= cross_rank(module=module, work=work, mutants=left, log=out / f"{stem}.ranks.log")
     survivors = sorted(n for n, s in statuses.items() if s not in CAUGHT)
     with (out / f"{stem}.survivors.txt").open("w") as f:
         for name in survivors:
-            f.write(mutmut.show(name) if name not in unreached else f"# {name}: no tests\n")
+            f.write(mutmut.show(name) if name not in unreached else f"# {name}: no unit tests\n")
             f.write("\n")
     return Counter(statuses.values()), len(everything)
 
@@ -272,6 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=None, metavar="N",
                         help="run a random sample of N mutants of each module (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="the sample's random seed")
+    parser.add_argument("--cross-rank", action="store_true",
+                        help="re-run a worker module's survivors against its multi-process tests "
+                             f"({', '.join(CROSS_RANK)})")
+    parser.add_argument("--reuse", action="store_true",
+                        help="no mutmut run: the scratch copies a previous run (same --out, --sample, --seed) "
+                             "left, e.g. to add --cross-rank (with the working tree's tests as they are now)")
     args = parser.parse_args(argv)
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
@@ -279,12 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.sample is not None and args.sample < 1:
         parser.error(f"--sample: {args.sample}; give the number of mutants to run, at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
-    print(f"{'module':34} {'killed':>6} {'survived':>8} {'other':>5} {'score':>6} {'time':>6}")
+    print(f"{'module':34} {'killed':>6} {'ranks':>5} {'survived':>8} {'other':>5} {'score':>6} {'time':>6}")
     total: Counter[str] = Counter()
     for module in args.modules or list(MODULES):
         start = time.monotonic()
         counts, mutants = run_module(module=module, tests=MODULES[module], out=args.out, jobs=args.jobs,
-                                     sample=args.sample, seed=args.seed)
+                                     sample=args.sample, seed=args.seed, ranks=args.cross_rank, reuse=args.reuse)
         total += counts
         print(_row(module, counts, seconds=time.monotonic() - start), flush=True)
         if args.sample is not None:
@@ -302,12 +326,14 @@ def _sampled(counts: Counter[str], *, mutants: int, seed: int) -> str:
 
 
 def _row(name: str, counts: Counter[str], *, seconds: float | None) -> str:
+    """killed: every caught mutant; ranks: those of them caught only by the cross-rank step."""
     caught = sum(counts[s] for s in CAUGHT)
+    ranks = sum(counts[s] for s in CAUGHT_ACROSS_RANKS)
     survived = counts["survived"]
     other = sum(counts.values()) - caught - survived  # no tests, skipped, not checked
     score = f"{100 * caught / (caught + survived + other):.0f} %" if counts else "-"
     took = f"{seconds:.0f} s" if seconds is not None else ""
-    return f"{name:34} {caught:6} {survived:8} {other:5} {score:>6} {took:>6}"
+    return f"{name:34} {caught:6} {ranks:5} {survived:8} {other:5} {score:>6} {took:>6}"
 
 
 if __name__ == "__main__":

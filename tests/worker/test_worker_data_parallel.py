@@ -14,7 +14,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from worker_harness import DP_TRAINING, PARITY_MODEL, dp_parity_ranks, job_spec, run_ranks, write_dp_cases
+from worker_harness import (
+    DP_TRAINING,
+    PARITY_MODEL,
+    dp_parity_ranks,
+    job_spec,
+    run_ranks,
+    selected_cases,
+    write_dp_cases,
+)
 
 from adaptis.api.plan import Plan
 from adaptis.planner.strategies import plan_strategy
@@ -72,13 +80,14 @@ def _plan(name: str) -> Plan:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
+def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
     tmp = tmp_path_factory.mktemp("dp")
-    write_dp_cases(tmp / "cases.json", {case: (_plan(name), zero) for case, (name, zero) in CASES.items()},
+    chosen = selected_cases(request, params=("case",), cases=list(CASES))
+    write_dp_cases(tmp / "cases.json", {case: (_plan(CASES[case][0]), CASES[case][1]) for case in chosen},
                    replicas=REPLICAS, steps=STEPS)
     run_ranks(dp_parity_ranks, world=REPLICAS * PIPELINE, args=(str(tmp / "cases.json"), str(tmp)),
               timeout_s=300)
-    return {case: [torch.load(tmp / f"{case}-{r}.pt") for r in range(REPLICAS * PIPELINE)] for case in CASES}
+    return {case: [torch.load(tmp / f"{case}-{r}.pt") for r in range(REPLICAS * PIPELINE)] for case in chosen}
 
 
 @pytest.mark.parametrize("case", list(CASES))
