@@ -47,7 +47,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: `bench` imports
 
-from bench.mutation_ranks import CAUGHT_ACROSS_RANKS, CROSS_RANK, cross_rank, refresh_tests  # noqa: E402
+from bench.mutation_ranks import CAUGHT_ACROSS_RANKS, CROSS_RANK, cross_rank  # noqa: E402
 
 #: Core module -> the fast unit tests that cover it.
 MODULES: dict[str, tuple[str, ...]] = {
@@ -181,13 +181,17 @@ def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int, sam
     ``ranks`` run what survived against its multi-process tests (bench/mutation_ranks.py);
     returns the count of each status over the mutants run, and how many mutants the module has.
     ``reuse``: the scratch copy a previous run of the same module (and sample) left in ``out``,
-    its statuses as that run left them, no mutmut run."""
+    with the working tree's tests copied in, and only that run's survivors run again (mutmut
+    finds the new tests and which functions they reach)."""
     stem = module.replace("/", ".")
     work = out / stem
     mutmut = Mutmut(work=work, log=out / f"{stem}.log")
     if reuse:
         if not (work / "mutants" / "mutmut-stats.json").exists():
             raise SystemExit(f"--reuse: no mutmut run of {module} in {work}; run it without --reuse first")
+        # mutmut copies tests/ into mutants/ on each run; the cross-rank step runs in mutants/.
+        for dest in (work / "tests", work / "mutants" / "tests"):
+            shutil.copytree(ROOT / "tests", dest, dirs_exist_ok=True)
     else:
         if work.exists():
             shutil.rmtree(work)
@@ -200,6 +204,8 @@ def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int, sam
     if sample is None:
         if not reuse:
             mutmut.run(jobs=jobs)
+        else:
+            mutmut.run(jobs=jobs, names=sorted(n for n, s in mutmut.statuses().items() if s == "survived"))
         everything = mutmut.statuses()
         statuses = everything
     else:
@@ -214,13 +220,16 @@ def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int, sam
         reached = mutmut.reached_functions()
         run = [n for n in chosen if n.partition("__mutmut_")[0] in reached]
         unreached = [n for n in chosen if n not in run]
-        if run and not reuse:
+        if reuse:
+            run_now = mutmut.statuses()
+            again = [n for n in run if run_now[n] == "survived"]
+            if again:
+                mutmut.run(jobs=jobs, names=again)
+        elif run:
             mutmut.run(jobs=jobs, names=run)
         now = mutmut.statuses()
         statuses = {n: now[n] for n in run} | {n: "no tests" for n in unreached}
     if ranks and module in CROSS_RANK:
-        if reuse:
-            refresh_tests(work, root=ROOT)
         # Not the "not checked" of a run stopped early: those never met the unit tests.
         left = sorted(n for n, s in statuses.items() if s in {"survived", "no tests"})
         statuses |= cross_rank(module=module, work=work, mutants=left, log=out / f"{stem}.ranks.log")
@@ -294,8 +303,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="re-run a worker module's survivors against its multi-process tests "
                              f"({', '.join(CROSS_RANK)})")
     parser.add_argument("--reuse", action="store_true",
-                        help="no mutmut run: the scratch copies a previous run (same --out, --sample, --seed) "
-                             "left, e.g. to add --cross-rank (with the working tree's tests as they are now)")
+                        help="the scratch copies a previous run (same --out, --sample, --seed) left: its "
+                             "survivors only, run again with the working tree's tests (and --cross-rank)")
     args = parser.parse_args(argv)
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:

@@ -25,7 +25,6 @@ machine is shared: a paused run is not a hang), is "timeout across ranks". pytes
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +34,8 @@ from pathlib import Path
 
 _PARITY = "tests/worker/test_worker_parity.py::test_pipeline_step_equals_single_process[2-1f1b]"
 _REPLICAS = "tests/worker/test_worker_data_parallel.py::test_replicas_train_as_one_process[adaptis-zero1]"
+# The same run with the plan's ZeRO-0 case beside it: the state each replica's shard holds.
+_SHARDS = "tests/worker/test_worker_data_parallel.py::test_zero1_shards_the_optimizer_state[adaptis]"
 _IDLE = "tests/worker/test_worker_idle_ranks.py::test_idle_rank_plan_equals_single_process[idle-middle]"
 _AGREE = "tests/worker/test_worker_checkpoint.py::test_resume_step_is_the_newest_every_rank_has"
 _TIED_HF = "tests/worker/test_worker_reshard.py::test_a_tied_hugging_face_head_moves_off_its_embeddings_rank"
@@ -45,12 +46,13 @@ _TIED_HF = "tests/worker/test_worker_reshard.py::test_a_tied_hugging_face_head_m
 #: function not named here has nothing that only several ranks see: its survivors stay.
 #: _PARITY: 2 ranks, the embedding and its tied head apart (the tied exchange, the pipeline
 #: norm). _REPLICAS: 2 replicas x 2 ranks, ZeRO-1, clipping binding, 3 AdamW steps (the
-#: reducer, the sharded optimizer, the replicas' loss, the norm over one pipeline). _IDLE: 3
+#: reducer, the sharded optimizer, the replicas' loss, the norm over one pipeline); _SHARDS
+#: adds its ZeRO-0 case (does each replica hold its share of the optimizer state). _IDLE: 3
 #: ranks, the middle one idle. _AGREE: 3 ranks agreeing on the newest step each has.
 #: _TIED_HF: a tied Hugging Face head moved off its embedding's rank by a new partition.
 CROSS_RANK: dict[str, dict[str, tuple[str, ...]]] = {
     "adaptis/worker/executor.py": {
-        "Executor.__init__": (_PARITY, _IDLE, _REPLICAS),
+        "Executor.__init__": (_PARITY, _IDLE, _REPLICAS, _SHARDS),
         "Executor.step": (_PARITY, _IDLE, _REPLICAS),
         "Executor._clip": (_PARITY, _REPLICAS),
         "Executor._reducer": (_REPLICAS,),
@@ -127,12 +129,6 @@ def _kill_leftovers(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def refresh_tests(work: Path, *, root: Path) -> None:
-    """The working tree's tests/ into a scratch copy made earlier (``--reuse``): the cross-rank
-    step then runs the tests as they are now."""
-    shutil.copytree(root / "tests", work / "mutants" / "tests", dirs_exist_ok=True)
 
 
 def cross_rank(*, module: str, work: Path, mutants: list[str], log: Path) -> dict[str, str]:

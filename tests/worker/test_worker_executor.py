@@ -293,3 +293,14 @@ def test_the_slowdown_knob_slows_the_rank_it_names_only(monkeypatch: pytest.Monk
     monkeypatch.setenv("ADAPTIS_SLOWDOWN", "1:3@2")
     ex = Executor(_config(_three_stages_split()), rank=0, world_size=1, device=torch.device("cpu"))
     assert not isinstance(ex.timer, SlowedTimer)
+
+
+def test_the_action_trace_goes_to_this_ranks_file(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from adaptis.worker.trace import rank_trace_path
+
+    monkeypatch.setenv("ADAPTIS_TRACE", str(tmp_path))
+    ex = Executor(_config(_three_stages_split()), rank=0, world_size=1, device=torch.device("cpu"))
+    ex.step(SyntheticTokens(vocab_size=SMALL_MODEL.vocab_size, sequence_length=8, seed=5).batch(
+        position=0, sequences=6))
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [rank_trace_path(tmp_path, rank=0).name]
+    assert rank_trace_path(tmp_path, rank=0).stat().st_size > 0

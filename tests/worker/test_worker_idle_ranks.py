@@ -47,7 +47,8 @@ def _idle_plans() -> dict[str, Plan]:
 def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
     tmp = tmp_path_factory.mktemp("idle")
     everything = _idle_plans()
-    plans = {name: everything[name] for name in selected_cases(request, params=("name",), cases=list(everything))}
+    chosen = selected_cases(request, cases=list(everything), needs=lambda p: [p["name"]] if "name" in p else None)
+    plans = {name: everything[name] for name in chosen}
     write_cases(tmp / "cases.json", plans)
     run_ranks(parity_ranks, world=3, args=(str(tmp / "cases.json"), str(tmp)), timeout_s=240)
     return {name: [torch.load(tmp / f"{name}-{r}.pt") for r in range(3)] for name in plans}
@@ -93,7 +94,7 @@ def dp_results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     plan = topological_plan(stages=[(0, 4), (4, 10)], placement=[[], [0, 1]], microbatches=DP_TRAINING.microbatches,
                             split=True, defer_w=True)
     cases = {f"idle-first-zero{zero}": (plan, zero)
-             for zero in selected_cases(request, params=("zero",), cases=[0, 1])}
+             for zero in selected_cases(request, cases=[0, 1], needs=lambda p: [p["zero"]] if "zero" in p else None)}
     write_dp_cases(tmp / "cases.json", cases, replicas=DP_REPLICAS, steps=DP_STEPS)
     world = DP_REPLICAS * DP_PIPELINE
     run_ranks(dp_parity_ranks, world=world, args=(str(tmp / "cases.json"), str(tmp)), timeout_s=300)

@@ -80,8 +80,8 @@ def _run(cases: dict[int, list[str]], request: pytest.FixtureRequest,
          tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str], list[dict]]:
     """One spawn per world size runs all its selected cases in a row (process start-up dominates)."""
     out: dict[tuple[int, str], list[dict]] = {}
-    chosen = selected_cases(request, params=("world", "name"),
-                            cases=[(w, n) for w, names in cases.items() for n in names])
+    chosen = selected_cases(request, cases=[(w, n) for w, names in cases.items() for n in names],
+                            needs=lambda p: [(p["world"], p["name"])] if "name" in p else None)
     for world in cases:
         names = [n for w, n in chosen if w == world]
         if not names:

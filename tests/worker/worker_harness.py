@@ -12,7 +12,7 @@ import os
 import pickle
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -59,23 +59,23 @@ def one_rank_group() -> Iterator[None]:
     dist.destroy_process_group()
 
 
-def selected_cases(request: pytest.FixtureRequest, *, params: tuple[str, ...], cases: list[Any]) -> list[Any]:
+def selected_cases(request: pytest.FixtureRequest, *, cases: list[Any],
+                   needs: Callable[[dict[str, Any]], list[Any] | None]) -> list[Any]:
     """The cases of ``cases`` that this session's selected tests of the module ask for, in order.
 
     A module fixture that spawns ranks once for all its cases spawns them only for the cases
     whose tests run (``-k``, node ids): bench/mutation.py's cross-rank step re-runs one case per
-    surviving mutant, not the whole matrix. A case is a test's value of ``params`` (a tuple of
-    them for more than one); a selected test that uses the fixture without them (e.g. one
-    comparing every case) gets every case."""
+    surviving mutant, not the whole matrix. ``needs`` maps a selected test's parameters to the
+    cases it reads, or None for all of them (e.g. a test without those parameters)."""
     wanted: set[Any] = set()
     for item in request.session.items:
         if getattr(item, "module", None) is not request.module or request.fixturename not in item.fixturenames:
             continue
         spec = getattr(item, "callspec", None)
-        if spec is None or not all(p in spec.params for p in params):
+        needed = needs(spec.params if spec is not None else {})
+        if needed is None:
             return list(cases)
-        values = tuple(spec.params[p] for p in params)
-        wanted.add(values if len(params) > 1 else values[0])
+        wanted.update(needed)
     return [c for c in cases if c in wanted]
 
 
