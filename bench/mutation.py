@@ -18,14 +18,25 @@ mutmut) where a full run costs too much: it prints "sample of N of M" and the sc
 Wilson interval. A sampled mutant whose function no selected test reaches counts as not
 caught, as in a full run.
 
-Prints one line per module (killed, survived, other, score) and writes each module's
-surviving mutants, as diffs, to ``<out>/<module>.survivors.txt``. Measured: status.py, capacity.py
+``--cross-rank`` (worker modules, bench/mutation_ranks.py): the mutants mutmut's run left
+alive are run again against the module's multi-process gloo tests with the mutant active in
+every rank (mutmut's run never reaches ranks in processes of their own); the "ranks" column
+counts those caught so. ``--reuse`` takes the scratch copy an earlier run left in ``--out``
+(same ``--sample``/``--seed``), copies the working tree's tests in, runs only its survivors
+again, then the cross-rank step if asked:
+
+    python bench/mutation.py adaptis/worker/executor.py --sample 160 --seed 18 --cross-rank
+    python bench/mutation.py adaptis/worker/executor.py --sample 160 --seed 18 --reuse --cross-rank
+
+Prints one line per module (killed, of which across ranks, survived, other, score) and
+writes each module's surviving mutants, as diffs, to ``<out>/<module>.survivors.txt``. Measured: status.py, capacity.py
 and simulator.py in about 10 minutes on 2 shared cores with ``--jobs 1``; workqueue.py and
 validation.py; partition.py and strategies.py in part, metrics.py, scheduler.py and reconcile.py
 in full (each over an hour on the shared cores; bench/RESULTS.md says which mutants, the figures
 and why each survivor is left); checkpoint.py in part and ownership.py in full; executor.py as a
 sample (a mutant of its constructor re-runs all of its tests: 6-16 s each on the shared
-cores); search.py in part (every function but ``_phases``, a random sample of that).
+cores), then a sample of 160 with the cross-rank step; search.py in part (every function but
+``_phases``, a random sample of that).
 """
 
 from __future__ import annotations
