@@ -42,6 +42,7 @@ cores), then a sample of 160 with the cross-rank step; search.py in part (every 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -197,10 +198,14 @@ def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int, sam
     stem = module.replace("/", ".")
     work = out / stem
     mutmut = Mutmut(work=work, log=out / f"{stem}.log")
+    rerun = False
     if reuse:
         if not (work / "mutants" / "mutmut-stats.json").exists():
             raise SystemExit(f"--reuse: no mutmut run of {module} in {work}; run it without --reuse first")
-        # mutmut copies tests/ into mutants/ on each run; the cross-rank step runs in mutants/.
+        # Survivors are run again only if the tests changed since (mutmut's results are
+        # otherwise the same). mutmut copies tests/ into mutants/ on each run; the cross-rank
+        # step runs in mutants/.
+        rerun = _digest(ROOT / "tests") != _digest(work / "tests")
         for dest in (work / "tests", work / "mutants" / "tests"):
             shutil.copytree(ROOT / "tests", dest, dirs_exist_ok=True)
     else:
@@ -215,7 +220,7 @@ def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int, sam
     if sample is None:
         if not reuse:
             mutmut.run(jobs=jobs)
-        else:
+        elif rerun:
             mutmut.run(jobs=jobs, names=sorted(n for n, s in mutmut.statuses().items() if s == "survived"))
         everything = mutmut.statuses()
         statuses = everything
@@ -231,12 +236,12 @@ def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int, sam
         reached = mutmut.reached_functions()
         run = [n for n in chosen if n.partition("__mutmut_")[0] in reached]
         unreached = [n for n in chosen if n not in run]
-        if reuse:
+        if reuse and rerun:
             run_now = mutmut.statuses()
             again = [n for n in run if run_now[n] == "survived"]
             if again:
                 mutmut.run(jobs=jobs, names=again)
-        elif run:
+        elif run and not reuse:
             mutmut.run(jobs=jobs, names=run)
         now = mutmut.statuses()
         statuses = {n: now[n] for n in run} | {n: "no tests" for n in unreached}
@@ -250,6 +255,14 @@ def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int, sam
             f.write(mutmut.show(name) if name not in unreached else f"# {name}: no unit tests\n")
             f.write("\n")
     return Counter(statuses.values()), len(everything)
+
+
+def _digest(tests: Path) -> str:
+    """One hash of every file under ``tests`` (names and bytes)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in tests.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        h.update(str(path.relative_to(tests)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)

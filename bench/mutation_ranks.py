@@ -17,9 +17,10 @@ Before any mutant the step checks both, or stops: the tests pass with no mutant 
 every survivor would count as caught), and fail with mutmut's ``fail`` sentinel active (every
 trampoline raises then: proof the ranks run the mutated tree, not the checkout). A mutant whose
 tests fail is "killed across ranks"; one that makes them run past the deadline (three times the
-unmutated run, at least a minute more), twice, the second time with twice the deadline (the
-machine is shared: a paused run is not a hang), is "timeout across ranks". pytest's own errors
-(usage, collection) count as not caught.
+unmutated run, at least a minute more) or their ranks past the tests' own deadline, twice, the
+second time with twice the deadline (the machine is shared and may be paused: a slow run is not
+yet a hang), is "timeout across ranks". pytest's own errors (usage, collection) count as not
+caught.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ class RankTests:
     log: Path
 
     def run(self, *, mutant: str | None, timeout_s: float) -> tuple[str, float]:
-        """("passed" | "failed" | "timeout" | "error <exit code>", wall seconds) of one run."""
+        """("passed" | "failed" | "hang" | "timeout" | "error <exit code>", wall seconds) of one
+        run; "hang": a test failed on its ranks' own deadline (worker_harness.run_ranks)."""
         env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "MUTANT_UNDER_TEST"}}
         env["PYTHONPATH"] = str(self.work / "mutants")
         if mutant is not None:
@@ -99,6 +101,7 @@ class RankTests:
         cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
                "-m", "not integration and not slow", *self.tests]
         start = time.monotonic()
+        offset = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("a") as log:
             log.write(f"\n=== {mutant or 'no mutant'} (deadline {timeout_s:.0f} s)\n")
             log.flush()
@@ -119,8 +122,16 @@ class RankTests:
         if code == 0:
             return "passed", took
         if code == 1 or code < 0:
-            return "failed", took
+            with self.log.open("rb") as log:
+                log.seek(offset)
+                hung = _HANG in log.read()
+            return "hang" if hung else "failed", took
         return f"error {code}", took
+
+
+#: How worker_harness.run_ranks reports ranks past its deadline: a hang, or a machine that was
+#: paused (the lead's benchmarks SIGSTOP other work): tried again before it counts.
+_HANG = b"ranks did not finish within"
 
 
 def _kill_leftovers(pgid: int) -> None:
@@ -141,12 +152,16 @@ def cross_rank(*, module: str, work: Path, mutants: list[str], log: Path) -> dic
     everything = tuple(dict.fromkeys(t for tests in tests_of.values() for t in tests))
     whole = RankTests(work=work, tests=everything, log=log)
     status, took = whole.run(mutant=None, timeout_s=3600)
+    if status == "hang":
+        status, took = whole.run(mutant=None, timeout_s=3600)
     if status != "passed":
         raise SystemExit(f"{module}: the cross-rank tests {status} with no mutant active; see {log}")
     # Three times the unmutated run of all of them, at least a minute more: a paused (shared)
     # machine must not turn a survivor into a "timeout".
     deadline = max(3 * took, took + 60)
     sentinel, _ = whole.run(mutant="fail", timeout_s=deadline)
+    if sentinel in {"timeout", "hang"}:
+        sentinel, _ = whole.run(mutant="fail", timeout_s=2 * deadline)
     if sentinel != "failed":
         raise SystemExit(f"{module}: the cross-rank tests {sentinel} with mutmut's 'fail' sentinel active: "
                          f"their ranks do not run the scratch copy's mutants; see {log}")
@@ -156,11 +171,11 @@ def cross_rank(*, module: str, work: Path, mutants: list[str], log: Path) -> dic
     for i, name in enumerate(todo, 1):
         tests = RankTests(work=work, tests=tests_of[function_of(name)], log=log)
         status, took = tests.run(mutant=name, timeout_s=deadline)
-        if status == "timeout":  # again, with more time: the shared machine may have paused it
+        if status in {"timeout", "hang"}:  # again, with more time: the machine may have been paused
             status, took = tests.run(mutant=name, timeout_s=2 * deadline)
         if status == "failed":
             caught[name] = "killed across ranks"
-        elif status == "timeout":
+        elif status in {"timeout", "hang"}:
             caught[name] = "timeout across ranks"
         print(f"  cross-rank {i}/{len(todo)} {name}: {caught.get(name, status)} ({took:.0f} s)", flush=True)
     return caught
