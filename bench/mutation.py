@@ -221,7 +221,9 @@ def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int, sam
         if not reuse:
             mutmut.run(jobs=jobs)
         elif rerun:
-            mutmut.run(jobs=jobs, names=sorted(n for n, s in mutmut.statuses().items() if s == "survived"))
+            again = sorted(n for n, s in mutmut.statuses().items() if s == "survived")
+            if again:  # (no names would run every mutant)
+                mutmut.run(jobs=jobs, names=again)
         everything = mutmut.statuses()
         statuses = everything
     else:
