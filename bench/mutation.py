@@ -18,19 +18,31 @@ mutmut) where a full run costs too much: it prints "sample of N of M" and the sc
 Wilson interval. A sampled mutant whose function no selected test reaches counts as not
 caught, as in a full run.
 
-Prints one line per module (killed, survived, other, score) and writes each module's
-surviving mutants, as diffs, to ``<out>/<module>.survivors.txt``. Measured: status.py, capacity.py
+``--cross-rank`` (worker modules, bench/mutation_ranks.py): the mutants mutmut's run left
+alive are run again against the module's multi-process gloo tests with the mutant active in
+every rank (mutmut's run never reaches ranks in processes of their own); the "ranks" column
+counts those caught so. ``--reuse`` takes the scratch copy an earlier run left in ``--out``
+(same ``--sample``/``--seed``), copies the working tree's tests in, runs only its survivors
+again, then the cross-rank step if asked:
+
+    python bench/mutation.py adaptis/worker/executor.py --sample 160 --seed 18 --cross-rank
+    python bench/mutation.py adaptis/worker/executor.py --sample 160 --seed 18 --reuse --cross-rank
+
+Prints one line per module (killed, of which across ranks, survived, other, score) and
+writes each module's surviving mutants, as diffs, to ``<out>/<module>.survivors.txt``. Measured: status.py, capacity.py
 and simulator.py in about 10 minutes on 2 shared cores with ``--jobs 1``; workqueue.py and
 validation.py; partition.py and strategies.py in part, metrics.py, scheduler.py and reconcile.py
 in full (each over an hour on the shared cores; bench/RESULTS.md says which mutants, the figures
 and why each survivor is left); checkpoint.py in part and ownership.py in full; executor.py as a
 sample (a mutant of its constructor re-runs all of its tests: 6-16 s each on the shared
-cores); search.py in part (every function but ``_phases``, a random sample of that).
+cores), then a sample of 160 with the cross-rank step; search.py in part (every function but
+``_phases``, a random sample of that).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -45,6 +57,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere: `bench` imports
+
+from bench.mutation_ranks import CAUGHT_ACROSS_RANKS, CROSS_RANK, cross_rank  # noqa: E402
 
 #: Core module -> the fast unit tests that cover it.
 MODULES: dict[str, tuple[str, ...]] = {
@@ -137,7 +152,7 @@ FORKSERVER = {"adaptis/worker/executor.py", "adaptis/worker/checkpoint.py", "ada
 
 #: mutmut's exit-code names that count as caught: the tests failed, or the mutant hung or
 #: crashed its test process (mutmut's "timeout" and "segfault").
-CAUGHT = {"killed", "timeout", "segfault"}
+CAUGHT = {"killed", "timeout", "segfault", *CAUGHT_ACROSS_RANKS}
 
 
 def mutmut_config(module: str, tests: tuple[str, ...], *, also_copy: list[str]) -> str:
@@ -175,29 +190,50 @@ def scratch_copy(dest: Path) -> None:
             shutil.copy2(src, dest / rel)
 
 
-def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int,
-               sample: int | None = None, seed: int = 0) -> tuple[Counter[str], int]:
-    """Mutate one module (all its mutants, or a seeded sample of ``sample`` of them); returns
-    the count of each mutmut status over the mutants run, and how many mutants the module has."""
+def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int, sample: int | None = None,
+               seed: int = 0, ranks: bool = False, reuse: bool = False) -> tuple[Counter[str], int]:
+    """Mutate one module (all its mutants, or a seeded sample of ``sample`` of them), then with
+    ``ranks`` run what survived against its multi-process tests (bench/mutation_ranks.py);
+    returns the count of each status over the mutants run, and how many mutants the module has.
+    ``reuse``: the scratch copy a previous run of the same module (and sample) left in ``out``,
+    with the working tree's tests copied in, and only that run's survivors run again (mutmut
+    finds the new tests and which functions they reach)."""
     stem = module.replace("/", ".")
     work = out / stem
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    scratch_copy(work)
-    also_copy = sorted(p.name for p in work.iterdir() if p.name not in {"adaptis", "tests"})
-    with (work / "pyproject.toml").open("a") as f:
-        f.write(mutmut_config(module, tests, also_copy=also_copy))
     mutmut = Mutmut(work=work, log=out / f"{stem}.log")
+    rerun = False
+    if reuse:
+        if not (work / "mutants" / "mutmut-stats.json").exists():
+            raise SystemExit(f"--reuse: no mutmut run of {module} in {work}; run it without --reuse first")
+        # Survivors are run again only if the tests changed since (mutmut's results are
+        # otherwise the same). mutmut copies tests/ into mutants/ on each run; the cross-rank
+        # step runs in mutants/.
+        rerun = _digest(ROOT / "tests") != _digest(work / "tests")
+        for dest in (work / "tests", work / "mutants" / "tests"):
+            shutil.copytree(ROOT / "tests", dest, dirs_exist_ok=True)
+    else:
+        if work.exists():
+            shutil.rmtree(work)
+        work.mkdir(parents=True)
+        scratch_copy(work)
+        also_copy = sorted(p.name for p in work.iterdir() if p.name not in {"adaptis", "tests"})
+        with (work / "pyproject.toml").open("a") as f:
+            f.write(mutmut_config(module, tests, also_copy=also_copy))
     unreached: list[str] = []
     if sample is None:
-        mutmut.run(jobs=jobs)
+        if not reuse:
+            mutmut.run(jobs=jobs)
+        elif rerun:
+            again = sorted(n for n, s in mutmut.statuses().items() if s == "survived")
+            if again:  # (no names would run every mutant)
+                mutmut.run(jobs=jobs, names=again)
         everything = mutmut.statuses()
         statuses = everything
     else:
         # A first run with a filter that matches no mutant generates the mutants and records
         # which tests reach which function, then stops: the names to sample from.
-        mutmut.run(jobs=jobs, names=[f"{stem[:-3]}.no_such_function__mutmut_0"], expect_failure=True)
+        if not reuse:
+            mutmut.run(jobs=jobs, names=[f"{stem[:-3]}.no_such_function__mutmut_0"], expect_failure=True)
         everything = mutmut.statuses()
         chosen = sorted(random.Random(seed).sample(sorted(everything), min(sample, len(everything))))
         # mutmut cannot be handed a mutant whose function no test reaches (it looks its tests
@@ -205,16 +241,33 @@ def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int,
         reached = mutmut.reached_functions()
         run = [n for n in chosen if n.partition("__mutmut_")[0] in reached]
         unreached = [n for n in chosen if n not in run]
-        if run:
+        if reuse and rerun:
+            run_now = mutmut.statuses()
+            again = [n for n in run if run_now[n] == "survived"]
+            if again:
+                mutmut.run(jobs=jobs, names=again)
+        elif run and not reuse:
             mutmut.run(jobs=jobs, names=run)
         now = mutmut.statuses()
         statuses = {n: now[n] for n in run} | {n: "no tests" for n in unreached}
+    if ranks and module in CROSS_RANK:
+        # Not the "not checked" of a run stopped early: those never met the unit tests.
+        left = sorted(n for n, s in statuses.items() if s in {"survived", "no tests"})
+        statuses |= cross_rank(module=module, work=work, mutants=left, log=out / f"{stem}.ranks.log")
     survivors = sorted(n for n, s in statuses.items() if s not in CAUGHT)
     with (out / f"{stem}.survivors.txt").open("w") as f:
         for name in survivors:
-            f.write(mutmut.show(name) if name not in unreached else f"# {name}: no tests\n")
+            f.write(mutmut.show(name) if name not in unreached else f"# {name}: no unit tests\n")
             f.write("\n")
     return Counter(statuses.values()), len(everything)
+
+
+def _digest(tests: Path) -> str:
+    """One hash of every file under ``tests`` (names and bytes)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in tests.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        h.update(str(path.relative_to(tests)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -275,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=None, metavar="N",
                         help="run a random sample of N mutants of each module (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="the sample's random seed")
+    parser.add_argument("--cross-rank", action="store_true",
+                        help="re-run a worker module's survivors against its multi-process tests "
+                             f"({', '.join(CROSS_RANK)})")
+    parser.add_argument("--reuse", action="store_true",
+                        help="the scratch copies a previous run (same --out, --sample, --seed) left: its "
+                             "survivors only, run again with the working tree's tests (and --cross-rank)")
     args = parser.parse_args(argv)
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
@@ -282,12 +341,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.sample is not None and args.sample < 1:
         parser.error(f"--sample: {args.sample}; give the number of mutants to run, at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
-    print(f"{'module':34} {'killed':>6} {'survived':>8} {'other':>5} {'score':>6} {'time':>6}")
+    print(f"{'module':34} {'killed':>6} {'ranks':>5} {'survived':>8} {'other':>5} {'score':>6} {'time':>6}")
     total: Counter[str] = Counter()
     for module in args.modules or list(MODULES):
         start = time.monotonic()
         counts, mutants = run_module(module=module, tests=MODULES[module], out=args.out, jobs=args.jobs,
-                                     sample=args.sample, seed=args.seed)
+                                     sample=args.sample, seed=args.seed, ranks=args.cross_rank, reuse=args.reuse)
         total += counts
         print(_row(module, counts, seconds=time.monotonic() - start), flush=True)
         if args.sample is not None:
@@ -305,12 +364,14 @@ def _sampled(counts: Counter[str], *, mutants: int, seed: int) -> str:
 
 
 def _row(name: str, counts: Counter[str], *, seconds: float | None) -> str:
+    """killed: every caught mutant; ranks: those of them caught only by the cross-rank step."""
     caught = sum(counts[s] for s in CAUGHT)
+    ranks = sum(counts[s] for s in CAUGHT_ACROSS_RANKS)
     survived = counts["survived"]
     other = sum(counts.values()) - caught - survived  # no tests, skipped, not checked
     score = f"{100 * caught / (caught + survived + other):.0f} %" if counts else "-"
     took = f"{seconds:.0f} s" if seconds is not None else ""
-    return f"{name:34} {caught:6} {survived:8} {other:5} {score:>6} {took:>6}"
+    return f"{name:34} {caught:6} {ranks:5} {survived:8} {other:5} {score:>6} {took:>6}"
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""bench/mutation.py's sampled score: the 95 % Wilson interval it prints for ``--sample``."""
+"""bench/mutation.py's sampled score (the 95 % Wilson interval it prints for ``--sample``) and its
+cross-rank step's map of functions to multi-process tests (bench/mutation_ranks.py)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,31 @@ def test_the_wilson_interval_of_known_proportions(caught: int, n: int, low: floa
 
 def test_an_empty_sample_promises_nothing() -> None:
     assert _mutation().wilson(0, 0) == (0.0, 1.0)
+
+
+def _ranks():  # type: ignore[no-untyped-def]
+    _mutation()  # puts the checkout on the path, as the script does
+    import importlib
+
+    return importlib.import_module("bench.mutation_ranks")
+
+
+def test_a_mutants_function_is_read_from_mutmuts_mangled_name() -> None:
+    function_of = _ranks().function_of
+    assert function_of("adaptis.worker.executor.xǁExecutorǁ_sync_tied__mutmut_25") == "Executor._sync_tied"
+    assert function_of("adaptis.worker.executor.xǁExecutorǁ__init____mutmut_105") == "Executor.__init__"
+    assert function_of("adaptis.worker.checkpoint.x__tied_alias__mutmut_3") == "_tied_alias"
+    assert function_of("adaptis.worker.checkpoint.x_load_checkpoint__mutmut_12") == "load_checkpoint"
+
+
+def test_the_cross_rank_map_names_functions_and_tests_that_exist() -> None:
+    import importlib
+    import operator
+
+    for module, tests_of in _ranks().CROSS_RANK.items():
+        code = importlib.import_module(module.removesuffix(".py").replace("/", "."))
+        for function, tests in tests_of.items():
+            assert callable(operator.attrgetter(function)(code)), f"{module}: {function}"
+            for test in tests:
+                path, _, name = test.partition("::")
+                assert f"def {name.partition('[')[0]}(" in (ROOT / path).read_text(), test

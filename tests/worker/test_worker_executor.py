@@ -241,3 +241,66 @@ def test_a_tied_hugging_face_model_on_one_rank_names_and_trains_its_shared_weigh
     stats = ex.step(batch)
     assert 0 < stats.loss < 2 * math.log(256)  # about ln(vocabulary) at initialisation
     assert not torch.equal(before, named["model.embed_tokens.weight"])
+
+
+def test_the_gradient_norm_is_summed_in_double_precision() -> None:
+    # The norm decides whether clipping binds: it is the float64 norm of the gradients as they
+    # are (no clipping here), to double rounding; a float32 sum is off by ~1e-7 of it.
+    ex = Executor(_config(_three_stages_split()), rank=0, world_size=1, device=torch.device("cpu"))
+    batch = SyntheticTokens(vocab_size=SMALL_MODEL.vocab_size, sequence_length=8, seed=5).batch(
+        position=0, sequences=6)
+    stats = ex.step(batch)
+    squares = [float(p.grad.double().pow(2).sum()) for p in ex.params if p.grad is not None]
+    assert stats.grad_norm == pytest.approx(math.sqrt(math.fsum(squares)), rel=1e-12)
+
+
+def _forward_calls(ex: Executor) -> list[int]:
+    """A counter per layer of this rank's stages, counting each forward the layer runs."""
+    calls = [0] * sum(len(m.layers) for m in ex.modules)
+    layers = [layer for m in ex.modules for layer in m.layers]
+    for i, layer in enumerate(layers):
+        layer.register_forward_hook(lambda *_a, i=i: calls.__setitem__(i, calls[i] + 1))
+    return calls
+
+
+@pytest.mark.parametrize("recompute", [None, [False, True]])
+def test_only_the_stages_the_plan_recomputes_run_their_forward_twice(recompute: list[bool] | None) -> None:
+    # Fused backwards (a recomputed stage must fuse them): the forward once per microbatch, and
+    # once more in the backward of a recomputed stage. Stage 0 is the embedding, stage 1 the
+    # 3 blocks and the head.
+    m = TRAIN.microbatches
+    acts = [("F", s, mb) for mb in range(m) for s in (0, 1)] + [("BW", s, mb) for mb in range(m) for s in (1, 0)]
+    plan = Plan(stages=[(0, 1), (1, 5)], placement=[[0, 1]], actions=[acts], recompute=recompute)
+    ex = Executor(_config(plan), rank=0, world_size=1, device=torch.device("cpu"))
+    calls = _forward_calls(ex)
+    ex.step(SyntheticTokens(vocab_size=SMALL_MODEL.vocab_size, sequence_length=8, seed=5).batch(
+        position=0, sequences=6))
+    # (torch stops a recomputation once it has what the backward needs: the head, last, may
+    # not run again.)
+    assert calls[0] == m
+    if recompute:
+        assert max(calls[1:]) == 2 * m and min(calls[1:]) >= m, calls
+    else:
+        assert calls[1:] == [m] * 4
+
+
+def test_the_slowdown_knob_slows_the_rank_it_names_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from adaptis.worker.slowdown import Slowdown, SlowedTimer
+
+    monkeypatch.setenv("ADAPTIS_SLOWDOWN", "0:3@2")
+    ex = Executor(_config(_three_stages_split()), rank=0, world_size=1, device=torch.device("cpu"))
+    assert isinstance(ex.timer, SlowedTimer) and ex.timer.slowdown == Slowdown(rank=0, factor=3.0, step=2)
+    monkeypatch.setenv("ADAPTIS_SLOWDOWN", "1:3@2")
+    ex = Executor(_config(_three_stages_split()), rank=0, world_size=1, device=torch.device("cpu"))
+    assert not isinstance(ex.timer, SlowedTimer)
+
+
+def test_the_action_trace_goes_to_this_ranks_file(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from adaptis.worker.trace import rank_trace_path
+
+    monkeypatch.setenv("ADAPTIS_TRACE", str(tmp_path))
+    ex = Executor(_config(_three_stages_split()), rank=0, world_size=1, device=torch.device("cpu"))
+    ex.step(SyntheticTokens(vocab_size=SMALL_MODEL.vocab_size, sequence_length=8, seed=5).batch(
+        position=0, sequences=6))
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [rank_trace_path(tmp_path, rank=0).name]
+    assert rank_trace_path(tmp_path, rank=0).stat().st_size > 0

@@ -16,6 +16,7 @@ from worker_harness import (
     dp_parity_ranks,
     parity_ranks,
     run_ranks,
+    selected_cases,
     topological_plan,
     write_cases,
     write_dp_cases,
@@ -43,9 +44,11 @@ def _idle_plans() -> dict[str, Plan]:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
+def results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
     tmp = tmp_path_factory.mktemp("idle")
-    plans = _idle_plans()
+    everything = _idle_plans()
+    chosen = selected_cases(request, cases=list(everything), needs=lambda p: [p["name"]] if "name" in p else None)
+    plans = {name: everything[name] for name in chosen}
     write_cases(tmp / "cases.json", plans)
     run_ranks(parity_ranks, world=3, args=(str(tmp / "cases.json"), str(tmp)), timeout_s=240)
     return {name: [torch.load(tmp / f"{name}-{r}.pt") for r in range(3)] for name in plans}
@@ -85,12 +88,13 @@ DP_REPLICAS, DP_PIPELINE, DP_STEPS = 2, 2, 2
 
 
 @pytest.fixture(scope="module")
-def dp_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
+def dp_results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
     tmp = tmp_path_factory.mktemp("idledp")
     # Pipeline rank 0 idle, all stages on rank 1 (the tied pair on one rank).
     plan = topological_plan(stages=[(0, 4), (4, 10)], placement=[[], [0, 1]], microbatches=DP_TRAINING.microbatches,
                             split=True, defer_w=True)
-    cases = {f"idle-first-zero{zero}": (plan, zero) for zero in (0, 1)}
+    cases = {f"idle-first-zero{zero}": (plan, zero)
+             for zero in selected_cases(request, cases=[0, 1], needs=lambda p: [p["zero"]] if "zero" in p else None)}
     write_dp_cases(tmp / "cases.json", cases, replicas=DP_REPLICAS, steps=DP_STEPS)
     world = DP_REPLICAS * DP_PIPELINE
     run_ranks(dp_parity_ranks, world=world, args=(str(tmp / "cases.json"), str(tmp)), timeout_s=300)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 from worker_harness import (
-    parity_reference,
     job_spec,
     parity_ranks,
+    parity_reference,
     run_ranks,
+    selected_cases,
     topological_plan,
     write_cases,
 )
@@ -75,10 +76,16 @@ def reference() -> tuple[float, dict[str, torch.Tensor], float]:
     return parity_reference()
 
 
-def _run(cases: dict[int, list[str]], tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str], list[dict]]:
-    """One spawn per world size runs all its cases in a row (process start-up dominates)."""
+def _run(cases: dict[int, list[str]], request: pytest.FixtureRequest,
+         tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str], list[dict]]:
+    """One spawn per world size runs all its selected cases in a row (process start-up dominates)."""
     out: dict[tuple[int, str], list[dict]] = {}
-    for world, names in cases.items():
+    chosen = selected_cases(request, cases=[(w, n) for w, names in cases.items() for n in names],
+                            needs=lambda p: [(p["world"], p["name"])] if "name" in p else None)
+    for world in cases:
+        names = [n for w, n in chosen if w == world]
+        if not names:
+            continue
         tmp = tmp_path_factory.mktemp(f"parity{world}")
         hand = _hand_written().get(world, {})
         plans = {name: hand[name] if name in hand else _planned(name, world) for name in names}
@@ -90,13 +97,15 @@ def _run(cases: dict[int, list[str]], tmp_path_factory: pytest.TempPathFactory) 
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str], list[dict]]:
-    return _run(CASES, tmp_path_factory)
+def results(request: pytest.FixtureRequest,
+            tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str], list[dict]]:
+    return _run(CASES, request, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def slow_results(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str], list[dict]]:
-    return _run(SLOW_CASES, tmp_path_factory)
+def slow_results(request: pytest.FixtureRequest,
+                 tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str], list[dict]]:
+    return _run(SLOW_CASES, request, tmp_path_factory)
 
 
 @pytest.mark.parametrize("world,name", [(w, n) for w, names in CASES.items() for n in names])

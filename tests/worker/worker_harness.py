@@ -8,9 +8,11 @@ pipeline that deadlocks fails the test in seconds instead of hanging the suite.
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,26 @@ def one_rank_group() -> Iterator[None]:
     dist.destroy_process_group()
 
 
+def selected_cases(request: pytest.FixtureRequest, *, cases: list[Any],
+                   needs: Callable[[dict[str, Any]], list[Any] | None]) -> list[Any]:
+    """The cases of ``cases`` that this session's selected tests of the module ask for, in order.
+
+    A module fixture that spawns ranks once for all its cases spawns them only for the cases
+    whose tests run (``-k``, node ids): bench/mutation.py's cross-rank step re-runs one case per
+    surviving mutant, not the whole matrix. ``needs`` maps a selected test's parameters to the
+    cases it reads, or None for all of them (e.g. a test without those parameters)."""
+    wanted: set[Any] = set()
+    for item in request.session.items:
+        if getattr(item, "module", None) is not request.module or request.fixturename not in item.fixturenames:
+            continue
+        spec = getattr(item, "callspec", None)
+        needed = needs(spec.params if spec is not None else {})
+        if needed is None:
+            return list(cases)
+        wanted.update(needed)
+    return [c for c in cases if c in wanted]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -78,6 +100,9 @@ def run_ranks(fn: Any, *, world: int, args: tuple[Any, ...], timeout_s: float) -
     deadline = time.monotonic() + timeout_s
     try:
         while not ctx.join(timeout=0.5):
+            failed = _rank_failure(ctx.error_files)
+            if failed is not None:
+                raise RuntimeError(failed)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{world} ranks did not finish within {timeout_s:.0f} s (hang?)")
     finally:
@@ -86,6 +111,21 @@ def run_ranks(fn: Any, *, world: int, args: tuple[Any, ...], timeout_s: float) -
                 p.kill()
         for p in ctx.processes:
             p.join(5)
+
+
+def _rank_failure(error_files: list[str | None]) -> str | None:
+    """The traceback of a rank that raised, as soon as torch's wrapper has written it: a failed
+    rank can hang on its way out (its gloo group waits on its peers), which ``join`` sees only
+    when the process ends, so without this a rank's error would wait for the deadline."""
+    for rank, path in enumerate(error_files):
+        if path is None or not os.path.exists(path) or os.path.getsize(path) == 0:
+            continue
+        try:
+            with open(path, "rb") as fh:
+                return f"rank {rank} failed:\n{pickle.load(fh)}"
+        except (EOFError, pickle.UnpicklingError):  # still being written: the next poll reads it
+            continue
+    return None
 
 
 def parity_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: str) -> None:
