@@ -114,18 +114,24 @@ def run_ranks(fn: Any, *, world: int, args: tuple[Any, ...], timeout_s: float) -
 
 
 def _rank_failure(error_files: list[str | None]) -> str | None:
-    """The traceback of a rank that raised, as soon as torch's wrapper has written it: a failed
-    rank can hang on its way out (its gloo group waits on its peers), which ``join`` sees only
-    when the process ends, so without this a rank's error would wait for the deadline."""
+    """The tracebacks of the ranks that raised, as soon as torch's wrapper has written one: a
+    failed rank can hang on its way out (its gloo group waits on its peers), which ``join`` sees
+    only when the process ends, so without this a rank's error would wait for the deadline.
+    A rank that failed because a peer's exit closed its connection comes after the ranks that
+    failed of themselves (the peer writes its traceback before it exits, so both are there)."""
+    failures: list[tuple[bool, str]] = []
     for rank, path in enumerate(error_files):
         if path is None or not os.path.exists(path) or os.path.getsize(path) == 0:
             continue
         try:
             with open(path, "rb") as fh:
-                return f"rank {rank} failed:\n{pickle.load(fh)}"
+                text = f"rank {rank} failed:\n{pickle.load(fh)}"
         except (EOFError, pickle.UnpicklingError):  # still being written: the next poll reads it
             continue
-    return None
+        failures.append(("Connection closed by peer" in text, text))
+    if not failures:
+        return None
+    return "\n".join(text for _peer_gone, text in sorted(failures, key=lambda f: f[0]))
 
 
 def parity_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: str) -> None:
