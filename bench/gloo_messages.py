@@ -34,10 +34,12 @@ WAYS = ("pingpong", "both", "batch")
 
 
 def _exchange(way: str, *, peer: int, rank: int, out: torch.Tensor, into: torch.Tensor) -> None:
-    if way == "pingpong":
-        first, second = (dist.isend, dist.irecv) if rank == 0 else (dist.irecv, dist.isend)
-        first(out if first is dist.isend else into, peer).wait()
-        second(out if second is dist.isend else into, peer).wait()
+    if way == "pingpong" and rank == 0:
+        dist.isend(out, peer).wait()
+        dist.irecv(into, peer).wait()
+    elif way == "pingpong":
+        dist.irecv(into, peer).wait()
+        dist.isend(out, peer).wait()
     elif way == "both":
         send, recv = dist.isend(out, peer), dist.irecv(into, peer)
         recv.wait()

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from adaptis.api.job import AdaPtisJob
-from adaptis.api.problem import TIME_UNIT_SECONDS, Problem
+from adaptis.api.plan import predicted_seconds
+from adaptis.api.problem import Problem
 
 __all__ = ["dry_run"]
 
@@ -50,8 +51,7 @@ def dry_run(args: argparse.Namespace, job: AdaPtisJob, *, strategy: str) -> int:
         raise CLIError(f"strategy {strategy} has no feasible plan: {outcome.result.reason}")
     plan, seconds = outcome.plan, time.perf_counter() - t0
     layers = problem.expanded_layers()
-    pred = plan.predicted
-    unit = TIME_UNIT_SECONDS[pred.time_unit] if pred else 1.0
+    pred = predicted_seconds(plan.predicted)
     stages: list[dict[str, Any]] = []
     owner = plan.stage_device()
     for s, (lo, hi) in enumerate(plan.stages):
@@ -63,8 +63,8 @@ def dry_run(args: argparse.Namespace, job: AdaPtisJob, *, strategy: str) -> int:
         "data_parallel": spec.parallelism.data_parallel, "layers": len(layers),
         "microbatches": problem.microbatches, "stages": stages,
         "placement": [list(p) for p in plan.placement],
-        "predicted_iteration_seconds": pred.iteration_time * unit if pred else None,
-        "predicted_bubble_ratio": pred.bubble_ratio if pred else None,
+        "predicted_iteration_seconds": pred["iteration_seconds"],
+        "predicted_bubble_ratio": pred["bubble_ratio"],
         "planning_seconds": seconds, "problem": problem.name,
     }
     if args.timeline is not None:
@@ -81,9 +81,9 @@ def dry_run(args: argparse.Namespace, job: AdaPtisJob, *, strategy: str) -> int:
         kinds = ", ".join(f"{k} x{n}" for k, n in st["kinds"].items())
         out.write(f"  stage {st['stage']:>3} on device {st['device']:>3}: layers "
                   f"[{st['layers'][0]}, {st['layers'][1]})  {kinds}\n")
-    if pred is not None:
-        out.write(f"predicted iteration {pred.iteration_time * unit:.4g} s, bubble "
-                  f"{pred.bubble_ratio:.1%}; nothing was started\n")
+    if pred["iteration_seconds"] is not None:
+        out.write(f"predicted iteration {pred['iteration_seconds']:.4g} s, bubble "
+                  f"{pred['bubble_ratio']:.1%}; nothing was started\n")
     return 0
 
 

@@ -174,12 +174,10 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(done, int):
         return done
     par = spec.parallelism
-    pred = predicted_seconds(done.plan.predicted)
     starts = done.starts
     result = summary(job.metadata.name, strategy=spec.planner.strategy, plan=done.plan, workers=par.workers,
                      steps=done.steps, mesh=(par.data_parallel, par.pipeline_ranks, _zero(spec)),
-                     reduce=done.reduce, pred=(pred["bubble_ratio"], pred["iteration_seconds"]),
-                     seconds=time.perf_counter() - started, workdir=workdir,
+                     reduce=done.reduce, seconds=time.perf_counter() - started, workdir=workdir,
                      ports=[starts[r].get("metrics_port") for r in sorted(starts)],
                      checkpoints=(ckpt_dir, spec.checkpoint.every_steps,
                                   starts[0]["resumed_step"] if 0 in starts else 0))

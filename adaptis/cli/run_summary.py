@@ -17,12 +17,13 @@ __all__ = ["fmt", "pct", "print_summary", "summary"]
 
 def summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[dict[str, Any]],
              mesh: tuple[int, int, int], reduce: list[tuple[float, float]],
-             pred: tuple[float | None, float | None], seconds: float, workdir: Path,
+             seconds: float, workdir: Path,
              ports: list[Any], checkpoints: tuple[Path, int, int]) -> dict[str, Any]:
     """Losses and throughput are the job's: the loss of the replicas' combined batch (every
     rank reports the same), tokens/s of every replica together."""
     steady = steps[1:] or steps  # the first step pays one-off costs (allocator, threads)
     replicas, pipeline, zero = mesh
+    predicted = predicted_seconds(plan.predicted)
     wait, total = sum(w for w, _ in reduce), sum(t for _, t in reduce)
     return {
         "job": name, "strategy": strategy, "workers": workers, "precision": plan.precision,
@@ -35,26 +36,25 @@ def summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[d
         "final_loss": steps[-1]["loss"] if steps else None,
         "tokens_per_second": statistics.mean(s["tokens_per_second"] for s in steady) if steady else None,
         "measured_bubble_ratio": statistics.mean(s["bubble_ratio"] for s in steady) if steady else None,
-        "predicted_bubble_ratio": pred[0],
+        "predicted_bubble_ratio": predicted["bubble_ratio"],
         "measured_iteration_seconds": statistics.mean(s["iteration_seconds"] for s in steady) if steady else None,
-        "predicted_iteration_seconds": pred[1],
+        "predicted_iteration_seconds": predicted["iteration_seconds"],
         "train_seconds": seconds,
         "metrics_ports": ports,
         "workdir": str(workdir),
         "checkpoint_dir": str(checkpoints[0]),
         "checkpoint_every": checkpoints[1],
         "resumed_from_step": checkpoints[2] or None,  # None: started fresh
-        **_phases(steady, plan=plan),
+        **_phases(steady, predicted=predicted),
     }
 
 
-def _phases(steady: list[dict[str, Any]], *, plan: Plan) -> dict[str, Any]:
+def _phases(steady: list[dict[str, Any]], *, predicted: dict[str, float | None]) -> dict[str, Any]:
     """The measured step (pipeline + post-pipeline part, what the plan's step time predicts) and
     the rank's time split into phases, seconds and share, from rank 0's step events: the data
     phase, the pipeline part and the post-pipeline part are common to the ranks (each ends at a
     collective), and the job's bubble ratio splits the pipeline part into busy and bubble (the
-    mean over the ranks of their idle time)."""
-    predicted = predicted_seconds(plan.predicted)
+    mean over the ranks of their idle time). ``predicted``: the plan's, in seconds."""
     out: dict[str, Any] = {"predicted_step_seconds": predicted["step_seconds"],
                            "predicted_post_pipeline_seconds": predicted["post_pipeline_seconds"],
                            "measured_step_seconds": None, "phases": None}

@@ -159,7 +159,7 @@ class _Progress:
         self.tokens += tokens
         self.samples += samples
 
-    def saved_by(self, ckpt: str, *, executor: Executor) -> None:
+    def save(self, ckpt: str, *, executor: Executor) -> None:
         save_checkpoint(ckpt, executor=executor, step=self.step, position=self.position, tokens=self.tokens,
                         samples=self.samples)
 
@@ -204,7 +204,7 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
                          predicted=forecast))
         saved = bool(ckpt and config.checkpoint_every and now.step % config.checkpoint_every == 0)
         if saved and executor.saves_checkpoint:
-            now.saved_by(ckpt, executor=executor)
+            now.save(ckpt, executor=executor)
         if now.step < t.steps and stop.agreed():
             return _preempted(ckpt, executor=executor, emit=emit, saved=saved, now=now)
         data_start = time.perf_counter()
@@ -254,7 +254,7 @@ def _step_event(last: StepStats, *, rank: int, now: _Progress, tokens: int, data
 def _preempted(ckpt: str | None, *, executor: Executor, emit: Emit, saved: bool, now: _Progress) -> dict[str, Any]:
     """Every rank agreed to stop after ``now.step``: checkpoint it (unless just done) and say so."""
     if ckpt and not saved and executor.saves_checkpoint:
-        now.saved_by(ckpt, executor=executor)
+        now.save(ckpt, executor=executor)
     event = {"event": "preempted", "rank": executor.rank, "step": now.step, "tokens": now.tokens,
              "samples": now.samples, "checkpoint_dir": ckpt or None}
     if not ckpt:

@@ -85,7 +85,6 @@ def test_summary_prints_the_step_phases(capsys: pytest.CaptureFixture[str]) -> N
               "iteration_seconds": 0.6 * i, "post_pipeline_seconds": 0.1, "data_seconds": 0.3,
               "step_seconds": 0.6 * i + 0.1} for i in (9, 1)]
     summary = _summary("j", strategy="1f1b", plan=plan, workers=1, steps=steps, mesh=(1, 1, 0), reduce=[],
-                       pred=(0.2, 0.5),
                        seconds=2.0, workdir=Path("w"), ports=[None], checkpoints=(Path("c"), 0, 0))
     assert summary["measured_step_seconds"] == pytest.approx(0.7)
     assert summary["phases"]["bubble"] == pytest.approx({"seconds": 0.15, "share": 0.15})
