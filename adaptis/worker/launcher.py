@@ -31,13 +31,20 @@ from adaptis.worker.errors import PreemptedError, RankFailedError
 from adaptis.worker.preemption import EXIT_PREEMPTED
 from adaptis.worker.runner import EVENT_PREFIX
 
-__all__ = ["LocalLauncher", "free_port"]
+__all__ = ["LocalLauncher", "caused_by_peer", "free_port"]
 
 log = logging.getLogger(__name__)
 
 _GRACE_S = 5.0
 # Lines that say "a peer went away": the symptom on the surviving ranks, not the cause.
 _PEER_GONE = ("connection closed by peer", "connection reset", "broken pipe", "signal 15", "keyboardinterrupt")
+
+
+def caused_by_peer(cause: str) -> bool:
+    """A rank's failure that only follows another's: its peer's exit closed their connection,
+    or it was stopped. The rank that failed of itself is the one to report."""
+    text = cause.lower()
+    return any(s in text for s in _PEER_GONE)
 
 
 def free_port() -> int:
@@ -138,7 +145,7 @@ class LocalLauncher:
 
     def _failure(self, failed: list[int]) -> RankFailedError:
         causes = {r: _cause(self.log_path(r), self.processes[r].returncode) for r in failed}
-        primary = [r for r in failed if not any(s in causes[r].lower() for s in _PEER_GONE)]
+        primary = [r for r in failed if not caused_by_peer(causes[r])]
         rank = (primary or failed)[0]
         return RankFailedError(
             f"rank {rank} failed: {causes[rank]} (log: {self.log_path(rank)})", rank=rank, cause=causes[rank])

@@ -24,6 +24,7 @@ import torch.multiprocessing as mp
 
 from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, TrainingSpec, WorkerConfig
 from adaptis.api.plan import Plan
+from adaptis.worker.launcher import caused_by_peer
 
 PARITY_MODEL = ModelSpec(
     vocab_size=512, hidden=32, heads=4, tie_embeddings=True,
@@ -128,7 +129,7 @@ def _rank_failure(error_files: list[str | None]) -> str | None:
                 text = f"rank {rank} failed:\n{pickle.load(fh)}"
         except (EOFError, pickle.UnpicklingError):  # still being written: the next poll reads it
             continue
-        failures.append(("Connection closed by peer" in text, text))
+        failures.append((caused_by_peer(text), text))
     if not failures:
         return None
     return "\n".join(text for _peer_gone, text in sorted(failures, key=lambda f: f[0]))
