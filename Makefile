@@ -15,7 +15,7 @@ bench:  ## the planner benchmark on the paper's workloads (writes bench/RESULTS.
 	bash scripts/setup.sh
 	$(VENV)/bin/python bench/planner_bench.py
 
-mutation:  ## mutation score of the core modules (a benchmark, not CI; MODULES="adaptis/..." for some)
+mutation:  ## mutation score of the core modules within the hour (a benchmark, not CI; FULL=1: every mutant, hours; MODULES="adaptis/..." for some)
 	bash scripts/setup.sh
 	$(VENV)/bin/pip install -q -c constraints.txt mutmut  # on demand: not in what `make test` installs
-	nice -n 10 $(VENV)/bin/python bench/mutation.py $(MODULES)
+	nice -n 10 $(VENV)/bin/python bench/mutation.py --cross-rank $(if $(FULL),,--quick) $(MODULES)

@@ -1,14 +1,20 @@
 """Mutation score of AdaPtis's core modules (issue 18): a benchmark, not part of CI.
 
 Run by ``make mutation`` (which installs mutmut, pinned in constraints.txt, into the venv on
-demand). Each module is mutated on its own, in a scratch copy of the working tree, against the
-fast unit tests that cover it (never ``tests/integration``, never ``slow``): mutmut reads its
+demand): ``--quick --cross-rank``, every core module in under an hour on this project's 2-core
+machines (``QUICK``: every mutant of the cheap modules, a seeded sample of the costly ones),
+with the score of the whole estimated from the samples; ``make mutation FULL=1`` runs every
+mutant (hours: bench/RESULTS.md has each module's full figures).
+
+Each module is mutated on its own, in a scratch copy of the working tree, against the fast unit
+tests that cover it (never ``tests/integration``, never ``slow``): mutmut reads its
 configuration from the ``pyproject.toml`` of the directory it runs in and writes ``mutants/``
 there, so a scratch copy per module keeps the checkout clean and lets each module have its own
 test selection. mutmut then runs, for each mutant, only the tests that reached the mutated
 function.
 
-    python bench/mutation.py                                  # every core module (not yet timed)
+    python bench/mutation.py --quick --cross-rank             # what `make mutation` runs
+    python bench/mutation.py                                  # every mutant of every module (hours)
     python bench/mutation.py adaptis/operator/status.py       # some modules
     python bench/mutation.py --jobs 1 --out /tmp/mutation     # fewer parallel test processes
     python bench/mutation.py adaptis/worker/executor.py --sample 80 --seed 1   # a random sample
@@ -143,6 +149,31 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/worker/test_worker_metrics_registry.py",
         "tests/worker/test_worker_metrics.py::test_last_step_gauges_appear_with_the_first_step",
     ),
+}
+
+#: ``--quick``: how many mutants of each module to run (None: all), sized from the full runs'
+#: cost a mutant on 2 shared cores (bench/RESULTS.md) so that ``make mutation`` ends within the
+#: hour: every mutant where one costs well under a second (status, capacity, validation, the
+#: worker's metrics and state maps), a sample where the selected tests take seconds a mutant
+#: (the scheduler's and the search's schedule whole problems, reconcile drives the fake
+#: cluster) or where the survivors go on to the multi-process tests (executor, checkpoint:
+#: up to minutes each). A sample's score is an estimate: its 95 % interval is printed with it.
+QUICK: dict[str, int | None] = {
+    "adaptis/planner/simulator.py": 100,
+    "adaptis/planner/scheduler.py": 40,
+    "adaptis/planner/search.py": 40,
+    "adaptis/planner/partition.py": 60,
+    "adaptis/planner/strategies.py": 60,
+    "adaptis/operator/status.py": None,
+    "adaptis/operator/capacity.py": None,
+    "adaptis/operator/reconcile.py": 80,
+    "adaptis/operator/workqueue.py": 60,
+    "adaptis/operator/validation.py": None,
+    "adaptis/worker/executor.py": 24,
+    "adaptis/worker/ownership.py": None,
+    "adaptis/worker/checkpoint.py": 30,
+    "adaptis/worker/named_state.py": None,
+    "adaptis/worker/metrics.py": None,
 }
 
 #: Modules whose tests run torch (its thread pools make a plain fork unsafe): mutmut's fork
@@ -327,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("/tmp/adaptis-mutation"))
     parser.add_argument("--sample", type=int, default=None, metavar="N",
                         help="run a random sample of N mutants of each module (default: all)")
+    parser.add_argument("--quick", action="store_true",
+                        help="each module's share in QUICK (all mutants of the cheap ones, a sample of the "
+                             "costly ones): every core module within the hour on 2 cores")
     parser.add_argument("--seed", type=int, default=0, help="the sample's random seed")
     parser.add_argument("--cross-rank", action="store_true",
                         help="re-run a worker module's survivors against its multi-process tests "
@@ -340,27 +374,60 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"modules: {', '.join(unknown)} not among the core modules: {', '.join(MODULES)}")
     if args.sample is not None and args.sample < 1:
         parser.error(f"--sample: {args.sample}; give the number of mutants to run, at least 1")
+    if args.sample is not None and args.quick:
+        parser.error("--sample and --quick: give one (--quick takes each module's sample from QUICK)")
     args.out.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
     print(f"{'module':34} {'killed':>6} {'ranks':>5} {'survived':>8} {'other':>5} {'score':>6} {'time':>6}")
+    strata: list[Stratum] = []
     total: Counter[str] = Counter()
     for module in args.modules or list(MODULES):
+        sample = QUICK[module] if args.quick else args.sample
         start = time.monotonic()
         counts, mutants = run_module(module=module, tests=MODULES[module], out=args.out, jobs=args.jobs,
-                                     sample=args.sample, seed=args.seed, ranks=args.cross_rank, reuse=args.reuse)
-        total += counts
+                                     sample=sample, seed=args.seed, ranks=args.cross_rank, reuse=args.reuse)
         print(_row(module, counts, seconds=time.monotonic() - start), flush=True)
-        if args.sample is not None:
-            print(_sampled(counts, mutants=mutants, seed=args.seed), flush=True)
-    # With --sample, the samples pooled (modules of different sizes: not a sample of the whole).
-    print(_row("all" if args.sample is None else "all (samples pooled)", total, seconds=None))
+        total += counts
+        stratum = Stratum(caught=sum(counts[s] for s in CAUGHT), run=sum(counts.values()), mutants=mutants)
+        strata.append(stratum)
+        if sample is not None:
+            low, high = wilson(stratum.caught, stratum.run)
+            print(f"  sample of {stratum.run} of {mutants} mutants (seed {args.seed}): "
+                  f"95 % Wilson interval {100 * low:.0f}-{100 * high:.0f} %", flush=True)
+    print(_row("all (mutants run)", total, seconds=time.monotonic() - began))
+    score, low, high = estimate(strata)
+    print(f"all {sum(s.mutants for s in strata)} mutants, each module weighted by its count: "
+          f"{100 * score:.1f} % (95 % interval {100 * low:.1f}-{100 * high:.1f} %)")
     return 0
 
 
-def _sampled(counts: Counter[str], *, mutants: int, seed: int) -> str:
-    n = sum(counts.values())
-    low, high = wilson(sum(counts[s] for s in CAUGHT), n)
-    return (f"  sample of {n} of {mutants} mutants (seed {seed}): "
-            f"95 % Wilson interval {100 * low:.0f}-{100 * high:.0f} %")
+@dataclass(frozen=True)
+class Stratum:
+    """One module's run: mutants caught, mutants run (all of them, or a sample), mutants it has."""
+
+    caught: int
+    run: int
+    mutants: int
+
+
+def estimate(strata: list[Stratum], *, z: float = 1.96) -> tuple[float, float, float]:
+    """The score of all the modules' mutants together, from each module's run (a stratified
+    sample): each module's rate weighted by its share of the mutants, and a 95 % interval from
+    the sampled modules' variances (none from a module run in full; the finite-population
+    correction for a sample that is a large part of its module; the Agresti-Coull rate in the
+    variance, so a sample that caught everything still has some)."""
+    total = sum(s.mutants for s in strata)
+    if total == 0 or any(s.run == 0 for s in strata):
+        return 0.0, 0.0, 1.0
+    score = sum(s.mutants / total * s.caught / s.run for s in strata)
+    variance = 0.0
+    for s in strata:
+        if s.run >= s.mutants:
+            continue
+        rate = (s.caught + z * z / 2) / (s.run + z * z)
+        variance += (s.mutants / total) ** 2 * rate * (1 - rate) / s.run * (1 - s.run / s.mutants)
+    half = z * math.sqrt(variance)
+    return score, max(0.0, score - half), min(1.0, score + half)
 
 
 def _row(name: str, counts: Counter[str], *, seconds: float | None) -> str:

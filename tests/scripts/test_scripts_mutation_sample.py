@@ -37,6 +37,27 @@ def test_an_empty_sample_promises_nothing() -> None:
     assert _mutation().wilson(0, 0) == (0.0, 1.0)
 
 
+def test_the_quick_run_plans_every_core_module_once() -> None:
+    mutation = _mutation()
+    assert list(mutation.QUICK) == list(mutation.MODULES)
+    assert all(n is None or n > 0 for n in mutation.QUICK.values())
+
+
+def test_the_whole_score_weights_each_module_by_its_mutants() -> None:
+    # By hand: a module of 100 run in full, 80 caught; one of 300, a sample of 30, 27 caught:
+    # (80 + 300 x 0.9) / 400 = 0.875. Only the sample varies: Agresti-Coull rate (27 + z^2/2) /
+    # (30 + z^2) = 0.85459, variance 0.75^2 x 0.85459 x 0.14541 / 30 x (1 - 30/300) = 0.0020969,
+    # half-width 1.96 x sqrt(0.0020969) = 0.08975.
+    mutation = _mutation()
+    full = mutation.Stratum(caught=80, run=100, mutants=100)
+    sampled = mutation.Stratum(caught=27, run=30, mutants=300)
+    score, low, high = mutation.estimate([full, sampled])
+    assert score == pytest.approx(0.875)
+    assert (low, high) == (pytest.approx(0.78525, abs=1e-5), pytest.approx(0.96475, abs=1e-5))
+    # Every module run in full: the score is exact, not an estimate.
+    assert mutation.estimate([full]) == (pytest.approx(0.8), pytest.approx(0.8), pytest.approx(0.8))
+
+
 def _ranks():  # type: ignore[no-untyped-def]
     _mutation()  # puts the checkout on the path, as the script does
     import importlib
