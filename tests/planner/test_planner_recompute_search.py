@@ -5,13 +5,14 @@ where it is faster; the plan replays at its claimed time and within memory."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
 import pytest
 
 from adaptis.api.plan import Plan
-from adaptis.api.problem import parse_problem
+from adaptis.api.problem import Problem, parse_problem
 from adaptis.planner import strategies
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import PlannerError
@@ -27,13 +28,17 @@ from bench import workloads  # noqa: E402
 ACT = 100.0
 
 
-def _small(memory: list[float]) -> Costs:
+def _small_problem(memory: list[float], *, microbatches: int = 8) -> Problem:
     layer = {"forward": 1.0, "backward": 1.0, "weight": 1.0, "backward_fused": 1.8,
              "activation_bytes": ACT, "output_bytes": 10.0, "param_bytes": 1000.0}
-    return Costs.from_problem(parse_problem({
-        "microbatches": 8, "layers": [{"name": f"l{i}", **layer} for i in range(4)],
+    return parse_problem({
+        "microbatches": microbatches, "layers": [{"name": f"l{i}", **layer} for i in range(4)],
         "devices": {"list": [{"node": "n0", "memory_bytes": m} for m in memory]},
-    }))
+    })
+
+
+def _small(memory: list[float]) -> Costs:
+    return Costs.from_problem(_small_problem(memory))
 
 
 def test_only_the_tight_devices_stages_recompute() -> None:
@@ -112,3 +117,37 @@ def test_roomy_memory_never_recomputes() -> None:
     doc = next(d for d in workloads.end_to_end() if d["name"] == "gemma-M-8dev-2k")
     ours = strategies.plan_strategy(parse_problem(doc), "adaptis")
     assert ours.plan is not None and not any(ours.plan.recompute or [])
+
+
+def test_a_memory_driven_cut_recomputes_where_the_searchs_structure_cannot_win() -> None:
+    """Device 0 (2200 bytes) holds 2 layers' parameters (2000) and one microbatch's
+    activations (200) of the memory cut 2 + 2 on devices 0, 1: with stage 0 recomputing it
+    holds no microbatch in flight but the working set (2200), so it never throttles, and
+    runs 8 x (F 2 + BW 3.6 + F again 2) = 60.8: its own work, the best that cut can do.
+    The search's 4 stages on 2 devices recompute no faster than 121.6 and nothing fits
+    without recomputing under 70.4; the cut with the devices swapped recomputes at 66.4.
+    So the plan is the first memory cut's, recomputed: the memory cuts are offered, and the
+    variants of every structure are kept."""
+    costs = _small([2200.0, 2400.0])
+    ours = strategies.plan_strategy(_small_problem([2200.0, 2400.0]), "adaptis")
+    assert ours.plan is not None and ours.result.feasible
+    assert (ours.plan.stages, ours.plan.placement, ours.plan.recompute) == (
+        [(0, 2), (2, 4)], [[0], [1]], [True, False])
+    assert ours.result.iteration_time == pytest.approx(60.8, rel=1e-12)
+    sim = simulate(costs, ours.plan)
+    assert sim.feasible and sim.iteration_time == pytest.approx(60.8, rel=1e-12)
+    assert all(p <= c for p, c in zip(sim.peak_memory, costs.memory))
+
+
+def test_recomputation_stops_at_the_calls_deadline() -> None:
+    """Past the call's deadline the recomputing variants are not scheduled to their end: one
+    list schedule of 2 stages x 1024 microbatches runs past its first check (every 4096
+    steps) and stops there, and recomputation keeps what it found before: nothing."""
+    costs = Costs.from_problem(_small_problem([2200.0, 2400.0], microbatches=1024))
+    tried = [([(0, 2), (2, 4)], [0, 1], None, None)]
+    unlimited = strategies._recomputed(costs, tried=tried, limit=strategies._Limit(None, None, None),
+                                       beat=math.inf)
+    assert unlimited, "device 0 is tight: its recomputing variants fit"
+    now = strategies.time.monotonic()
+    passed = strategies._Limit(1.0, now - 1.0, now - 1.5)
+    assert strategies._recomputed(costs, tried=tried, limit=passed, beat=math.inf) == []

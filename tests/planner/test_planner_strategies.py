@@ -303,3 +303,22 @@ def test_a_search_cut_short_by_the_limit_says_its_plan_is_the_searchs() -> None:
     assert out.name == "adaptis" and out.result.feasible
     assert out.result.cut_short == ("the best plan found within the time limit (2 s): the joint search's "
                                     "(1 search candidates)")
+
+
+def test_a_search_that_ran_to_its_end_says_so_when_only_the_baselines_were_cut() -> None:
+    """The baselines' half of the limit has passed (balanced is skipped), the call's deadline
+    has not: the search runs to its end, and the note says so with its candidate count (the
+    last progress report's), not as a search cut short."""
+    costs = Costs.from_problem(_problem())
+    now = time.monotonic()
+    limit = strategies._Limit(10.0, now + 3600.0, now - 1.0)
+    seeds = strategies._baselines(costs, limit, names=strategies.SEEDS)
+    assert seeds["1f1b"].result.feasible and not seeds["balanced"].result.feasible
+    seen: list[int] = []
+    out = strategies._adaptis(costs, seeds, on_progress=lambda evals, budget, best: seen.append(evals),
+                              limit=limit)
+    assert out.result.feasible and seen
+    assert (out.result.iteration_time or math.inf) < 40.0  # the search beat 1F1B (33 measured)
+    assert out.result.cut_short == (f"the best plan found within the time limit (10 s): the joint search's "
+                                    f"(the search ran to its end ({seen[-1]} candidates)); baselines not "
+                                    f"tried: balanced")
