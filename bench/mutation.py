@@ -111,9 +111,10 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/planner/test_planner_feasibility.py", "tests/planner/test_planner_bounds.py",
         "tests/planner/test_planner_recompute_search.py",
     ),
+    # The mesh tests read the placement a data-parallel plan's status lists (replicas, pods).
     "adaptis/operator/status.py": (
         "tests/operator/test_operator_status.py", "tests/operator/test_operator_reconcile.py",
-        "tests/worker/test_worker_termination.py",
+        "tests/worker/test_worker_termination.py", "tests/operator/test_operator_mesh.py",
     ),
     "adaptis/operator/capacity.py": (
         "tests/operator/test_operator_capacity_ledger.py", "tests/operator/test_operator_capacity.py",

@@ -163,12 +163,13 @@ def test_plan_summary_reports_the_plan_rounded_with_every_ranks_node_gpu_and_sta
         # A third node past the plan's placement holds no stage.
         nodes=["n0", "n1", "n2"], hostnames=["n0", "n1", "n2"], gpus=["H100", "A100", None],
         node_fingerprints={}, strategy="adaptis", predicted_iteration_seconds=1.23456789,
-        predicted_bubble_ratio=0.123456, predicted_speedup_over_i1f1b=1.5,
+        predicted_bubble_ratio=0.123456, predicted_speedup_over_i1f1b=1.5, predicted_step_seconds=2.34567891,
     )
     summary = plan_summary(record)
     placement = summary.pop("placement")
     assert summary == {"stages": 2, "strategy": "adaptis", "predicted_iteration_seconds": 1.234568,
-                       "predicted_bubble_ratio": 0.1235, "predicted_speedup_over_i1f1b": 1.5}
+                       "predicted_bubble_ratio": 0.1235, "predicted_speedup_over_i1f1b": 1.5,
+                       "predicted_step_seconds": 2.345679}
     assert [(a.rank, a.node, a.gpu, a.stages) for a in placement] == [
         (0, "n0", "H100", [0]), (1, "n1", "A100", [1]), (2, "n2", None, [])]
 
