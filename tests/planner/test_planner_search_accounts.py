@@ -360,3 +360,17 @@ def test_a_search_cut_short_returns_its_champion_whole() -> None:
     assert found.policy == Policy() and found.pattern == "looped-v1"
     assert found.stages == ONE_PER_DEVICE and found.owner == [0, 1, 2, 3]
     assert found.schedule.iteration_time == seen[0] == 22.0
+
+
+def test_a_search_on_any_budget_returns_the_best_candidate_it_tried() -> None:
+    # Budgets that end in every phase (the structures, the packed ones, the policies, the
+    # climbs): whatever phase the budget ends in, the search returns its champion, never the
+    # last candidate it happened to try.
+    costs = _costs(layers=8, devices=2, m=8, forward=[1.0, 2.0, 1.0, 1.0, 3.0, 1.0, 1.0, 2.0])
+    full = joint_search(costs)
+    assert full is not None
+    for budget in range(1, full.evaluations + 1):
+        seen: list[float] = []
+        found = joint_search(costs, max_evaluations=budget, on_progress=lambda e, b, t: seen.append(t))
+        assert found is not None
+        assert found.schedule.iteration_time == min(seen), f"budget {budget}: {found.pattern}"
