@@ -362,11 +362,19 @@ def test_a_search_cut_short_returns_its_champion_whole() -> None:
     assert found.schedule.iteration_time == seen[0] == 22.0
 
 
-def test_a_search_on_any_budget_returns_the_best_candidate_it_tried() -> None:
+@pytest.mark.parametrize(("devices", "forward"), [
+    (2, [1.0, 2.0, 1.0, 1.0, 3.0, 1.0, 1.0, 2.0]),
+    # Its third candidate, packed 2 stages a device, is the best so far.
+    (3, [0.5, 3.0, 3.0, 1.0, 0.5, 0.5, 0.5]),
+])
+def test_a_search_on_any_budget_returns_the_best_candidate_it_tried(devices: int, forward: list[float]) -> None:
     # Budgets that end in every phase (the structures, the packed ones, the policies, the
     # climbs): whatever phase the budget ends in, the search returns its champion, never the
-    # last candidate it happened to try.
-    costs = _costs(layers=8, devices=2, m=8, forward=[1.0, 2.0, 1.0, 1.0, 3.0, 1.0, 1.0, 2.0])
+    # last candidate it happened to try, nor nothing.
+    costs = Costs.from_problem(parse_problem({
+        "name": "t", "microbatches": 8, "devices": {"count": devices},
+        "layers": [{"name": f"l{i}", "forward": f, "backward": f, "weight": 0.0, "activation_bytes": 1.0}
+                   for i, f in enumerate(forward)]}))
     full = joint_search(costs)
     assert full is not None
     for budget in range(1, full.evaluations + 1):
