@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from adaptis.api.model import MAX_BLOCKS
 from adaptis.operator.errors import InvalidJob
 from adaptis.operator.validation import validate_job
 
@@ -166,3 +169,42 @@ def test_schema_errors_are_one_line_each_and_keep_the_users_value(make_job: Any)
     assert len(lines) == 2 and all(line.startswith("spec.worker.") for line in lines), text
     # Only the leading "spec: " becomes "spec.": a value that contains it is quoted as given.
     assert lines[1].startswith("spec.worker.labels.team: ") and "(got 'spec: a')" in lines[1]
+
+
+LLAMA = json.loads((Path(__file__).resolve().parents[2] / "examples" / "models" / "tiny-llama.json").read_text())
+FROM_CONFIG_MAP = {"huggingface": {"configMap": {"name": "llama-config"}}}
+
+
+def test_a_config_map_spec_with_no_reader_is_refused_naming_the_field(make_job: Any) -> None:
+    # Only the operator can read a ConfigMap: a caller without one is told to give the config inline.
+    with pytest.raises(InvalidJob) as err:
+        validate_job(name="demo", spec_raw={**make_job()["spec"], "model": FROM_CONFIG_MAP})
+    assert err.value.fields == ("spec.model.huggingface.configMap",)
+    assert str(err.value) == ("spec.model.huggingface.configMap: no ConfigMap can be read here; "
+                              "give config inline")
+
+
+def test_a_config_map_spec_is_checked_and_returned_with_the_config_it_holds(make_job: Any) -> None:
+    read: list[str] = []
+
+    def reader(config: dict[str, Any] | str) -> Any:
+        text = config if isinstance(config, str) else json.dumps(config)
+        return lambda name: read.append(name) or {"data": {"config.json": text}}
+
+    spec_raw = {**make_job()["spec"], "model": FROM_CONFIG_MAP}
+    spec = validate_job(name="demo", spec_raw=spec_raw, namespace="team-a", read_config_map=reader(LLAMA))
+    assert read == ["llama-config"]
+    assert spec.model.huggingface is not None and spec.model.huggingface.config == LLAMA
+    # A rule the held config breaks names the field the user wrote and where the config is,
+    # in the job's own namespace.
+    with pytest.raises(InvalidJob) as err:
+        validate_job(name="demo", spec_raw=spec_raw, namespace="team-a",
+                     read_config_map=reader({**LLAMA, "num_hidden_layers": MAX_BLOCKS + 1}))
+    assert err.value.fields == ("spec.model.huggingface.configMap",)
+    assert str(err.value).startswith("spec.model.huggingface.configMap: ConfigMap team-a/llama-config "
+                                     "key 'config.json': num_hidden_layers: the model has "), str(err.value)
+    # So does a config that is not one at all.
+    with pytest.raises(InvalidJob) as err:
+        validate_job(name="demo", spec_raw=spec_raw, namespace="team-a", read_config_map=reader("{not json"))
+    assert str(err.value).startswith("spec.model.huggingface.configMap: ConfigMap team-a/llama-config "
+                                     "key 'config.json' is not JSON"), str(err.value)
