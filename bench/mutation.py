@@ -152,27 +152,27 @@ MODULES: dict[str, tuple[str, ...]] = {
     ),
 }
 
-#: ``--quick``: how many mutants of each module to run (None: all), sized from the full runs'
-#: cost a mutant on 2 shared cores (bench/RESULTS.md) so that ``make mutation`` ends within the
-#: hour: every mutant where one costs well under a second (status, capacity, validation, the
-#: worker's metrics and state maps), a sample where the selected tests take seconds a mutant
-#: (the scheduler's and the search's schedule whole problems, reconcile drives the fake
-#: cluster) or where the survivors go on to the multi-process tests (executor, checkpoint:
-#: up to minutes each). A sample's score is an estimate: its 95 % interval is printed with it.
+#: ``--quick``: how many mutants of each module to run (None: all), sized from what a mutant
+#: cost in a first quick run (2026-12-01, 2-core vm, load 1.3-2.1: 16 min for 1692 mutants)
+#: so that ``make mutation`` ends within the hour even on a busier machine (about 35 minutes
+#: on a quiet one): every mutant where one costs under half a second, a sample where the tests
+#: take a second or more a mutant (the scheduler's and the search's schedule whole problems,
+#: the work queue's wait on threads) or where survivors go on to the multi-process tests
+#: (executor, checkpoint). A sample's score is an estimate: its 95 % interval is printed with it.
 QUICK: dict[str, int | None] = {
-    "adaptis/planner/simulator.py": 100,
-    "adaptis/planner/scheduler.py": 40,
-    "adaptis/planner/search.py": 40,
-    "adaptis/planner/partition.py": 60,
-    "adaptis/planner/strategies.py": 60,
+    "adaptis/planner/simulator.py": None,
+    "adaptis/planner/scheduler.py": 150,
+    "adaptis/planner/search.py": 150,
+    "adaptis/planner/partition.py": 160,
+    "adaptis/planner/strategies.py": None,
     "adaptis/operator/status.py": None,
     "adaptis/operator/capacity.py": None,
-    "adaptis/operator/reconcile.py": 80,
+    "adaptis/operator/reconcile.py": 240,
     "adaptis/operator/workqueue.py": 60,
     "adaptis/operator/validation.py": None,
-    "adaptis/worker/executor.py": 24,
+    "adaptis/worker/executor.py": 60,
     "adaptis/worker/ownership.py": None,
-    "adaptis/worker/checkpoint.py": 30,
+    "adaptis/worker/checkpoint.py": 120,
     "adaptis/worker/named_state.py": None,
     "adaptis/worker/metrics.py": None,
 }
@@ -362,7 +362,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="each module's share in QUICK (all mutants of the cheap ones, a sample of the "
                              "costly ones): every core module within the hour on 2 cores")
-    parser.add_argument("--seed", type=int, default=0, help="the sample's random seed")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="the samples' random seed (default: a fresh one, printed; give it again to repeat "
+                             "a run or --reuse it): a fixed seed would, run after run, measure the mutants the "
+                             "tests were last improved against")
     parser.add_argument("--cross-rank", action="store_true",
                         help="re-run a worker module's survivors against its multi-process tests "
                              f"({', '.join(CROSS_RANK)})")
@@ -377,6 +380,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--sample: {args.sample}; give the number of mutants to run, at least 1")
     if args.sample is not None and args.quick:
         parser.error("--sample and --quick: give one (--quick takes each module's sample from QUICK)")
+    if args.seed is None:
+        if args.reuse and (args.sample is not None or args.quick):
+            parser.error("--reuse of a sampled run: give its --seed (the run printed it)")
+        args.seed = random.SystemRandom().randrange(1, 1_000_000)
+    if args.sample is not None or args.quick:
+        print(f"samples drawn with --seed {args.seed}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     print(f"{'module':34} {'killed':>6} {'ranks':>5} {'survived':>8} {'other':>5} {'score':>6} {'time':>6}")

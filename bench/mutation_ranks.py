@@ -40,6 +40,7 @@ _SHARDS = "tests/worker/test_worker_data_parallel.py::test_zero1_shards_the_opti
 _IDLE = "tests/worker/test_worker_idle_ranks.py::test_idle_rank_plan_equals_single_process[idle-middle]"
 _AGREE = "tests/worker/test_worker_checkpoint.py::test_resume_step_is_the_newest_every_rank_has"
 _TIED_HF = "tests/worker/test_worker_reshard.py::test_a_tied_hugging_face_head_moves_off_its_embeddings_rank"
+_BF16 = "tests/worker/test_worker_precision_ranks.py::test_bf16_tracks_fp32_reports_the_rate_and_resumes_the_same_curve"
 
 #: Worker module -> function (as ``Class.method`` or ``function``) -> the multi-process tests
 #: that reach what it does across ranks, one case each where a file has many (their fixtures
@@ -51,9 +52,10 @@ _TIED_HF = "tests/worker/test_worker_reshard.py::test_a_tied_hugging_face_head_m
 #: adds its ZeRO-0 case (does each replica hold its share of the optimizer state). _IDLE: 3
 #: ranks, the middle one idle. _AGREE: 3 ranks agreeing on the newest step each has.
 #: _TIED_HF: a tied Hugging Face head moved off its embedding's rank by a new partition.
+#: _BF16: 2 ranks in bf16 against fp32 (what crosses between ranks is bf16), ~15 s.
 CROSS_RANK: dict[str, dict[str, tuple[str, ...]]] = {
     "adaptis/worker/executor.py": {
-        "Executor.__init__": (_PARITY, _IDLE, _REPLICAS, _SHARDS),
+        "Executor.__init__": (_PARITY, _IDLE, _REPLICAS, _SHARDS, _BF16),
         "Executor.step": (_PARITY, _IDLE, _REPLICAS),
         "Executor._clip": (_PARITY, _REPLICAS),
         "Executor._reducer": (_REPLICAS,),

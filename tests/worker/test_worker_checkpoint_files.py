@@ -153,11 +153,15 @@ def test_the_agreed_step_is_the_newest_complete_one_and_newer_ones_are_removed(
     (tmp_path / "step-00000009").mkdir()  # a directory with no rank file is no step
     (tmp_path / "step-00000010").mkdir()
     (tmp_path / "step-00000010" / "rank-0.pt.tmp42").write_bytes(b"an interrupted write")
+    # Files a person left there are no rank's: a copy beside a rank's file, a directory of theirs.
+    (tmp_path / "step-00000004" / "rank-0.bak.pt").write_bytes(b"a copy")
+    (tmp_path / "step-latest").mkdir()
+    (tmp_path / "step-latest" / "rank-0.pt").write_bytes(b"a copy")
     with caplog.at_level(logging.INFO, logger="adaptis.worker.checkpoint"):
         assert agree_resume_step(tmp_path) == 4
     assert f"removed the incomplete checkpoint of step 6 in {tmp_path}" in caplog.text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000004",
-                                                          "step-00000009", "step-00000010"]
+                                                          "step-00000009", "step-00000010", "step-latest"]
     # Nothing complete: every step is removed, and the run starts fresh.
     only = tmp_path / "other"
     _file(only, step=3, rank=0, doc={"savers": [0, 1]})
