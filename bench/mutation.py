@@ -69,11 +69,13 @@ from bench.mutation_ranks import CAUGHT_ACROSS_RANKS, CROSS_RANK, cross_rank  # 
 
 #: Core module -> the fast unit tests that cover it.
 MODULES: dict[str, tuple[str, ...]] = {
-    # Every planner test reaches simulate(); these three check its timeline independently
-    # (dependencies, transfers, memory, overlaps) and keep a run near 15 minutes on 2 cores.
+    # Every planner test reaches simulate(); these check its timeline independently
+    # (dependencies, transfers, memory, overlaps), what it adds after the pipeline (the
+    # reductions and optimizer step) and what a recomputed stage costs.
     "adaptis/planner/simulator.py": (
         "tests/planner/test_planner_properties.py", "tests/planner/test_planner_simulator.py",
         "tests/planner/test_planner_zero_bubble.py", "tests/planner/test_planner_timeline.py",
+        "tests/planner/test_planner_post_pipeline.py", "tests/planner/test_planner_recompute.py",
     ),
     # The scheduler's own tests and the search's, which schedule every candidate (the rest of
     # the planner suite reaches it only through the search, and the benchmarks' tests take
