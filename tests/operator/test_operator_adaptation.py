@@ -165,6 +165,16 @@ def test_a_measured_slow_restart_outweighs_the_gain(cluster: Any, make_job: Any,
     assert cond is not None and cond["reason"] == "NotWorthIt", cond
     assert "a restart's 100000 s" in cond["message"]
     assert job["status"].get("replans", 0) == 0
+    # Deleted, then created again under the same name: a new job, whose restarts nobody has
+    # measured yet; the day the old one took must not hold it back.
+    cluster.delete_job("ns", "demo")
+    for pod in cluster.pods():
+        cluster.delete_pod("ns", pod["metadata"]["name"], force=True)
+    rec.reconcile("ns", "demo")  # gone: the operator forgets it
+    cluster.add_job(_job(make_job, policy="auto"))
+    _start(cluster, rec)
+    _poll(rec, clock, 3)
+    assert cluster.job()["status"].get("replans", 0) == 1, _cond(cluster.job(), "ReplanSuggested")
 
 
 def test_auto_replans_restarts_the_gang_and_waits_a_full_window(cluster: Any, make_job: Any,

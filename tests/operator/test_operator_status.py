@@ -170,8 +170,8 @@ def test_plan_summary_reports_the_plan_rounded_with_every_ranks_node_gpu_and_sta
     assert summary == {"stages": 2, "strategy": "adaptis", "predicted_iteration_seconds": 1.234568,
                        "predicted_bubble_ratio": 0.1235, "predicted_speedup_over_i1f1b": 1.5,
                        "predicted_step_seconds": 2.345679}
-    assert [(a.rank, a.node, a.gpu, a.stages) for a in placement] == [
-        (0, "n0", "H100", [0]), (1, "n1", "A100", [1]), (2, "n2", None, [])]
+    assert [(a.rank, a.node, a.gpu, a.stages, a.pod) for a in placement] == [
+        (0, "n0", "H100", [0], None), (1, "n1", "A100", [1], None), (2, "n2", None, [], None)]  # no job: no pods
 
 
 def test_the_stored_status_has_no_nulls() -> None:
