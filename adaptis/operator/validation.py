@@ -65,12 +65,10 @@ def _operator_violations(spec: JobSpec) -> list[Violation]:
             problems.append((f"spec.worker.resources.{where}", f"{GPU_RESOURCE} comes from "
                              "spec.parallelism.gpusPerWorker; remove it here"))
 
-    volume_names = [str(v.get("name", "")) for v in spec.worker.volumes]
+    volume_names = [v["name"] for v in spec.worker.volumes]  # the schema requires one, non-empty
     for i, vol in enumerate(volume_names):
         if vol in {CONFIG_VOLUME, CHECKPOINT_VOLUME, HF_CONFIG_VOLUME}:
             problems.append((f"spec.worker.volumes[{i}].name", f"{vol!r} is reserved"))
-        if not vol:
-            problems.append((f"spec.worker.volumes[{i}].name", "a volume needs a name"))
     known = set(volume_names) | {CHECKPOINT_VOLUME}
     for i, mount in enumerate(spec.worker.volume_mounts):
         if mount.get("name") not in known:

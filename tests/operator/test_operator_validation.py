@@ -163,6 +163,14 @@ def test_the_operators_own_rules_say_what_and_how_to_fix(
     assert line in _message(make_job, **over).splitlines()
 
 
+@pytest.mark.parametrize(("volume", "says"), [
+    ({"emptyDir": {}}, "required key is missing"),
+    ({"name": "", "emptyDir": {}}, "String should have at least 1 character (got '')"),
+])
+def test_a_volume_without_a_name_is_refused_by_the_schema(make_job: Any, volume: dict[str, Any], says: str) -> None:
+    assert _message(make_job, worker={"volumes": [volume]}) == f"spec.worker.volumes[0].name: {says}"
+
+
 def test_schema_errors_are_one_line_each_and_keep_the_users_value(make_job: Any) -> None:
     text = _message(make_job, worker={"env": [{"name": "A=B"}], "labels": {"team": "spec: a"}})
     lines = text.splitlines()
