@@ -129,6 +129,23 @@ def test_each_save_keeps_the_two_newest_steps_and_prunes_stale_ranks(tmp_path: P
     assert not stale.exists()
 
 
+def test_pruning_an_old_step_leaves_a_file_that_is_no_ranks(tmp_path: Path) -> None:
+    ex = _executor(_one_stage())
+    save_checkpoint(tmp_path, executor=ex, step=1, position=0, tokens=0, samples=0)
+    copy = tmp_path / "step-00000001" / "rank-0.bak.pt"  # a person's copy: not ours to delete
+    copy.write_bytes((tmp_path / "step-00000001" / "rank-0.pt").read_bytes())
+    for step in (2, 3):
+        save_checkpoint(tmp_path, executor=ex, step=step, position=0, tokens=0, samples=0)
+    assert sorted(p.name for p in (tmp_path / "step-00000001").iterdir()) == ["rank-0.bak.pt"]
+    assert agree_resume_step(tmp_path) == 3
+
+
+def test_a_step_past_eight_digits_resumes(tmp_path: Path) -> None:
+    _file(tmp_path, step=7, rank=0, doc={"savers": [0]})
+    _file(tmp_path, step=123_456_789, rank=0, doc={"savers": [0]})  # directory step-123456789
+    assert agree_resume_step(tmp_path) == 123_456_789
+
+
 def test_an_unwritable_directory_is_a_checkpoint_error(tmp_path: Path) -> None:
     (tmp_path / "step-00000001").write_text("a file where the step's directory goes")
     with pytest.raises(CheckpointError, match="cannot write checkpoint .*step-00000001/rank-0.pt"):
