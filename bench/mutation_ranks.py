@@ -52,7 +52,8 @@ _BF16 = "tests/worker/test_worker_precision_ranks.py::test_bf16_tracks_fp32_repo
 #: adds its ZeRO-0 case (does each replica hold its share of the optimizer state). _IDLE: 3
 #: ranks, the middle one idle. _AGREE: 3 ranks agreeing on the newest step each has.
 #: _TIED_HF: a tied Hugging Face head moved off its embedding's rank by a new partition.
-#: _BF16: 2 ranks in bf16 against fp32 (what crosses between ranks is bf16), ~15 s.
+#: _BF16: 2 ranks in bf16 against fp32 (what crosses between ranks is bf16), both saving a
+#: checkpoint every 4 steps into the same step directories, then resumed; ~15 s.
 CROSS_RANK: dict[str, dict[str, tuple[str, ...]]] = {
     "adaptis/worker/executor.py": {
         "Executor.__init__": (_PARITY, _IDLE, _REPLICAS, _SHARDS, _BF16),
@@ -66,6 +67,7 @@ CROSS_RANK: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "adaptis/worker/checkpoint.py": {
         "agree_resume_step": (_AGREE,),
+        "save_checkpoint": (_BF16,),
         "_tied_alias": (_TIED_HF,),
         "load_checkpoint": (_TIED_HF,),
     },
