@@ -41,6 +41,7 @@ _IDLE = "tests/worker/test_worker_idle_ranks.py::test_idle_rank_plan_equals_sing
 _AGREE = "tests/worker/test_worker_checkpoint.py::test_resume_step_is_the_newest_every_rank_has"
 _TIED_HF = "tests/worker/test_worker_reshard.py::test_a_tied_hugging_face_head_moves_off_its_embeddings_rank"
 _BF16 = "tests/worker/test_worker_precision_ranks.py::test_bf16_tracks_fp32_reports_the_rate_and_resumes_the_same_curve"
+_ZERO_RESHARD = "tests/worker/test_worker_reshard.py::test_zero_shards_reshard_to_one_replica_and_back"
 
 #: Worker module -> function (as ``Class.method`` or ``function``) -> the multi-process tests
 #: that reach what it does across ranks, one case each where a file has many (their fixtures
@@ -54,6 +55,8 @@ _BF16 = "tests/worker/test_worker_precision_ranks.py::test_bf16_tracks_fp32_repo
 #: _TIED_HF: a tied Hugging Face head moved off its embedding's rank by a new partition.
 #: _BF16: 2 ranks in bf16 against fp32 (what crosses between ranks is bf16), both saving a
 #: checkpoint every 4 steps into the same step directories, then resumed; ~15 s.
+#: _ZERO_RESHARD: ZeRO-1 on 2 replicas x 2 ranks saves (every rank writes its optimizer shard),
+#: resumed on one replica and back.
 CROSS_RANK: dict[str, dict[str, tuple[str, ...]]] = {
     "adaptis/worker/executor.py": {
         "Executor.__init__": (_PARITY, _IDLE, _REPLICAS, _SHARDS, _BF16),
@@ -68,6 +71,7 @@ CROSS_RANK: dict[str, dict[str, tuple[str, ...]]] = {
     "adaptis/worker/checkpoint.py": {
         "agree_resume_step": (_AGREE,),
         "save_checkpoint": (_BF16,),
+        "savers": (_ZERO_RESHARD,),
         "_tied_alias": (_TIED_HF,),
         "load_checkpoint": (_TIED_HF,),
     },

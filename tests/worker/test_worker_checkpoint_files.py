@@ -167,6 +167,7 @@ def test_the_agreed_step_is_the_newest_complete_one_and_newer_ones_are_removed(
     _file(tmp_path, step=4, rank=0, doc={"savers": [0]})
     _file(tmp_path, step=6, rank=0, doc={"savers": [0, 1]})  # written by two ranks: rank 1's is missing
     _file(tmp_path, step=8, rank=0, doc=b"torn")  # unreadable: which ranks wrote it is unknown
+    _file(tmp_path, step=7, rank=0, doc=[0])  # readable, but not a checkpoint: as unreadable
     (tmp_path / "step-00000009").mkdir()  # a directory with no rank file is no step
     (tmp_path / "step-00000010").mkdir()
     (tmp_path / "step-00000010" / "rank-0.pt.tmp42").write_bytes(b"an interrupted write")
