@@ -116,6 +116,24 @@ def test_the_fingerprint_is_of_the_partition_and_placement_not_the_order() -> No
     assert plan_fingerprint(moved) != plan_fingerprint(a)
 
 
+def test_the_fingerprint_is_the_one_older_checkpoints_carry() -> None:
+    # Files written before the optimizer state was keyed by name carry it, and their state is
+    # restored only under the plan it names: the formula may never change. By hand: sha256 of
+    # '{"placement": [[0, 1, 2]], "stages": [[0, 2], [2, 3], [3, 5]]}', its first 16 hex digits.
+    assert plan_fingerprint(_three_stages()) == "692fbf5990bd39b1"
+
+
+class _Payload:
+    """An object a checkpoint file must never make a rank import and build (a pickle can run code)."""
+
+
+def test_a_file_whose_loading_would_build_arbitrary_objects_is_unreadable(tmp_path: Path) -> None:
+    _file(tmp_path, step=2, rank=0, doc={"savers": [0]})
+    _file(tmp_path, step=4, rank=0, doc={"savers": [0], "extra": _Payload()})
+    assert agree_resume_step(tmp_path) == 2
+    assert not (tmp_path / "step-00000004").exists()
+
+
 def test_each_save_keeps_the_two_newest_steps_and_prunes_stale_ranks(tmp_path: Path) -> None:
     ex = _executor(_one_stage())
     save_checkpoint(tmp_path, executor=ex, step=1, position=0, tokens=0, samples=0)
