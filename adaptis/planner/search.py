@@ -234,8 +234,32 @@ def joint_search(
 def _phases(costs: Costs, *, ev: _Evaluator,
             structures: list[tuple[str, list[int]]]) -> _Candidate | None:
     """Structures, policies, then partition moves: the best candidate, None if none fits."""
+    tried = _structures(costs, ev=ev, structures=structures)
+    best = min(tried, key=_time, default=None)  # the first of the fastest, in the order tried
+    ranked = sorted(tried, key=_time)
+    tuned = _policies(ev=ev, ranked=ranked, best=best)
+    if ev.screen is not None:  # estimates so far: schedule the best few in full
+        best = ev.confirm(ranked + tuned)
+    else:
+        best = min(tried + tuned, key=_time, default=None)
+    if best is None or best.time == math.inf:
+        return None
+    # Phase 3: partition moves (the bottleneck first, then any boundary), kept only when the simulation improves.
+    best = refine(costs, best=best, ev=ev)
+    if costs.devices * costs.microbatches <= _CLIMB_OTHERS_UP_TO:
+        best = _climb_others(costs, ev=ev, best=best, candidates=ranked + tuned)
+    # Phase 4: the first device's W tail.
+    return w_tail(costs, best=best, ev=ev)
+
+
+def _time(c: _Candidate) -> float:
+    return c.time
+
+
+def _structures(costs: Costs, *, ev: _Evaluator, structures: list[tuple[str, list[int]]]) -> list[_Candidate]:
+    """Phase 1: every structure (placement pattern x stage count) with balanced partitions,
+    then the packed structures; the candidates in the order tried."""
     best: _Candidate | None = None
-    # Phase 1: structure (placement pattern x stage count) with balanced partitions.
     ranked: list[_Candidate] = []
     pre = ev.pre
     stalled: set[str] = set()  # pattern families whose last two stage counts did not help
@@ -295,8 +319,12 @@ def _phases(costs: Costs, *, ev: _Evaluator,
         ranked.append(cand)
         if best is None or cand.time < best.time:
             best = cand
-    ranked.sort(key=lambda c: c.time)
-    # Phase 2: scheduling policies on the best structures, in both admission modes.
+    return ranked
+
+
+def _policies(*, ev: _Evaluator, ranked: list[_Candidate], best: _Candidate | None) -> list[_Candidate]:
+    """Phase 2: the other scheduling policies, and the other admission mode, on the best
+    structures (``ranked``: fastest first); the trials in the order tried."""
     tuned: list[_Candidate] = []
     for cand in ranked[:_TUNED_STRUCTURES]:
         mode = cand.policy.admit_per_device
@@ -310,31 +338,28 @@ def _phases(costs: Costs, *, ev: _Evaluator,
             tuned.append(trial)
             if best is None or trial.time < best.time:
                 best = trial
-    if ev.screen is not None:  # estimates so far: schedule the best few in full
-        best = ev.confirm(ranked + tuned)
-    if best is None or best.time == math.inf:
-        return None
-    # Phase 3: partition moves (the bottleneck first, then any boundary), kept only when the simulation improves.
-    best = refine(costs, best=best, ev=ev)
-    if costs.devices * costs.microbatches <= _CLIMB_OTHERS_UP_TO:
-        # Budget left (the hill-climb stopped early): climb from the best candidate of the
-        # next pattern too; a local optimum of one structure is not the search's.
-        # Only those within _CLIMB_OTHERS of the best: a climb rarely gains more (deepseek-M-
-        # 8dev-2k-mixed: vshape-v2 from 1.5 % behind to 0.4 % ahead), and each costs schedules.
-        # Scheduled candidates only: a screened one's time is an estimate, and a climb that
-        # finds no move would hand it back unscheduled.
-        others = sorted((c for c in ranked + tuned if c.pattern != best.pattern
-                         and c.schedule is not None
-                         and c.time < best.time * (1 + _CLIMB_OTHERS)), key=lambda c: c.time)
-        seen = {best.pattern}
-        for other in others:
-            if ev.spent:
-                break
-            if other.pattern in seen:
-                continue
-            seen.add(other.pattern)
-            alt = refine(costs, best=other, ev=ev)
-            if alt.time < best.time * (1 - 1e-9):
-                best = alt
-    # Phase 4: the first device's W tail.
-    return w_tail(costs, best=best, ev=ev)
+    return tuned
+
+
+def _climb_others(costs: Costs, *, ev: _Evaluator, best: _Candidate,
+                  candidates: list[_Candidate]) -> _Candidate:
+    """Budget left (the hill-climb stopped early): climb from the best candidate of the next
+    pattern too; a local optimum of one structure is not the search's. Only those within
+    _CLIMB_OTHERS of the best: a climb rarely gains more (deepseek-M-8dev-2k-mixed: vshape-v2
+    from 1.5 % behind to 0.4 % ahead), and each costs schedules. Scheduled candidates only: a
+    screened one's time is an estimate, and a climb that finds no move would hand it back
+    unscheduled."""
+    others = sorted((c for c in candidates if c.pattern != best.pattern
+                     and c.schedule is not None
+                     and c.time < best.time * (1 + _CLIMB_OTHERS)), key=_time)
+    seen = {best.pattern}
+    for other in others:
+        if ev.spent:
+            break
+        if other.pattern in seen:
+            continue
+        seen.add(other.pattern)
+        alt = refine(costs, best=other, ev=ev)
+        if alt.time < best.time * (1 - 1e-9):
+            best = alt
+    return best
