@@ -79,97 +79,115 @@ def zero_bubble_actions(
     stage's device, which never waits on anyone, so the order cannot deadlock. Where a
     device's chunks differ in size (see :func:`_budgets`) the count is in bytes instead.
     """
-    sc = costs.stage_costs(stages)
-    m = costs.microbatches
-    n_st = len(stages)
-    owner = [0] * n_st
-    for d, mine in enumerate(owned):
-        for s in mine:
-            owner[s] = d
-    speed = costs.speed
-    dur = {
-        "F": [sc.forward[s] / speed[owner[s]] for s in range(n_st)],
-        "B": [sc.backward[s] / speed[owner[s]] for s in range(n_st)],
-        "W": [sc.weight[s] / speed[owner[s]] for s in range(n_st)],
-    }
-    hop = [0.0] + [costs.transfer_time(owner[s - 1], owner[s], sc.output_bytes[s - 1]) for s in range(1, n_st)]
-    first = [min(mine) for mine in owned]
-    size, reserve, budget = _budgets(costs, stages=stages, owned=owned, caps=caps)
-    f_end = [[-1.0] * m for _ in range(n_st)]
-    b_end = [[-1.0] * m for _ in range(n_st)]
-    next_f = [0] * n_st
-    next_b = [0] * n_st
-    next_w = [0] * n_st
-    held = [0.0] * len(owned)
-    free = [0.0] * len(owned)
-    left = [3 * m * len(mine) for mine in owned]
-    out: Actions = [[] for _ in owned]
-
-    def decide(d: int) -> tuple[float, tuple[int, int, int], str, int] | None:
-        """(start, priority, kind, stage) of device d's next action; None if nothing is known."""
-        t_free = free[d]
-        cands: list[tuple[float, tuple[int, int, int], str, int]] = []
-        soonest = math.inf
-        for s in owned[d]:
-            mb = next_b[s]
-            if mb < m and f_end[s][mb] >= 0 and (s + 1 == n_st or b_end[s + 1][mb] >= 0):
-                r = f_end[s][mb] if s + 1 == n_st else max(f_end[s][mb], b_end[s + 1][mb] + hop[s + 1])
-                cands.append((r, (0, mb, -s), "B", s))
-            mb = next_f[s]
-            room = held[d] + size[s] + (reserve[d] if s == first[d] else 0.0) <= budget[d] + _EPS
-            if mb < m and room and (s == 0 or f_end[s - 1][mb] >= 0):
-                r = 0.0 if s == 0 else f_end[s - 1][mb] + hop[s]
-                cands.append((r, (1, mb, -s), "F", s))
-            mb = next_w[s]
-            if mb < next_b[s]:
-                cands.append((b_end[s][mb], (2, mb, -s), "W", s))
-        if not cands:
-            return None
-        start = max(t_free, min(c[0] for c in cands))
-        soonest = min((c[0] for c in cands if c[0] > start), default=math.inf)
-        r, prio, kind, s = min((c for c in cands if c[0] <= start), key=lambda c: c[1])
-        if kind == "W" and lazy_w and start + dur["W"][s] > soonest:
-            return (soonest, (1, 0, 0), "wait", s)  # idle until that input is here
-        return (start, prio, kind, s)
-
-    plan: list[tuple[float, tuple[int, int, int], str, int] | None] = [decide(d) for d in range(len(owned))]
+    order = _Order(costs, stages=stages, owned=owned, caps=caps, lazy_w=lazy_w)
     steps = 0
-    while any(left):
+    while any(order.left):
         steps += 1
         # ``deadline`` (time.monotonic): a 32 x 512 order alone takes seconds; read the clock
         # every 1024 steps only.
         if deadline is not None and not steps & 1023 and time.monotonic() >= deadline:
             raise OutOfTime("the time limit ran out during a zero bubble order")
-        ready = [(c[0], d) for d, c in enumerate(plan) if c is not None and left[d]]
+        order.step()
+    return order.out
+
+
+_Next = tuple[float, tuple[int, int, int], str, int]  # (start, priority, kind, stage)
+
+
+class _Order:
+    """The replay :func:`zero_bubble_actions` runs: each device's clock, the chunks it
+    holds, the microbatches each stage has run, and each device's next action."""
+
+    def __init__(self, costs: Costs, *, stages: list[tuple[int, int]], owned: list[list[int]],
+                 caps: list[int], lazy_w: bool) -> None:
+        sc = costs.stage_costs(stages)
+        self.m = m = costs.microbatches
+        self.n_st = n_st = len(stages)
+        self.owned, self.lazy_w = owned, lazy_w
+        self.owner = owner = [0] * n_st
+        for d, mine in enumerate(owned):
+            for s in mine:
+                owner[s] = d
+        speed = costs.speed
+        self.dur = {
+            "F": [sc.forward[s] / speed[owner[s]] for s in range(n_st)],
+            "B": [sc.backward[s] / speed[owner[s]] for s in range(n_st)],
+            "W": [sc.weight[s] / speed[owner[s]] for s in range(n_st)],
+        }
+        self.hop = [0.0] + [costs.transfer_time(owner[s - 1], owner[s], sc.output_bytes[s - 1])
+                            for s in range(1, n_st)]
+        self.first = [min(mine) for mine in owned]
+        self.size, self.reserve, self.budget = _budgets(costs, stages=stages, owned=owned, caps=caps)
+        self.f_end = [[-1.0] * m for _ in range(n_st)]
+        self.b_end = [[-1.0] * m for _ in range(n_st)]
+        self.next_f = [0] * n_st
+        self.next_b = [0] * n_st
+        self.next_w = [0] * n_st
+        self.held = [0.0] * len(owned)
+        self.free = [0.0] * len(owned)
+        self.left = [3 * m * len(mine) for mine in owned]
+        self.out: Actions = [[] for _ in owned]
+        self.plan: list[_Next | None] = [self.decide(d) for d in range(len(owned))]
+
+    def decide(self, d: int) -> _Next | None:
+        """Device d's next action; None if nothing is known."""
+        m, n_st, f_end, b_end, hop = self.m, self.n_st, self.f_end, self.b_end, self.hop
+        cands: list[_Next] = []
+        for s in self.owned[d]:
+            mb = self.next_b[s]
+            if mb < m and f_end[s][mb] >= 0 and (s + 1 == n_st or b_end[s + 1][mb] >= 0):
+                r = f_end[s][mb] if s + 1 == n_st else max(f_end[s][mb], b_end[s + 1][mb] + hop[s + 1])
+                cands.append((r, (0, mb, -s), "B", s))
+            mb = self.next_f[s]
+            room = (self.held[d] + self.size[s] + (self.reserve[d] if s == self.first[d] else 0.0)
+                    <= self.budget[d] + _EPS)
+            if mb < m and room and (s == 0 or f_end[s - 1][mb] >= 0):
+                r = 0.0 if s == 0 else f_end[s - 1][mb] + hop[s]
+                cands.append((r, (1, mb, -s), "F", s))
+            mb = self.next_w[s]
+            if mb < self.next_b[s]:
+                cands.append((b_end[s][mb], (2, mb, -s), "W", s))
+        if not cands:
+            return None
+        start = max(self.free[d], min(c[0] for c in cands))
+        soonest = min((c[0] for c in cands if c[0] > start), default=math.inf)
+        r, prio, kind, s = min((c for c in cands if c[0] <= start), key=lambda c: c[1])
+        if kind == "W" and self.lazy_w and start + self.dur["W"][s] > soonest:
+            return (soonest, (1, 0, 0), "wait", s)  # idle until that input is here
+        return (start, prio, kind, s)
+
+    def step(self) -> None:
+        """Run the earliest next action of any device, then decide again for the devices it
+        can change: its own, and the one its output or gradient goes to."""
+        ready = [(c[0], d) for d, c in enumerate(self.plan) if c is not None and self.left[d]]
         if not ready:
             raise PlannerError("zero bubble schedule made no progress (internal error)")
         _, d = min(ready)
-        start, _, kind, s = plan[d]  # type: ignore[misc]
+        start, _, kind, s = self.plan[d]  # type: ignore[misc]
         touched = {d}
         if kind == "wait":
-            free[d] = start
+            self.free[d] = start
         else:
-            end = start + dur[kind][s]
-            free[d] = end
+            end = start + self.dur[kind][s]
+            self.free[d] = end
             if kind == "F":
-                mb = next_f[s]
-                f_end[s][mb] = end
-                next_f[s] += 1
-                held[d] += size[s]
-                if s + 1 < n_st:
-                    touched.add(owner[s + 1])
+                mb = self.next_f[s]
+                self.f_end[s][mb] = end
+                self.next_f[s] += 1
+                self.held[d] += self.size[s]
+                if s + 1 < self.n_st:
+                    touched.add(self.owner[s + 1])
             elif kind == "B":
-                mb = next_b[s]
-                b_end[s][mb] = end
-                next_b[s] += 1
+                mb = self.next_b[s]
+                self.b_end[s][mb] = end
+                self.next_b[s] += 1
                 if s > 0:
-                    touched.add(owner[s - 1])
+                    touched.add(self.owner[s - 1])
             else:
-                mb = next_w[s]
-                next_w[s] += 1
-                held[d] -= size[s]
-            out[d].append((kind, s, mb))
-            left[d] -= 1
+                mb = self.next_w[s]
+                self.next_w[s] += 1
+                self.held[d] -= self.size[s]
+            self.out[d].append((kind, s, mb))
+            self.left[d] -= 1
         for e in touched:
-            plan[e] = decide(e)
-    return out
+            self.plan[e] = self.decide(e)
