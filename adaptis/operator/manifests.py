@@ -280,7 +280,6 @@ def render_pod(
     """Worker pod ``rank`` (w; it runs global ranks w*N .. w*N + N - 1): placed on
     ``record.nodes[w]`` by required node affinity."""
     pods = len(record.nodes)
-    per_pod = ranks_per_pod(spec)
     name = pod_name(job.name, rank)
     labels = {
         **spec.worker.labels,
@@ -298,16 +297,45 @@ def render_pod(
         "prometheus.io/path": "/metrics",
         NODE_ANNOTATION: record.nodes[rank],
     }
-    checkpoint: dict[str, Any] = (
-        {"persistentVolumeClaim": {"claimName": spec.checkpoint.claim_name}}
-        if spec.checkpoint.claim_name else {"emptyDir": {}}
-    )
     tolerations = list(spec.worker.tolerations)
     if spec.parallelism.gpus_per_worker > 0:
         # GPU nodes are commonly tainted so that only GPU pods land there.
         tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
     hf_volume, hf_mounts = hf_config_volume(spec) or (None, None)
-    container: dict[str, Any] = {
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": name,
+        "subdomain": service_name(job.name),
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 30,
+        "securityContext": pod_security_context(run_as_user=settings.run_as_user,
+                                                run_as_group=settings.run_as_group),
+        "affinity": _on_host(record.hostnames[rank]),
+        "containers": [_worker_container(job, spec, rank=rank, pods=pods, settings=settings, hf_mounts=hf_mounts)],
+        "volumes": _volumes(job, spec, hf_volume=hf_volume),
+    }
+    if spec.worker.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.worker.node_selector)
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    if spec.worker.priority_class_name:
+        pod_spec["priorityClassName"] = spec.worker.priority_class_name
+    if spec.worker.service_account_name:
+        pod_spec["serviceAccountName"] = spec.worker.service_account_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _meta(job, name, annotations=annotations) | {"labels": labels},
+        "spec": pod_spec,
+    }
+
+
+def _worker_container(job: JobRef, spec: JobSpec, *, rank: int, pods: int, settings: ManifestSettings,
+                      hf_mounts: dict[str, Any] | None) -> dict[str, Any]:
+    """The worker container of pod ``rank`` of ``pods``."""
+    per_pod = ranks_per_pod(spec)
+    return {
         "name": "worker",
         "image": spec.worker.image or settings.image,
         "imagePullPolicy": spec.worker.image_pull_policy or settings.image_pull_policy,
@@ -332,51 +360,29 @@ def render_pod(
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "hostname": name,
-        "subdomain": service_name(job.name),
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 30,
-        "securityContext": pod_security_context(run_as_user=settings.run_as_user,
-                                                run_as_group=settings.run_as_group),
-        "affinity": {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [{
-                        "matchExpressions": [{
-                            "key": "kubernetes.io/hostname",
-                            "operator": "In",
-                            "values": [record.hostnames[rank]],
-                        }]
-                    }]
-                }
-            }
-        },
-        "containers": [container],
-        "volumes": [
-            {"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(job.name)}},
-            *([hf_volume] if hf_volume else []),
-            {"name": CHECKPOINT_VOLUME, **checkpoint},
-            *scratch_volumes(),
-            *spec.worker.volumes,
-        ],
-    }
-    if spec.worker.node_selector:
-        pod_spec["nodeSelector"] = dict(spec.worker.node_selector)
-    if tolerations:
-        pod_spec["tolerations"] = tolerations
-    if spec.worker.priority_class_name:
-        pod_spec["priorityClassName"] = spec.worker.priority_class_name
-    if spec.worker.service_account_name:
-        pod_spec["serviceAccountName"] = spec.worker.service_account_name
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": _meta(job, name, annotations=annotations) | {"labels": labels},
-        "spec": pod_spec,
-    }
+
+
+def _on_host(hostname: str) -> dict[str, Any]:
+    """Required node affinity to the node of that ``kubernetes.io/hostname``: the plan placed
+    this pod's ranks on it."""
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [hostname]}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def _volumes(job: JobRef, spec: JobSpec, *, hf_volume: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The pod's volumes: the plan's ConfigMap, the Hugging Face config's, the checkpoints'
+    (the job's claim, else an emptyDir), scratch, then the user's."""
+    checkpoint: dict[str, Any] = (
+        {"persistentVolumeClaim": {"claimName": spec.checkpoint.claim_name}}
+        if spec.checkpoint.claim_name else {"emptyDir": {}}
+    )
+    return [
+        {"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(job.name)}},
+        *([hf_volume] if hf_volume else []),
+        {"name": CHECKPOINT_VOLUME, **checkpoint},
+        *scratch_volumes(),
+        *spec.worker.volumes,
+    ]
 
 
 def is_current_pod(pod: Mapping[str, Any], *, plan: str, attempt: int) -> bool:
