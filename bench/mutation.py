@@ -154,7 +154,7 @@ MODULES: dict[str, tuple[str, ...]] = {
 
 #: ``--quick``: how many mutants of each module to run (None: all), sized from what a mutant
 #: cost in a first quick run (2026-12-01, 2-core vm, load 1.3-2.1: 16 min for 1692 mutants)
-#: so that ``make mutation`` ends within the hour even on a busier machine (about 35 minutes
+#: so that ``make mutation`` ends within the hour even on a busier machine (31 minutes measured
 #: on a quiet one): every mutant where one costs under half a second, a sample where the tests
 #: take a second or more a mutant (the scheduler's and the search's schedule whole problems,
 #: the work queue's wait on threads) or where survivors go on to the multi-process tests
