@@ -48,6 +48,7 @@ from adaptis.operator.plan_runner import InlinePlanner, Planner
 from adaptis.operator.planning import PlanRecord
 from adaptis.operator.profiler_pods import is_profiler_pod
 from adaptis.operator.status import (
+    PodCensus,
     census,
     parse_status,
     parse_time,
@@ -226,14 +227,26 @@ class Reconciler:
         if c.observed_bubble_ratio is not None:
             p.update(observed_bubble_ratio=c.observed_bubble_ratio)
         if c.succeeded == workers:
-            self._ledger.release((p.job.namespace, p.job.name))
-            p.update(phase="Succeeded", completion_time=p.stamp, message=None)
-            p.condition("Running", "False", reason="Completed")
-            p.condition("Succeeded", "True", reason="Completed",
-                        message=f"all {workers} ranks finished", event="Normal")
-            self._schedule_ttl(p, spec.ttl_seconds_after_finished)
+            self._succeed(p, spec=spec, workers=workers)
             return
+        created = self._create_missing(p, spec=spec, record=record, pods=pods, missing=missing,
+                                       attempt=attempt, gang=gang)
+        if created is not None:
+            _report_start(p, c=c, workers=workers, created=created)
 
+    def _succeed(self, p: PassState, *, spec: JobSpec, workers: int) -> None:
+        self._ledger.release((p.job.namespace, p.job.name))
+        p.update(phase="Succeeded", completion_time=p.stamp, message=None)
+        p.condition("Running", "False", reason="Completed")
+        p.condition("Succeeded", "True", reason="Completed",
+                    message=f"all {workers} ranks finished", event="Normal")
+        self._schedule_ttl(p, spec.ttl_seconds_after_finished)
+
+    def _create_missing(self, p: PassState, *, spec: JobSpec, record: PlanRecord,
+                        pods: Sequence[Mapping[str, Any]], missing: list[int], attempt: int,
+                        gang: str) -> int | None:
+        """Create the pods of the ranks ``missing`` (attempt ``attempt``, gang ``gang``); how
+        many were created, None if a policy refused one (the job then waits for the admin)."""
         taken = {(pod.get("metadata") or {}).get("name") for pod in pods}
         blocked = [r for r in missing if pod_name(p.job.name, r) in taken]
         if missing:
@@ -255,30 +268,8 @@ class Reconciler:
             p.events.append(("Normal", "CreatedPods", f"created {created} worker pod(s)"))
         if refused:  # invalid pods raise ChildRefused; a policy's refusal waits for the admin
             children.wait_on(p, children.first_refusal(refused, pods_to_create))
-            return
-
-        if c.running + c.succeeded == workers:
-            p.update(phase="Running", message=None)
-            p.condition("Running", "True", reason="AllRanksRunning",
-                        message=f"{c.running} running, {c.succeeded} finished", event="Normal")
-            if any(x.type == "Restarting" and x.status == "True" for x in p.status.conditions):
-                p.condition("Restarting", "False", reason="Recovered",
-                            message="the gang runs again")
-        elif c.unschedulable:
-            msg = "; ".join(c.unschedulable[:3])
-            p.update(message=f"unschedulable: {msg}")
-            p.condition("Running", "False", reason="Unschedulable", message=msg, event="Warning")
-        elif c.gated:
-            # Kueue (or another admission controller) holds the gang until it fits a quota.
-            p.update(phase="Planned", message=None)
-            p.condition("Running", "False", reason="WaitingForAdmission",
-                        message="; ".join(c.gated[:3]), event="Normal")
-        elif p.status.phase not in {"Restarting"}:
-            # Starting clears what held the gang back before (a policy's refusal, unschedulable).
-            p.update(phase="Planned", message=None)
-            p.condition("Running", "False", reason="Starting",
-                        message=f"{c.running}/{workers} ranks running, "
-                        f"{c.pending + created} pending")
+            return None
+        return created
 
     def _restart_gang(self, p: PassState, *, spec: JobSpec, pods: Sequence[Mapping[str, Any]],
                       reason: str, failures: Sequence[str]) -> None:
@@ -385,3 +376,29 @@ class Reconciler:
             self._cluster.event(p.job, type_=type_, reason=reason, message=message)
         p.events.clear()
 
+
+def _report_start(p: PassState, *, c: PodCensus, workers: int, created: int) -> None:
+    """The phase and Running condition of a gang that is not done: running, unschedulable,
+    held by an admission controller, or starting."""
+    if c.running + c.succeeded == workers:
+        p.update(phase="Running", message=None)
+        p.condition("Running", "True", reason="AllRanksRunning",
+                    message=f"{c.running} running, {c.succeeded} finished", event="Normal")
+        if any(x.type == "Restarting" and x.status == "True" for x in p.status.conditions):
+            p.condition("Restarting", "False", reason="Recovered",
+                        message="the gang runs again")
+    elif c.unschedulable:
+        msg = "; ".join(c.unschedulable[:3])
+        p.update(message=f"unschedulable: {msg}")
+        p.condition("Running", "False", reason="Unschedulable", message=msg, event="Warning")
+    elif c.gated:
+        # Kueue (or another admission controller) holds the gang until it fits a quota.
+        p.update(phase="Planned", message=None)
+        p.condition("Running", "False", reason="WaitingForAdmission",
+                    message="; ".join(c.gated[:3]), event="Normal")
+    elif p.status.phase not in {"Restarting"}:
+        # Starting clears what held the gang back before (a policy's refusal, unschedulable).
+        p.update(phase="Planned", message=None)
+        p.condition("Running", "False", reason="Starting",
+                    message=f"{c.running}/{workers} ranks running, "
+                    f"{c.pending + created} pending")
