@@ -124,6 +124,10 @@ def test_transfer_bytes_count_cross_rank_boundaries_only() -> None:
     assert transfer_bytes(plan, rank=0, activation_bytes=10) == (20, 20)
     # rank 1: F1 receives, F2 sends; B2 receives, B1 sends (1->2 stays on the rank).
     assert transfer_bytes(plan, rank=1, activation_bytes=10) == (20, 20)
+    # The first and last stages apart: stage 0 receives no input and sends no gradient back.
+    two = Plan(stages=[(0, 2), (2, 5)], placement=[[0], [1]],
+               actions=[[("F", 0, 0), ("BW", 0, 0)], [("F", 1, 0), ("BW", 1, 0)]])
+    assert [transfer_bytes(two, rank=r, activation_bytes=10) for r in (0, 1)] == [(10, 10), (10, 10)]
 
 
 @pytest.mark.parametrize(("busy", "iteration", "rank", "pipeline", "own"), [
