@@ -380,11 +380,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--sample: {args.sample}; give the number of mutants to run, at least 1")
     if args.sample is not None and args.quick:
         parser.error("--sample and --quick: give one (--quick takes each module's sample from QUICK)")
+    sampled = args.sample is not None or args.quick
     if args.seed is None:
-        if args.reuse and (args.sample is not None or args.quick):
+        if args.reuse and sampled:
             parser.error("--reuse of a sampled run: give its --seed (the run printed it)")
         args.seed = random.SystemRandom().randrange(1, 1_000_000)
-    if args.sample is not None or args.quick:
+    if sampled:
         print(f"samples drawn with --seed {args.seed}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()

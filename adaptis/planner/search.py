@@ -234,14 +234,11 @@ def joint_search(
 def _phases(costs: Costs, *, ev: _Evaluator,
             structures: list[tuple[str, list[int]]]) -> _Candidate | None:
     """Structures, policies, then partition moves: the best candidate, None if none fits."""
-    tried = _structures(costs, ev=ev, structures=structures)
-    best = min(tried, key=_time, default=None)  # the first of the fastest, in the order tried
+    tried, best = _structures(costs, ev=ev, structures=structures)
     ranked = sorted(tried, key=_time)
-    tuned = _policies(ev=ev, ranked=ranked, best=best)
+    tuned, best = _policies(ev=ev, ranked=ranked, best=best)
     if ev.screen is not None:  # estimates so far: schedule the best few in full
         best = ev.confirm(ranked + tuned)
-    else:
-        best = min(tried + tuned, key=_time, default=None)
     if best is None or best.time == math.inf:
         return None
     # Phase 3: partition moves (the bottleneck first, then any boundary), kept only when the simulation improves.
@@ -256,9 +253,10 @@ def _time(c: _Candidate) -> float:
     return c.time
 
 
-def _structures(costs: Costs, *, ev: _Evaluator, structures: list[tuple[str, list[int]]]) -> list[_Candidate]:
+def _structures(costs: Costs, *, ev: _Evaluator, structures: list[tuple[str, list[int]]]
+                ) -> tuple[list[_Candidate], _Candidate | None]:
     """Phase 1: every structure (placement pattern x stage count) with balanced partitions,
-    then the packed structures; the candidates in the order tried."""
+    then the packed structures; the candidates in the order tried, and the best of them."""
     best: _Candidate | None = None
     ranked: list[_Candidate] = []
     pre = ev.pre
@@ -319,12 +317,14 @@ def _structures(costs: Costs, *, ev: _Evaluator, structures: list[tuple[str, lis
         ranked.append(cand)
         if best is None or cand.time < best.time:
             best = cand
-    return ranked
+    return ranked, best
 
 
-def _policies(*, ev: _Evaluator, ranked: list[_Candidate], best: _Candidate | None) -> list[_Candidate]:
+def _policies(*, ev: _Evaluator, ranked: list[_Candidate], best: _Candidate | None
+              ) -> tuple[list[_Candidate], _Candidate | None]:
     """Phase 2: the other scheduling policies, and the other admission mode, on the best
-    structures (``ranked``: fastest first); the trials in the order tried."""
+    structures (``ranked``: fastest first); the trials in the order tried, and the best
+    candidate so far (``best`` or a faster trial)."""
     tuned: list[_Candidate] = []
     for cand in ranked[:_TUNED_STRUCTURES]:
         mode = cand.policy.admit_per_device
@@ -338,7 +338,7 @@ def _policies(*, ev: _Evaluator, ranked: list[_Candidate], best: _Candidate | No
             tuned.append(trial)
             if best is None or trial.time < best.time:
                 best = trial
-    return tuned
+    return tuned, best
 
 
 def _climb_others(costs: Costs, *, ev: _Evaluator, best: _Candidate,
