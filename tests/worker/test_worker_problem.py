@@ -10,8 +10,10 @@ from adaptis.api.problem import parse_problem
 from adaptis.worker.models import model_layers
 from adaptis.worker.problem import estimate_problem, measure_problem
 
+# A 64K vocabulary makes the head 15-23x a dense layer's forward here (measured beside one
+# co-runner on 2 cores): at 16K it was 3.5-5x, and CI once measured 2.4x, under the 3x asserted.
 SPEC = JobSpec(
-    model=ModelSpec(vocab_size=16384, hidden=32, heads=2,
+    model=ModelSpec(vocab_size=65536, hidden=32, heads=2,
                     blocks=[BlockSpec(kind="mamba", count=2), BlockSpec(kind="attention"),
                             BlockSpec(kind="moe", experts=4, top_k=2), BlockSpec(kind="dense")]),
     training=TrainingSpec(microbatches=6, microbatch_size=1, sequence_length=32),
@@ -23,7 +25,7 @@ def _check(problem) -> None:  # type: ignore[no-untyped-def]
     assert [lay.name for lay in layers] == [info.name for info in model_layers(SPEC.model)]
     assert problem.microbatches == 6 and problem.device_count == 3
     by_kind = {lay.kind: lay for lay in layers}
-    assert by_kind["head"].forward > 3 * by_kind["dense"].forward  # a 16K vocabulary is heavy
+    assert by_kind["head"].forward > 3 * by_kind["dense"].forward  # a 64K vocabulary is heavy
     assert by_kind["embedding"].backward == 0.0  # nothing flows back from token ids
     assert all(lay.param_bytes > 0 for lay in layers)
     assert by_kind["head"].output_bytes == 0 and by_kind["attention"].output_bytes == 1 * 32 * 32 * 4
