@@ -36,7 +36,7 @@ from adaptis.operator.profiling import NodeProfile, parse_quantity
 from adaptis.planner.drift import scaled_speeds
 from adaptis.planner.estimate import device_speed
 from adaptis.planner.hf_estimate import estimate_model_layers
-from adaptis.planner.strategies import compare, plan_strategy
+from adaptis.planner.strategies import Outcome, compare, plan_strategy
 
 __all__ = [
     "PlanRecord",
@@ -301,32 +301,15 @@ def plan_job(
         problem = correct_speeds(problem, factors)
     fallback = strategy is not None
     strategy = strategy or spec.planner.strategy
-    baseline = None
-    if strategy == "adaptis":
-        # The joint search scores every baseline anyway: take i1f1b from the same run.
-        _, outcomes = compare(problem, time_limit_s=time_limit_s, bound=False)
-        outcome, baseline = outcomes["adaptis"], outcomes["i1f1b"]
-    else:
-        outcome = plan_strategy(problem, strategy, time_limit_s=time_limit_s)
+    outcome, baseline = _solve(problem, strategy=strategy, time_limit_s=time_limit_s)
     if outcome.plan is None or not outcome.result.feasible:
-        reason = outcome.result.reason or "no reason given"
-        if len(reason) > _MAX_REASON:  # one line per device: keep status and events readable
-            reason = reason[:_MAX_REASON].rsplit(";", 1)[0] + "; ..."
-        raise Unsatisfiable(
-            f"spec.planner.strategy: {strategy} finds no feasible plan on "
-            f"{Mesh.of(spec).pipeline} device(s): {reason}"
-        )
+        raise Unsatisfiable(f"spec.planner.strategy: {strategy} finds no feasible plan on "
+                            f"{Mesh.of(spec).pipeline} device(s): {_short_reason(outcome)}")
+    if baseline is None and strategy != "i1f1b" and not fallback:  # a fallback has no time left for a yardstick
+        baseline = plan_strategy(problem, "i1f1b", time_limit_s=time_limit_s)
     iteration = float(outcome.result.iteration_time or 0.0)
     step = outcome.result.step_time
-    speedup: float | None = None
-    if strategy != "i1f1b":
-        if baseline is None and not fallback:  # a fallback has no time left for a yardstick
-            baseline = plan_strategy(problem, "i1f1b", time_limit_s=time_limit_s)
-        if (baseline is not None and baseline.result.feasible
-                and baseline.result.iteration_time and iteration > 0):
-            speedup = float(baseline.result.iteration_time) / iteration
-    else:
-        speedup = 1.0
+    speedup = 1.0 if strategy == "i1f1b" else _speedup(iteration, baseline=baseline)
     # The precision the costs were made for: the workers check it.
     plan = outcome.plan.model_copy(update={"precision": job_precision(spec)})
     if plan.strategy is None:
@@ -349,13 +332,37 @@ def plan_job(
         predicted_iteration_seconds=iteration / 1e3,
         predicted_bubble_ratio=float(outcome.result.bubble_ratio or 0.0),
         predicted_step_seconds=None if step is None else step / 1e3,
-        predicted_speedup_over_i1f1b=None if speedup is None or not math.isfinite(speedup)
-        else round(speedup, 4),
+        predicted_speedup_over_i1f1b=speedup,
         device_speed=list(factors),
         budget_reason=None if outcome.result.cut_short is None else "TimeLimitReached",
         budget_note=None if outcome.result.cut_short is None else
         f"spec.planner.timeLimitSeconds ({time_limit_s:g} s) ran out: {outcome.result.cut_short}",
     )
+
+
+def _solve(problem: Problem, *, strategy: str, time_limit_s: float | None) -> tuple[Outcome, Outcome | None]:
+    """The strategy's outcome, and I-1F1B's when the same run gave it (the joint search scores
+    every baseline anyway)."""
+    if strategy == "adaptis":
+        _, outcomes = compare(problem, time_limit_s=time_limit_s, bound=False)
+        return outcomes["adaptis"], outcomes["i1f1b"]
+    return plan_strategy(problem, strategy, time_limit_s=time_limit_s), None
+
+
+def _short_reason(outcome: Outcome) -> str:
+    """Why no plan was found, cut to keep status and events readable (one line per device)."""
+    reason = outcome.result.reason or "no reason given"
+    if len(reason) > _MAX_REASON:
+        reason = reason[:_MAX_REASON].rsplit(";", 1)[0] + "; ..."
+    return reason
+
+
+def _speedup(iteration: float, *, baseline: Outcome | None) -> float | None:
+    """I-1F1B's iteration time over ``iteration``, rounded; None without a feasible, finite one."""
+    if baseline is None or not baseline.result.feasible or not baseline.result.iteration_time or iteration <= 0:
+        return None
+    speedup = float(baseline.result.iteration_time) / iteration
+    return round(speedup, 4) if math.isfinite(speedup) else None
 
 
 def record_from_config_map(cm: Mapping[str, Any] | None) -> PlanRecord | None:

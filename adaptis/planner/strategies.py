@@ -13,9 +13,10 @@ them on the paper's 36 workloads (bench/search_quality.py: the search alone is t
 baselines run cheapest first within the first half of it (the first always runs; later ones
 are skipped once the half has passed), the joint search returns the best candidate it
 scheduled by the end, and the adaptis result says so in ``cut_short``; past the limit,
-``compare``'s lower bound is the pipeline terms (1-4) only. The search keeps at
-least half the time because where no baseline fits in memory it alone can find a plan. The limit is checked between steps and every few thousand
-scheduler steps, so a call overruns it by at most one baseline's simulation.
+``compare``'s lower bound is the pipeline terms (1-4) only. The search keeps at least half
+the time because where no baseline fits in memory it alone can find a plan. The limit is
+checked between steps and every few thousand scheduler steps, so a call overruns it by at
+most one baseline's simulation.
 
 The lower bound (``lower_bound``) is the largest of five limits no plan can beat:
 1. all work spread perfectly: sum of F+B+W over layers x microbatches / sum of device speeds;

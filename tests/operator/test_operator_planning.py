@@ -10,6 +10,7 @@ from adaptis.api.job import JobSpec
 from adaptis.operator.errors import Unsatisfiable
 from adaptis.operator.planning import build_problem, choose_slots, plan_job, spec_hash
 from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, NodeProfile, profile_node
+from adaptis.planner.strategies import plan_strategy
 
 
 def _spec(make_job: Any, **over: Any) -> JobSpec:
@@ -70,6 +71,18 @@ def test_problem_and_plan_record(make_node: Any, make_job: Any) -> None:
     changed = _spec(make_job, training={"steps": 99})
     assert not record.still_valid(spec_hash_now=spec_hash(changed), candidates=by_name)
 
+
+
+def test_the_speedup_is_i1f1b_over_the_plan_and_a_fallback_measures_none(make_node: Any, make_job: Any) -> None:
+    nodes = _profiles([make_node("h", gpus=2), make_node("a", product="NVIDIA-A100-SXM4-80GB", gpus=2)])
+    spec = _spec(make_job)  # strategy 1f1b
+    problem = build_problem(spec, choose_slots(nodes, spec=spec), name="ns/demo")
+    times = {s: plan_strategy(problem, s).result.iteration_time for s in ("1f1b", "i1f1b")}
+    record = plan_job(spec, nodes, name="ns/demo")
+    assert record.predicted_speedup_over_i1f1b == round(times["i1f1b"] / times["1f1b"], 4) != 1.0
+    assert plan_job(spec, nodes, name="ns/demo", strategy="i1f1b").predicted_speedup_over_i1f1b == 1.0
+    # A fallback (the strategy given) runs on what is left of the time: no second planner run for a yardstick.
+    assert plan_job(spec, nodes, name="ns/demo", strategy="1f1b").predicted_speedup_over_i1f1b is None
 
 def test_lifecycle_fields_do_not_change_the_spec_hash(make_job: Any) -> None:
     base = _spec(make_job)
