@@ -103,14 +103,7 @@ def measure_candidates(
     for node in nodes_to_profile(candidates, given_up=given_up):
         pod = by_node.get(node.name)
         if pod is None:
-            # The admin's image and pull policy, never the job's: see profiler_pods.
-            to_create.append(render_profiler_pod(
-                p.job, node, namespace=settings.profile_namespace,
-                image=settings.profiler_image or settings.manifests.image,
-                image_pull_policy=settings.manifests.image_pull_policy,
-                tolerations=spec.worker.tolerations, timeout_s=max(1, int(timeout)),
-                run_as_user=settings.manifests.run_as_user,
-                run_as_group=settings.manifests.run_as_group))
+            to_create.append(_profiler_pod(p.job, node, spec=spec, settings=settings))
             waiting.append(node.name)
             p.requeue.append(min(timeout, _POLL_S))
             continue
@@ -130,14 +123,8 @@ def measure_candidates(
             waiting.append(node.name)
             p.requeue.append(min(_POLL_S, seconds_left(pod, now=p.now, timeout_s=timeout)))
     created, refused = create_all(to_create)
-    for pod in to_create:
-        why = refused.get(pod["metadata"]["name"])
-        node_name = str(pod["metadata"]["annotations"][NODE_ANNOTATION])
-        if why is not None:
-            given_up[node_name] = f"profiler pod refused by the API server ({why})"
-            waiting.remove(node_name)
-            p.events.append(("Warning", "ProfilingFailed", f"node {node_name}: "
-                             f"{given_up[node_name]}; using the label-based estimate"))
+    for node_name in _give_up_refused(p, pods=to_create, refused=refused, given_up=given_up):
+        waiting.remove(node_name)
     if created:
         p.events.append(("Normal", "CreatedProfilerPods",
                          f"created {created} profiler pod(s) (spec.planner.profile: measure)"))
@@ -151,3 +138,33 @@ def measure_candidates(
     notes = [f"node {c.name}: {given_up[c.name]}; using the label-based estimate"
              for c in candidates if c.name in given_up and not c.measured]
     return [measured.get(c.name, c) for c in candidates], notes
+
+
+def _profiler_pod(job: JobRef, node: NodeProfile, *, spec: JobSpec,
+                  settings: ReconcileSettings) -> dict[str, Any]:
+    """The profiler pod for ``node``: the admin's image and pull policy, never the job's (see
+    :mod:`adaptis.operator.profiler_pods`), the job's tolerations to reach its nodes."""
+    return render_profiler_pod(
+        job, node, namespace=settings.profile_namespace,
+        image=settings.profiler_image or settings.manifests.image,
+        image_pull_policy=settings.manifests.image_pull_policy,
+        tolerations=spec.worker.tolerations, timeout_s=max(1, int(settings.profile_timeout_s)),
+        run_as_user=settings.manifests.run_as_user,
+        run_as_group=settings.manifests.run_as_group)
+
+
+def _give_up_refused(p: PassState, *, pods: Sequence[Mapping[str, Any]], refused: Mapping[str, object],
+                     given_up: MutableMapping[str, str]) -> list[str]:
+    """Give up the nodes whose profiler pod the API server refused (each keeps its estimate,
+    with a warning event); their names."""
+    names = []
+    for pod in pods:
+        why = refused.get(pod["metadata"]["name"])
+        if why is None:
+            continue
+        node_name = str(pod["metadata"]["annotations"][NODE_ANNOTATION])
+        given_up[node_name] = f"profiler pod refused by the API server ({why})"
+        p.events.append(("Warning", "ProfilingFailed", f"node {node_name}: "
+                         f"{given_up[node_name]}; using the label-based estimate"))
+        names.append(node_name)
+    return names
