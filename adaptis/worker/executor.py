@@ -179,44 +179,46 @@ class Executor:
         self.params = _unique_params(self.modules)
         self._tied_peer, self._count_in_norm = self._tie_embeddings()
         self.reducer = self._reducer()
-        self.optimizer: torch.optim.Optimizer | ZeroOptimizer
-        if config.zero_stage == 1 and self.mesh.replicas > 1:
-            self.optimizer = ZeroOptimizer(self.params, make=lambda ps: _optimizer(ps, config),
-                                           mesh=self.mesh, rank=rank, group=self.groups.replica)
-        else:
-            self.optimizer = _optimizer(self.params, config)
+        self.optimizer = self._optimizer()
         self._lr = config.training.optimizer.lr
         self.set_learning_rate(step=0)
-        self.timer: ActionTimer = CudaActionTimer() if device.type == "cuda" else WallActionTimer()
-        # ADAPTIS_SLOWDOWN (a testing knob, adaptis.worker.slowdown): this rank as a slower device.
-        self.timer = slowed(self.timer, rank=rank, environ=dict(os.environ),
-                            sync=torch.cuda.synchronize if device.type == "cuda" else None)
-        # ADAPTIS_TRACE (adaptis run --trace): each step's actions, timed, to a file per rank.
-        self.timer = traced(self.timer, rank=rank, environ=dict(os.environ), device=device)
-        m = train.microbatches
+        self.timer = _action_timer(rank=rank, device=device)
         dtype = PRECISION_DTYPE[self.precision]
         shapes = StageShapes(microbatch_size=train.microbatch_size, sequence_length=train.sequence_length,
                              hidden=hidden, vocab_size=vocab, dtype=dtype, device=device)
-        # The runtime runs the stages wrapped (precision, recompute); self.modules stay the bare
-        # stages, which checkpoints and the tied embedding look into.
-        runnable = [wrap_stage(mod, precision=self.precision, recompute=recompute[s], device=device)
-                    for mod, s in zip(self.modules, self.stage_ids, strict=True)]
-        self.runtime: PipelineRuntime | IdleRuntime
-        if self.pipeline_rank not in self.busy_ranks:
-            self.runtime = IdleRuntime()
-        else:
-            # Keyed by rank in the work group: the busy ranks, in pipeline order.
-            self.runtime = PipelineRuntime(
-                modules=runnable, stage_ids=self.stage_ids, num_stages=len(self.plan.stages),
-                actions=[[(k, s, mb) for k, s, mb in self.plan.actions[r]] for r in self.busy_ranks],
-                microbatches=m, shapes=shapes, timer=self.timer,
-                loss_fn=lambda out, tgt: token_loss(out, tgt, scale=1.0 / m),
-                group=self.groups.work,
-                on_stage_grads=self.reducer.stage_ready if self.reducer is not None else None,
-            )
+        self.runtime = self._runtime(recompute=recompute, shapes=shapes)
         act = activation_bytes(train, hidden=hidden, dtype=dtype)
         self.sent_bytes, self.received_bytes = transfer_bytes(self.plan, rank=self.pipeline_rank,
                                                               activation_bytes=act)
+
+    def _optimizer(self) -> torch.optim.Optimizer | ZeroOptimizer:
+        """The training optimizer over this rank's parameters; ZeRO-1 shards its state across
+        the replicas when asked and there are replicas to shard over."""
+        config = self.config
+        if config.zero_stage == 1 and self.mesh.replicas > 1:
+            return ZeroOptimizer(self.params, make=lambda ps: _optimizer(ps, config),
+                                 mesh=self.mesh, rank=self.rank, group=self.groups.replica)
+        return _optimizer(self.params, config)
+
+    def _runtime(self, *, recompute: list[bool], shapes: StageShapes) -> PipelineRuntime | IdleRuntime:
+        """What runs this rank's actions: torch's pipelining over the busy ranks, or nothing on
+        an idle rank."""
+        if self.pipeline_rank not in self.busy_ranks:
+            return IdleRuntime()
+        # The runtime runs the stages wrapped (precision, recompute); self.modules stay the bare
+        # stages, which checkpoints and the tied embedding look into.
+        runnable = [wrap_stage(mod, precision=self.precision, recompute=recompute[s], device=self.device)
+                    for mod, s in zip(self.modules, self.stage_ids, strict=True)]
+        m = self.config.training.microbatches
+        # Keyed by rank in the work group: the busy ranks, in pipeline order.
+        return PipelineRuntime(
+            modules=runnable, stage_ids=self.stage_ids, num_stages=len(self.plan.stages),
+            actions=[[(k, s, mb) for k, s, mb in self.plan.actions[r]] for r in self.busy_ranks],
+            microbatches=m, shapes=shapes, timer=self.timer,
+            loss_fn=lambda out, tgt: token_loss(out, tgt, scale=1.0 / m),
+            group=self.groups.work,
+            on_stage_grads=self.reducer.stage_ready if self.reducer is not None else None,
+        )
 
     def _reducer(self) -> GradReducer | None:
         """With replicas, each parameter's all-reduce starts with its reducing stage
@@ -400,6 +402,16 @@ def _unique_params(modules: list[nn.Module]) -> list[nn.Parameter]:
                 seen.add(id(p))
                 out.append(p)
     return out
+
+
+def _action_timer(*, rank: int, device: torch.device) -> ActionTimer:
+    """Times each action: CUDA events on a GPU, the wall clock on CPU; slowed by
+    ADAPTIS_SLOWDOWN (a testing knob, :mod:`adaptis.worker.slowdown`: this rank as a slower
+    device) and traced to a file per rank by ADAPTIS_TRACE (``adaptis run --trace``)."""
+    timer: ActionTimer = CudaActionTimer() if device.type == "cuda" else WallActionTimer()
+    timer = slowed(timer, rank=rank, environ=dict(os.environ),
+                   sync=torch.cuda.synchronize if device.type == "cuda" else None)
+    return traced(timer, rank=rank, environ=dict(os.environ), device=device)
 
 
 def _optimizer(params: list[nn.Parameter], config: WorkerConfig) -> torch.optim.Optimizer:
