@@ -162,30 +162,14 @@ class Reconciler:
         workers = [pod for pod in pods if not is_profiler_pod(pod)]
 
         if spec.suspend:
-            self._ledger.release((p.job.namespace, p.job.name))
-            self._delete_pods(p, [*workers, *profilers])
-            p.update(phase="Suspended", start_time=None, message="spec.suspend is true",
-                     launched=None,
-                     workers_ready=f"0/{spec.parallelism.workers}")
-            p.condition("Suspended", "True", reason="Suspended",
-                        message="worker pods removed", event="Normal")
-            p.condition("Running", "False", reason="Suspended")
+            self._suspend(p, spec=spec, pods=[*workers, *profilers])
             return
         if any(c.type == "Suspended" and c.status == "True" for c in st.conditions):
             p.condition("Suspended", "False", reason="Resumed",
                         message="worker pods recreated", event="Normal")
 
-        deadline = spec.active_deadline_seconds
-        # p.status, not st: a corrected spec's new start cleared start_time above.
-        started = parse_time(p.status.start_time)
-        if deadline and started:
-            left = deadline - (p.now - started).total_seconds()
-            if left <= 0:
-                self._fail(p, reason="DeadlineExceeded", pods=pods,
-                           message=f"spec.activeDeadlineSeconds: ran longer than {deadline}s")
-                return
-            p.requeue.append(left)
-
+        if self._past_deadline(p, spec=spec, pods=pods):
+            return
         record = self._placer.place(p, spec=spec, profilers=profilers)
         if record is None:
             return
@@ -195,6 +179,31 @@ class Reconciler:
         # old plan's pods with its pods, as after any re-plan.
         record = self._adapter.adapt(p, spec=spec, record=record)
         self._run(p, spec=spec, record=record, pods=workers)
+
+    def _suspend(self, p: PassState, *, spec: JobSpec, pods: Sequence[Mapping[str, Any]]) -> None:
+        """spec.suspend: give back the job's capacity and remove its pods (workers and profilers)."""
+        self._ledger.release((p.job.namespace, p.job.name))
+        self._delete_pods(p, pods)
+        p.update(phase="Suspended", start_time=None, message="spec.suspend is true", launched=None,
+                 workers_ready=f"0/{spec.parallelism.workers}")
+        p.condition("Suspended", "True", reason="Suspended", message="worker pods removed", event="Normal")
+        p.condition("Running", "False", reason="Suspended")
+
+    def _past_deadline(self, p: PassState, *, spec: JobSpec, pods: Sequence[Mapping[str, Any]]) -> bool:
+        """Fail the job once spec.activeDeadlineSeconds has run out since its start (True);
+        until then, come back when it will."""
+        deadline = spec.active_deadline_seconds
+        # p.status: a corrected spec's new start cleared start_time.
+        started = parse_time(p.status.start_time)
+        if not (deadline and started):
+            return False
+        left = deadline - (p.now - started).total_seconds()
+        if left <= 0:
+            self._fail(p, reason="DeadlineExceeded", pods=pods,
+                       message=f"spec.activeDeadlineSeconds: ran longer than {deadline}s")
+            return True
+        p.requeue.append(left)
+        return False
 
     def _run(self, p: PassState, *, spec: JobSpec, record: PlanRecord,
              pods: Sequence[Mapping[str, Any]]) -> None:

@@ -210,9 +210,11 @@ def test_active_deadline_fails_the_job(cluster: Any, make_job: Any, clock: Any) 
     clock.advance(30)
     assert rec.reconcile("ns", "demo").requeue_after == 30
     clock.advance(31)
-    rec.reconcile("ns", "demo")
+    # The pass ends there: the pods it just stopped are not then counted as running.
+    assert rec.reconcile("ns", "demo").phase == cluster.job()["status"]["phase"] == "Failed"
     assert _cond(cluster.job(), "Failed")["reason"] == "DeadlineExceeded"
     assert all(p["metadata"].get("deletionTimestamp") for p in cluster.pods())
+    assert cluster.events[-1][1:3] == ("Warning", "DeadlineExceeded")
 
 
 def test_ttl_deletes_the_finished_job(cluster: Any, make_job: Any, clock: Any) -> None:
