@@ -65,6 +65,8 @@ CROSS_RANK: dict[str, dict[str, tuple[str, ...]]] = {
         "Executor.__init__": (_PARITY, _IDLE, _REPLICAS, _SHARDS, _BF16, _MOE),
         "Executor.step": (_PARITY, _IDLE, _REPLICAS),
         "Executor._clip": (_PARITY, _REPLICAS),
+        "Executor._optimizer": (_REPLICAS, _SHARDS),
+        "Executor._runtime": (_PARITY, _IDLE, _MOE),
         "Executor._reducer": (_REPLICAS,),
         "Executor._tie_embeddings": (_PARITY,),
         "Executor._sync_tied": (_PARITY,),

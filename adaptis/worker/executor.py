@@ -144,6 +144,7 @@ class Executor:
     #: ``time.perf_counter()`` at the last step's common start (every rank leaves the barrier
     #: together): where the runner's data phase ends and the step's pipeline part begins.
     started_at: float = 0.0
+    _lr: float  # the rate of the coming optimizer step: set_learning_rate
 
     def __init__(self, config: WorkerConfig, *, rank: int, world_size: int, device: torch.device) -> None:
         self.config = config
@@ -180,8 +181,7 @@ class Executor:
         self._tied_peer, self._count_in_norm = self._tie_embeddings()
         self.reducer = self._reducer()
         self.optimizer = self._optimizer()
-        self._lr = config.training.optimizer.lr
-        self.set_learning_rate(step=0)
+        self.set_learning_rate(step=0)  # sets self._lr, which the step statistics report
         self.timer = _action_timer(rank=rank, device=device)
         dtype = PRECISION_DTYPE[self.precision]
         shapes = StageShapes(microbatch_size=train.microbatch_size, sequence_length=train.sequence_length,

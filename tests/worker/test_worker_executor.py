@@ -12,9 +12,17 @@ from worker_harness import SMALL_MODEL, one_rank_group  # noqa: F401 (the fixtur
 
 from adaptis.api.job import TrainingSpec, WorkerConfig
 from adaptis.api.plan import Plan
+from adaptis.worker import slowdown
 from adaptis.worker.data import SyntheticTokens
 from adaptis.worker.errors import PlanMismatchError
-from adaptis.worker.executor import Executor, activation_bytes, parse_plan, transfer_bytes
+from adaptis.worker.executor import (
+    Executor,
+    _action_timer,
+    activation_bytes,
+    parse_plan,
+    transfer_bytes,
+)
+from adaptis.worker.pipelining import CudaActionTimer, WallActionTimer
 from adaptis.worker.reference import reference_step
 
 TRAIN = TrainingSpec(microbatches=3, microbatch_size=2, sequence_length=8, grad_clip=None, seed=5)
@@ -309,3 +317,17 @@ def test_the_action_trace_goes_to_this_ranks_file(monkeypatch: pytest.MonkeyPatc
         position=0, sequences=6))
     assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [rank_trace_path(tmp_path, rank=0).name]
     assert rank_trace_path(tmp_path, rank=0).stat().st_size > 0
+
+
+def test_a_slowed_gpu_rank_waits_for_its_device_before_stretching_an_action(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU action returns before its kernels finish: the slowdown synchronizes to learn how
+    long it took (else it stretches only the launch); on CPU the action is done when it returns."""
+    monkeypatch.setenv(slowdown.ENV, "1:2@1")
+    monkeypatch.delenv("ADAPTIS_TRACE", raising=False)
+    gpu = _action_timer(rank=1, device=torch.device("cuda"))  # builds without a GPU: events come per action
+    assert isinstance(gpu, slowdown.SlowedTimer) and isinstance(gpu.inner, CudaActionTimer)
+    assert gpu._sync is torch.cuda.synchronize
+    cpu = _action_timer(rank=1, device=torch.device("cpu"))
+    assert isinstance(cpu, slowdown.SlowedTimer) and isinstance(cpu.inner, WallActionTimer)
+    assert cpu._sync is None
+    assert isinstance(_action_timer(rank=0, device=torch.device("cpu")), WallActionTimer)  # not slowed
