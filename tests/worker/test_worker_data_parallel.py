@@ -121,6 +121,9 @@ def test_replicas_train_as_one_process(case: str, results: dict[str, list[dict]]
                                        msg=lambda m, k=k: f"{case} weight {k}: {m}")
     for r in ranks:  # every stage's reduction was launched by the runtime, during the step
         assert all(done == stages for done, stages in r["overlapped"]), f"{case}: {r['overlapped']}"
+        # ... and each step reports the time it then blocked finishing it: never none (writing
+        # the averaged gradients back alone takes some), what the run summary's share is made of.
+        assert all(w > 0 for w in r["waits"]), f"{case}: reduce waits {r['waits']}"
     # Replicas are bit-identical to each other (same reduced gradients, same update).
     for p in range(PIPELINE):
         for k, w in ranks[p]["weights"].items():
