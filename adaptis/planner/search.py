@@ -234,9 +234,9 @@ def joint_search(
 def _phases(costs: Costs, *, ev: _Evaluator,
             structures: list[tuple[str, list[int]]]) -> _Candidate | None:
     """Structures, policies, then partition moves: the best candidate, None if none fits."""
-    tried, best = _structures(costs, ev=ev, structures=structures)
-    ranked = sorted(tried, key=_time)
-    tuned, best = _policies(ev=ev, ranked=ranked, best=best)
+    # Stable: the first of equally fast candidates leads, as it led while they were tried.
+    ranked = sorted(_structures(costs, ev=ev, structures=structures), key=_time)
+    tuned, best = _policies(ev=ev, ranked=ranked, best=ranked[0] if ranked else None)
     if ev.screen is not None:  # estimates so far: schedule the best few in full
         best = ev.confirm(ranked + tuned)
     if best is None or best.time == math.inf:
@@ -254,9 +254,9 @@ def _time(c: _Candidate) -> float:
 
 
 def _structures(costs: Costs, *, ev: _Evaluator, structures: list[tuple[str, list[int]]]
-                ) -> tuple[list[_Candidate], _Candidate | None]:
+                ) -> list[_Candidate]:
     """Phase 1: every structure (placement pattern x stage count) with balanced partitions,
-    then the packed structures; the candidates in the order tried, and the best of them."""
+    then the packed structures; the candidates in the order tried."""
     best: _Candidate | None = None
     ranked: list[_Candidate] = []
     pre = ev.pre
@@ -317,7 +317,7 @@ def _structures(costs: Costs, *, ev: _Evaluator, structures: list[tuple[str, lis
         ranked.append(cand)
         if best is None or cand.time < best.time:
             best = cand
-    return ranked, best
+    return ranked
 
 
 def _policies(*, ev: _Evaluator, ranked: list[_Candidate], best: _Candidate | None

@@ -408,10 +408,10 @@ def _action_timer(*, rank: int, device: torch.device) -> ActionTimer:
     """Times each action: CUDA events on a GPU, the wall clock on CPU; slowed by
     ADAPTIS_SLOWDOWN (a testing knob, :mod:`adaptis.worker.slowdown`: this rank as a slower
     device) and traced to a file per rank by ADAPTIS_TRACE (``adaptis run --trace``)."""
-    timer: ActionTimer = CudaActionTimer() if device.type == "cuda" else WallActionTimer()
-    timer = slowed(timer, rank=rank, environ=dict(os.environ),
-                   sync=torch.cuda.synchronize if device.type == "cuda" else None)
-    return traced(timer, rank=rank, environ=dict(os.environ), device=device)
+    cuda, environ = device.type == "cuda", dict(os.environ)
+    timer: ActionTimer = CudaActionTimer() if cuda else WallActionTimer()
+    timer = slowed(timer, rank=rank, environ=environ, sync=torch.cuda.synchronize if cuda else None)
+    return traced(timer, rank=rank, environ=environ, device=device)
 
 
 def _optimizer(params: list[nn.Parameter], config: WorkerConfig) -> torch.optim.Optimizer:
