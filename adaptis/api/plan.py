@@ -15,10 +15,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Literal, NewType
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from adaptis.api.errors import SpecError, from_validation_error
-from adaptis.api.plan_packing import pack_actions, unpack_actions
+from adaptis.api.plan_packing import CRD_LIMITS, pack_actions, unpack_actions
 from adaptis.api.problem import TIME_UNIT_SECONDS
 
 __all__ = [
@@ -129,9 +129,11 @@ class Plan(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _unpack(cls, data: Any) -> Any:
+    def _unpack(cls, data: Any, info: ValidationInfo) -> Any:
         # The packed wire form of the same actions (adaptis.api.plan_packing): unpacked here so
-        # that every reader (operator cache, worker, load_plan) gets one model either way.
+        # that every reader (operator cache, worker, load_plan) gets one model either way. A
+        # reader that knows how large the plan may be passes PackLimits as the validation
+        # context's "pack_limits" (the CRD's maxima otherwise).
         if isinstance(data, dict) and PACKED_ACTIONS in data:
             if "actions" in data:
                 raise ValueError(f"give either actions or {PACKED_ACTIONS}, not both")
@@ -139,7 +141,8 @@ class Plan(BaseModel):
             if not isinstance(packed, str):
                 raise ValueError(f"{PACKED_ACTIONS} must be a string (got {type(packed).__name__})")
             data = {k: v for k, v in data.items() if k != PACKED_ACTIONS}
-            data["actions"] = unpack_actions(packed)
+            limits = (info.context or {}).get("pack_limits", CRD_LIMITS)
+            data["actions"] = unpack_actions(packed, limits=limits)
         return data
 
     def packed(self) -> dict[str, Any]:

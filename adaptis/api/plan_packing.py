@@ -13,6 +13,12 @@ each action's stage, and each action's microbatch as the zigzag-coded difference
 expected next for that (kind, stage) on that device, the previous one plus one. Every schedule
 runs each stage's microbatches mostly in order, so that column is nearly all zeros and the
 columns repeat: zlib squeezes them to almost nothing while any order stays representable.
+
+Decoding is bounded before anything is allocated: the header (device and action counts) is
+inflated first and checked against :class:`PackLimits` (by default the CRD's maxima; a reader
+that knows the job passes its own, far smaller ones), and only then exactly the bytes the header
+implies. A packed string is a few hundred kB at most but may claim hundreds of MB unpacked (a
+decompression bomb); that claim is refused from its first 12 bytes.
 """
 
 from __future__ import annotations
@@ -23,17 +29,40 @@ import sys
 import zlib
 from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-__all__ = ["PACKED_PREFIX", "PackingError", "pack_actions", "unpack_actions"]
+__all__ = ["CRD_LIMITS", "PACKED_PREFIX", "PackLimits", "PackingError", "pack_actions",
+           "unpack_actions"]
 
 #: Every packed string starts with this (so a reader can tell a packed plan of a later version).
 PACKED_PREFIX = "apk1:"
 _MAGIC = b"APK1"
 _KINDS = ("F", "B", "W", "BW")
 _CODE = {k: i for i, k in enumerate(_KINDS)}
-# The decompressed size a packed plan may claim: 4096 ranks x 4096 microbatches x 3 actions x
-# 9 bytes is 450 MiB; anything above is not a plan this project makes.
-_MAX_RAW = 1 << 29
+_HEADER = 12  # magic, device count, action count
+
+
+@dataclass(frozen=True, slots=True)
+class PackLimits:
+    """The most devices and actions a packed plan may claim before it is inflated."""
+
+    max_devices: int
+    max_actions: int
+
+    @classmethod
+    def of(cls, *, devices: int, stages: int, microbatches: int) -> PackLimits:
+        """A plan over ``devices`` of at most ``stages`` stages: each (stage, microbatch) has
+        an F, a B and a W at most."""
+        return cls(max_devices=devices, max_actions=3 * stages * microbatches)
+
+    def raw_bytes(self) -> int:
+        return _HEADER + 4 * self.max_devices + 9 * self.max_actions
+
+
+#: The CRD's maxima: 128 workers x 16 GPUs of pipeline ranks, 4096 microbatches, and a stage
+#: per layer at most (4096 blocks, the embedding and the head). A reader that knows the job
+#: passes :meth:`PackLimits.of` its spec's figures instead.
+CRD_LIMITS = PackLimits.of(devices=128 * 16, stages=4096 + 2, microbatches=4096)
 
 
 class PackingError(ValueError):
@@ -77,23 +106,33 @@ def pack_actions(actions: Sequence[Sequence[tuple[str, int, int]]]) -> str:
     return PACKED_PREFIX + base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
 
 
-def unpack_actions(text: str) -> list[list[tuple[str, int, int]]]:
-    """The inverse of :func:`pack_actions`; :class:`PackingError` on anything it did not write."""
+def unpack_actions(text: str, *, limits: PackLimits = CRD_LIMITS) -> list[list[tuple[str, int, int]]]:
+    """The inverse of :func:`pack_actions`; :class:`PackingError` on anything it did not write
+    or that claims more than ``limits``, found before the body is inflated."""
     if not text.startswith(PACKED_PREFIX):
         raise PackingError(f"not a packed plan (expected the prefix {PACKED_PREFIX!r}; a newer "
                            "operator may have written it)")
+    # A packed string is base64 of zlib of at most limits.raw_bytes(); zlib's ratio is at
+    # most ~1032:1, so a longer text is not a plan within the limits either.
+    if len(text) > 2 * limits.raw_bytes() + 64:
+        raise PackingError(f"packed plan of {len(text)} characters, longer than any plan within "
+                           f"{limits.max_devices} devices and {limits.max_actions} actions")
     try:
         inflater = zlib.decompressobj()
-        raw = inflater.decompress(base64.b64decode(text[len(PACKED_PREFIX):], validate=True),
-                                  _MAX_RAW)
+        body = base64.b64decode(text[len(PACKED_PREFIX):], validate=True)
+        head = inflater.decompress(body, _HEADER)
+        if head[:4] != _MAGIC or len(head) < _HEADER:
+            raise PackingError("corrupt packed plan: bad header")
+        devices, total = _from_u32(head[4:_HEADER])
+        if devices > limits.max_devices or total > limits.max_actions:
+            raise PackingError(
+                f"packed plan claims {devices} devices and {total} actions, over the "
+                f"{limits.max_devices} devices and {limits.max_actions} actions it may have")
+        need = _HEADER + 4 * devices + total * 9
+        # One byte more than the header implies, to see a longer body without inflating it.
+        raw = head + inflater.decompress(inflater.unconsumed_tail, need - _HEADER + 1)
     except (binascii.Error, zlib.error) as err:
         raise PackingError(f"corrupt packed plan: {err}") from None
-    if inflater.unconsumed_tail:
-        raise PackingError(f"packed plan larger than {_MAX_RAW} bytes unpacked")
-    if raw[:4] != _MAGIC or len(raw) < 12:
-        raise PackingError("corrupt packed plan: bad header")
-    devices, total = _from_u32(raw[4:12])
-    need = 12 + 4 * devices + total * 9
     if len(raw) != need:
         raise PackingError(f"corrupt packed plan: {len(raw)} bytes, the header implies {need}")
     pos = 12

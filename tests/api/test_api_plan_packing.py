@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
+import tracemalloc
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from adaptis.api.plan import PACKED_ACTIONS, Plan
-from adaptis.api.plan_packing import PackingError, pack_actions, unpack_actions
+from adaptis.api.plan_packing import CRD_LIMITS, PackingError, PackLimits, pack_actions, unpack_actions
 
 # One builder of large valid plans for the api's and the operator's storage tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
@@ -64,3 +67,46 @@ def test_plan_names_the_packed_field_when_it_is_bad() -> None:
         Plan.model_validate({**base, "actions": [[]], PACKED_ACTIONS: pack_actions([[]])})
     with pytest.raises(ValidationError, match="must be a string"):
         Plan.model_validate({**base, PACKED_ACTIONS: 3})
+
+
+def _bomb(*, devices: int, actions: int) -> str:
+    """A packed string whose header claims ``actions`` actions over ``devices`` devices, its body
+    all zeros: it compresses about 1000:1 (the tenant's crafted plan of issue 27)."""
+    raw = bytearray(b"APK1")
+    raw += devices.to_bytes(4, "little") + actions.to_bytes(4, "little")
+    raw += bytes(4 * devices + 9 * actions)
+    return "apk1:" + base64.b64encode(zlib.compress(bytes(raw), 9)).decode("ascii")
+
+
+def test_a_decompression_bomb_is_refused_from_its_header_before_it_is_inflated() -> None:
+    # 59,652,321 actions claimed (536,870,909 bytes raw) in ~700 kB of text: over the CRD's
+    # maxima, and far over a small job's.
+    bomb = _bomb(devices=1, actions=59_652_321)
+    assert len(bomb) < 1024 * 1024  # it fits a ConfigMap
+    small = PackLimits.of(devices=4, stages=8, microbatches=16)
+    for limits in (CRD_LIMITS, small):
+        tracemalloc.start()
+        with pytest.raises(PackingError, match="claims 1 devices and 59652321 actions|longer than any plan within 4 devices"):
+            unpack_actions(bomb, limits=limits)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak < 4 * len(bomb), f"refusing the bomb allocated {peak} bytes"
+
+
+def test_a_plan_within_the_crd_maxima_but_over_its_jobs_is_refused() -> None:
+    plan = zero_bubble_plan(devices=8, microbatches=64)  # 8 x 64 x 3 actions
+    text = pack_actions(plan.actions)
+    assert unpack_actions(text, limits=PackLimits.of(devices=8, stages=8, microbatches=64))
+    with pytest.raises(PackingError, match="over the 8 devices and 768 actions"):
+        unpack_actions(text, limits=PackLimits.of(devices=8, stages=8, microbatches=32))
+    with pytest.raises(PackingError, match="devices"):
+        unpack_actions(text, limits=PackLimits.of(devices=4, stages=8, microbatches=64))
+
+
+def test_the_plans_reader_passes_its_limits_to_the_decoder() -> None:
+    plan = zero_bubble_plan(devices=8, microbatches=64)
+    doc = plan.packed()
+    tight = {"pack_limits": PackLimits.of(devices=8, stages=8, microbatches=32)}
+    assert Plan.model_validate(doc) == plan
+    with pytest.raises(ValidationError, match="over the 8 devices and 768 actions"):
+        Plan.model_validate(doc, context=tight)
