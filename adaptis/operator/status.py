@@ -3,8 +3,9 @@
 Sits under :mod:`adaptis.operator.reconcile`, which decides *what* happened; this module only
 says how it reads in ``status``: conditions keep their ``lastTransitionTime`` while their status
 holds (as every Kubernetes controller does), the pod census counts ready, running, finished and
-failed workers and collects why pending pods cannot be scheduled, and the workers' termination
-messages give the observed bubble ratio.
+failed workers and collects why pending pods cannot be scheduled or why the kubelet cannot
+start their containers (:data:`STUCK_REASONS`: a missing Secret or ConfigMap, an image that
+cannot be pulled), and the workers' termination messages give the observed bubble ratio.
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ from adaptis.api.rules import pod_name
 from adaptis.operator.planning import PlanRecord
 
 __all__ = [
+    "STUCK_REASONS",
     "PodCensus",
+    "StuckContainer",
     "census",
     "now_rfc3339",
     "parse_status",
     "parse_time",
     "plan_summary",
     "set_condition",
+    "summarize",
 ]
 
 
@@ -84,6 +88,50 @@ def condition_true(conditions: Iterable[Condition], type_: str) -> bool:
     return any(c.type == type_ and c.status == "True" for c in conditions)
 
 
+#: The kubelet's ``state.waiting.reason`` of a container it cannot start until something is
+#: fixed outside the pod: a Secret or ConfigMap key (CreateContainerConfigError), the image
+#: (ErrImagePull, ImagePullBackOff, ErrImageNeverPull, InvalidImageName), the runtime's
+#: refusal (CreateContainerError). ContainerCreating and PodInitializing are the normal way.
+STUCK_REASONS = frozenset({
+    "CreateContainerConfigError", "CreateContainerError", "ErrImagePull", "ImagePullBackOff",
+    "ErrImageNeverPull", "InvalidImageName",
+})
+#: The longest kubelet message kept per container: it quotes the tenant's names and images.
+MAX_WAITING_MESSAGE = 160
+
+
+@dataclass(frozen=True)
+class StuckContainer:
+    """A container of a worker pod that the kubelet keeps waiting (reason in STUCK_REASONS)."""
+
+    pod: str
+    container: str
+    reason: str
+    message: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.pod}: {self.container}: {self.reason}: {self.message or 'no message'}"
+
+
+def _clip(text: str, limit: int = MAX_WAITING_MESSAGE) -> str:
+    """One line of at most ``limit`` characters (control characters become spaces)."""
+    line = " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
+    return line if len(line) <= limit else line[:limit - 3].rstrip() + "..."
+
+
+def _stuck_containers(name: str, status: Mapping[str, Any]) -> list[StuckContainer]:
+    out: list[StuckContainer] = []
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for cs in status.get(key) or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            reason = str(waiting.get("reason") or "")
+            if reason in STUCK_REASONS:
+                out.append(StuckContainer(pod=name, container=_clip(str(cs.get("name", "?")), 63),
+                                          reason=reason,
+                                          message=_clip(str(waiting.get("message") or ""))))
+    return out
+
+
 @dataclass(frozen=True)
 class PodCensus:
     """What the worker pods of the current attempt are doing."""
@@ -97,6 +145,8 @@ class PodCensus:
     unschedulable: tuple[str, ...] = ()
     gated: tuple[str, ...] = ()  # held by a scheduling gate, e.g. Kueue's admission
     failures: tuple[str, ...] = ()
+    # Containers of pending or running pods the kubelet cannot start (STUCK_REASONS).
+    stuck: tuple[StuckContainer, ...] = ()
     bubble_ratios: tuple[float, ...] = field(default=())
 
     @property
@@ -137,6 +187,7 @@ def census(pods: Iterable[Mapping[str, Any]]) -> PodCensus:
     unschedulable: list[str] = []
     gated: list[str] = []
     failures: list[str] = []
+    stuck: list[StuckContainer] = []
     ratios: list[float] = []
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -160,8 +211,10 @@ def census(pods: Iterable[Mapping[str, Any]]) -> PodCensus:
             running += 1
             if (conditions.get("Ready") or {}).get("status") == "True":
                 ready += 1
+            stuck += _stuck_containers(name, status)  # a restarted container's new image
         else:
             pending += 1
+            stuck += _stuck_containers(name, status)
             sched = conditions.get("PodScheduled") or {}
             if sched.get("status") == "False" and sched.get("reason") == "Unschedulable":
                 unschedulable.append(f"{name}: {sched.get('message', 'unschedulable')}")
@@ -173,9 +226,17 @@ def census(pods: Iterable[Mapping[str, Any]]) -> PodCensus:
     return PodCensus(
         ready=ready, running=running, succeeded=succeeded, failed=failed,
         pending=pending, terminating=terminating, unschedulable=tuple(unschedulable),
-        gated=tuple(gated),
-        failures=tuple(failures), bubble_ratios=tuple(ratios),
+        gated=tuple(gated), failures=tuple(failures), stuck=tuple(stuck),
+        bubble_ratios=tuple(ratios),
     )
+
+
+def summarize(items: Sequence[object], *, limit: int = 3) -> str:
+    """The first ``limit`` items, then how many more: a condition message stays bounded
+    however many pods a gang has."""
+    head = "; ".join(str(x) for x in items[:limit])
+    rest = len(items) - limit
+    return f"{head}; and {rest} more" if rest > 0 else head
 
 
 def plan_summary(record: PlanRecord, *, job: str | None = None) -> dict[str, Any]:

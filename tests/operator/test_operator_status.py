@@ -19,6 +19,7 @@ from adaptis.operator.status import (
     plan_summary,
     set_condition,
     status_payload,
+    summarize,
 )
 
 
@@ -131,6 +132,57 @@ def test_why_pending_pods_wait_unschedulable_or_gated() -> None:
     assert c.unschedulable == ("u0: unschedulable",)
     assert c.gated == ("g0: gated by a scheduling gate",
                        "g1: gated by kueue.x-k8s.io/admission, other", "g2: gated by ?")
+
+
+def _waiting(name: str, reason: str, message: str = "") -> dict[str, Any]:
+    return {"name": name, "state": {"waiting": {"reason": reason, "message": message}}}
+
+
+def test_containers_the_kubelet_cannot_start_are_collected_with_their_reason() -> None:
+    """Pending and Running pods' containers and init containers waiting for something outside
+    the pod (a Secret, an image); not those starting normally, nor finished pods'."""
+    secret = 'secret "hf-token" not found'
+    pods = [
+        _pod("p0", "Pending", containerStatuses=[
+            _waiting("worker", "CreateContainerConfigError", secret),
+            _waiting("sidecar", "ContainerCreating")]),
+        _pod("p1", "Pending", initContainerStatuses=[_waiting("fetch", "ErrImagePull", "nope")],
+             containerStatuses=[_waiting("worker", "PodInitializing")]),
+        _pod("p2", "Running", containerStatuses=[_waiting("worker", "ImagePullBackOff")]),
+        _pod("p3", "Pending", containerStatuses=[{"name": "worker", "state": {}}]),
+        _pod("p4", "Failed", containerStatuses=[_waiting("worker", "InvalidImageName", "x")]),
+        {"metadata": {"name": "p5", "deletionTimestamp": "t"}, "status": {
+            "phase": "Pending", "containerStatuses": [_waiting("w", "CreateContainerError")]}},
+        _pod("p6", "Pending", containerStatuses=[_waiting("worker", "InvalidImageName", "bad"),
+                                                 _waiting("b", "ErrImageNeverPull", "never"),
+                                                 _waiting("c", "CreateContainerError", "rt")]),
+    ]
+    c = census(pods)
+    assert [str(s) for s in c.stuck] == [
+        f"p0: worker: CreateContainerConfigError: {secret}",
+        "p1: fetch: ErrImagePull: nope",
+        "p2: worker: ImagePullBackOff: no message",
+        "p6: worker: InvalidImageName: bad",
+        "p6: b: ErrImageNeverPull: never",
+        "p6: c: CreateContainerError: rt",
+    ]
+    assert census([_pod("ok", "Running", ready=True)]).stuck == ()
+
+
+def test_a_waiting_message_is_one_bounded_line() -> None:
+    text = "first\nsecond\x1b[0m " + "y" * 1000
+    pod = _pod("p0", "Pending", containerStatuses=[
+        _waiting("c" * 200, "CreateContainerConfigError", text)])
+    (stuck,) = census([pod]).stuck
+    assert stuck.message.startswith("first second [0m yyy") and stuck.message.endswith("...")
+    assert len(stuck.message) == 160 and len(stuck.container) == 63
+
+
+def test_summarize_keeps_the_first_items_and_counts_the_rest() -> None:
+    assert summarize([]) == ""
+    assert summarize(["a", "b", "c"]) == "a; b; c"
+    assert summarize(["a", "b", "c", "d", "e"]) == "a; b; c; and 2 more"
+    assert summarize(["a", "b"], limit=1) == "a; and 1 more"
 
 
 def test_condition_true_needs_that_type_with_status_true() -> None:
