@@ -54,8 +54,9 @@ from adaptis.operator.status import (
     parse_time,
     plan_summary,
     status_payload,
+    summarize,
 )
-from adaptis.operator.validation import validate_job
+from adaptis.operator.validation import absent_config_maps, validate_job
 
 __all__ = ["ReconcileSettings", "Reconciler", "Result"]  # settings and result re-exported
 
@@ -235,8 +236,15 @@ class Reconciler:
         p.update(workers_ready=f"{c.ready + c.succeeded}/{workers}")
         if c.observed_bubble_ratio is not None:
             p.update(observed_bubble_ratio=c.observed_bubble_ratio)
+        absent = absent_config_maps(
+            spec, namespace=p.job.namespace,
+            read=lambda cm: self._cluster.get_config_map(p.job.namespace, cm)) if missing else []
+        _report_containers(p, c=c, workers=workers, absent=absent)
         if c.succeeded == workers:
             self._succeed(p, spec=spec, workers=workers)
+            return
+        if absent:  # pods created now would hang in the kubelet: wait, as for the HF config
+            _wait_for_worker_config_maps(p, absent=absent)
             return
         created = self._create_missing(p, spec=spec, record=record, pods=pods, missing=missing,
                                        attempt=attempt, gang=gang)
@@ -411,3 +419,57 @@ def _report_start(p: PassState, *, c: PodCensus, workers: int, created: int) -> 
         p.condition("Running", "False", reason="Starting",
                     message=f"{c.running}/{workers} ranks running, "
                     f"{c.pending + created} pending")
+    if c.stuck and p.status.phase != "Running":  # the ContainersCreated condition says more
+        p.update(message=f"worker containers cannot start: {summarize(c.stuck, limit=1)}")
+
+
+#: The condition of the worker containers the kubelet cannot start, and its reasons by the
+#: kubelet's (docs/tenancy.md, "When worker containers cannot start").
+CONTAINERS_CREATED = "ContainersCreated"
+_STUCK_REASON = {
+    "CreateContainerConfigError": "ContainerConfigError",  # a Secret or ConfigMap (key) missing
+    "CreateContainerError": "CreateContainerError",
+    "ErrImagePull": "ImagePullBackOff",  # the kubelet alternates the two while it retries
+    "ImagePullBackOff": "ImagePullBackOff",
+    "ErrImageNeverPull": "ImagePullBackOff",
+    "InvalidImageName": "InvalidImageName",
+}
+
+
+def _report_containers(p: PassState, *, c: PodCensus, workers: int,
+                       absent: Sequence[str]) -> None:
+    """ContainersCreated: False while a referenced ConfigMap is missing (``absent``; no pod is
+    created then) or the kubelet keeps a container waiting (``c.stuck``), with a Warning
+    Event when that starts or its reason changes (not on each new kubelet message); True
+    once every rank runs again. A job never stuck has no such condition. The job waits: the
+    user may still create the Secret or push the image."""
+    before = next((x for x in p.status.conditions if x.type == CONTAINERS_CREATED), None)
+    if absent:
+        reason, message = ConfigMapMissing.reason, summarize(absent)
+    elif c.stuck:
+        reason = _STUCK_REASON.get(c.stuck[0].reason, c.stuck[0].reason)
+        message = summarize(c.stuck)
+    elif before is None or before.status == "True":
+        return
+    elif c.running + c.succeeded == workers:
+        p.condition(CONTAINERS_CREATED, "True", reason="ContainersStarted", event="Normal",
+                    message=f"every worker container started ({workers} ranks)")
+        return
+    else:  # what was missing is there now; the kubelet has yet to start the containers
+        p.condition(CONTAINERS_CREATED, "False", reason="ContainerCreating",
+                    message="nothing the workers reference is missing now; waiting for their "
+                    "containers to start")
+        return
+    again = before is not None and (before.status, before.reason) == ("False", reason)
+    p.condition(CONTAINERS_CREATED, "False", reason=reason, message=message,
+                event=None if again else "Warning")
+
+
+def _wait_for_worker_config_maps(p: PassState, *, absent: Sequence[str]) -> None:
+    """The job waits for the ConfigMaps its workers reference (nothing watches ConfigMaps):
+    look again after about as long as it has waited, as for the Hugging Face config."""
+    if p.status.phase in {"Pending", "Planned"}:
+        p.update(message=f"waiting for ConfigMaps: {summarize(absent, limit=1)}")
+    cond = next((x for x in p.status.conditions if x.type == CONTAINERS_CREATED), None)
+    since = parse_time(cond.last_transition_time) if cond is not None else None
+    p.requeue.append(retry_after((p.now - since).total_seconds() if since is not None else 0.0))

@@ -9,11 +9,18 @@ volumes and GPU request must not be overridden; and a Hugging Face config named 
 is read first (:mod:`adaptis.operator.hf_config`), so the rules check what it holds. Each
 violation names its field (``spec.parallelism.workers: ...``) because it becomes a condition
 and an Event the user reads.
+
+:func:`absent_config_maps` is not a rule of the spec but of the cluster: the ConfigMaps (and
+keys) that ``spec.worker.env`` and ``spec.worker.volumes`` reference without ``optional: true``
+and that do not exist. The reconciler asks it before creating pods, which wait until they do
+(a pod created now would only hang in the kubelet). Secrets are not looked at: the operator
+may not read them (SECURITY.md); the kubelet's CreateContainerConfigError says so instead
+(docs/tenancy.md, "When worker containers cannot start").
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -36,7 +43,10 @@ from adaptis.operator.manifests import (
 )
 from adaptis.operator.profiling import GPU_RESOURCE
 
-__all__ = ["validate_job"]
+__all__ = ["absent_config_maps", "validate_job"]
+
+#: How many of a ConfigMap's keys a message lists (they are the tenant's text).
+_KEYS_SHOWN = 5
 
 
 def _parse_spec(raw: Mapping[str, Any]) -> JobSpec:
@@ -98,3 +108,54 @@ def validate_job(*, name: str, spec_raw: Mapping[str, Any], namespace: str = "",
     if problems:
         raise InvalidJob(format_violations(problems), fields=[f for f, _ in problems])
     return spec
+
+
+def _config_map_refs(spec: JobSpec) -> Iterator[tuple[str, str, list[tuple[str, str]]]]:
+    """(field of the name, ConfigMap name, [(field of a key, key)]) of every reference of the
+    worker pods to a ConfigMap that is not ``optional: true``."""
+    for i, env in enumerate(spec.worker.env):
+        ref = (env.get("valueFrom") or {}).get("configMapKeyRef")
+        if isinstance(ref, Mapping) and ref.get("name") and not ref.get("optional"):
+            where = f"spec.worker.env[{i}].valueFrom.configMapKeyRef"
+            keys = [(f"{where}.key", str(ref["key"]))] if ref.get("key") else []
+            yield f"{where}.name", str(ref["name"]), keys
+    for i, vol in enumerate(spec.worker.volumes):
+        sources = [(f"spec.worker.volumes[{i}].configMap", vol.get("configMap"))]
+        projected = vol.get("projected")
+        if isinstance(projected, Mapping):
+            sources += [(f"spec.worker.volumes[{i}].projected.sources[{j}].configMap",
+                         src.get("configMap"))
+                        for j, src in enumerate(projected.get("sources") or [])
+                        if isinstance(src, Mapping)]
+        for where, ref in sources:
+            if not (isinstance(ref, Mapping) and ref.get("name")) or ref.get("optional"):
+                continue
+            keys = [(f"{where}.items[{k}].key", str(item["key"]))
+                    for k, item in enumerate(ref.get("items") or [])
+                    if isinstance(item, Mapping) and item.get("key")]
+            yield f"{where}.name", str(ref["name"]), keys
+
+
+def absent_config_maps(spec: JobSpec, *, namespace: str, read: ConfigReader) -> list[str]:
+    """What the worker pods reference and the namespace lacks: one message per missing
+    ConfigMap or key, naming the field and the fix; [] when the pods can start. Each
+    ConfigMap is read once."""
+    seen: dict[str, Mapping[str, Any] | None] = {}
+    out: list[str] = []
+    for field, name, keys in _config_map_refs(spec):
+        if name not in seen:
+            seen[name] = read(name)
+        cm = seen[name]
+        where = f"ConfigMap {namespace}/{name}"
+        if cm is None:
+            out.append(f"{field}: {where} does not exist; the job waits for it (create it, or "
+                       "set optional: true on the reference)")
+            continue
+        present = {*(cm.get("data") or {}), *(cm.get("binaryData") or {})}
+        for key_field, key in keys:
+            if key not in present:
+                shown = ", ".join(sorted(present)[:_KEYS_SHOWN]) or "none"
+                more = f" and {len(present) - _KEYS_SHOWN} more" if len(present) > _KEYS_SHOWN else ""
+                out.append(f"{key_field}: {where} has no key {key!r} (its keys: {shown}{more}); "
+                           "the job waits for it")
+    return out
