@@ -38,6 +38,7 @@ from adaptis.api.job import JobSpec
 from adaptis.api.problem import Link
 from adaptis.operator.errors import OperatorError, PlanTooLarge, Unsatisfiable
 from adaptis.operator.manifests import plan_hash, render_config_map
+from adaptis.operator.plan_store import PlanStore
 from adaptis.operator.measurements import AdaptationSettings, MeasurementError, Sample, query_job
 from adaptis.operator.planning import DEFAULT_INTER_NODE, PlanRecord, build_problem, correct_speeds, node_slots
 from adaptis.operator.status import plan_summary
@@ -89,8 +90,10 @@ class Adapter:
 
     def __init__(self, cluster: Cluster, *, settings: AdaptationSettings,
                  publish: Callable[[PassState], None], fetch: Fetch = query_job,
-                 observer: AdaptationObserver | None = None, inter_node: Link = DEFAULT_INTER_NODE) -> None:
+                 plans: PlanStore, observer: AdaptationObserver | None = None,
+                 inter_node: Link = DEFAULT_INTER_NODE) -> None:
         self._cluster = cluster
+        self._plans = plans
         self._settings = settings
         self._publish = publish  # write the status before the pods of the old plan go
         self._fetch = fetch
@@ -272,7 +275,9 @@ class Adapter:
             "predicted_speedup_over_i1f1b": None,  # not re-measured on the corrected problem
             "budget_reason": None, "budget_note": None})
         # The plan first: a crash after it restarts the gang on the new plan anyway.
-        self._cluster.replace_config_map(render_config_map(p.job, spec, new))
+        rendered = render_config_map(p.job, spec, new)
+        self._cluster.replace_config_map(rendered)
+        self._plans.write(p.job, record=new, worker_data=rendered["data"])
         history = [*(p.status.adaptation.history if p.status.adaptation else []), rec]
         self._set_adaptation(p, suggestion=None, history=history)
         p.update(replans=p.status.replans + 1, phase="Restarting", **plan_summary(new, job=p.job.name))

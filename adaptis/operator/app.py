@@ -87,6 +87,9 @@ def run_operator(options: OperatorOptions, *, stop_flag: threading.Event | None 
                                          resync_s=options.resync_seconds)
     registry = build_registry(queue)
     server = metrics.serve(port=options.metrics_port) if options.metrics_port else None
+    swept = reconciler.sweep()
+    if swept:
+        log.info("deleted %d plan record(s) of jobs deleted while the operator was down", swept)
     queue.start()
     log.info("adaptis operator: %s", "all namespaces" if options.all_namespaces
              else f"namespaces {', '.join(options.namespaces) or 'default'}")

@@ -91,6 +91,7 @@ class Cluster(Protocol):
     def dry_run_create(self, obj: Mapping[str, Any]) -> None: ...
     def replace_config_map(self, obj: Mapping[str, Any]) -> None: ...
     def delete_pod(self, namespace: str, name: str, *, force: bool = False) -> None: ...
+    def delete_config_map(self, namespace: str, name: str) -> None: ...
     def event(self, job: JobRef, *, type_: str, reason: str, message: str) -> None: ...
 
 
@@ -273,6 +274,10 @@ class KubeCluster:
             body["gracePeriodSeconds"] = 0
         self.request("DELETE", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}",
                      body=body, ok=frozenset({404}))
+
+    def delete_config_map(self, namespace: str, name: str) -> None:
+        self.request("DELETE", f"/api/v1/namespaces/{quote(namespace)}/configmaps/{quote(name)}",
+                     ok=frozenset({404}))
 
     def event(self, job: JobRef, *, type_: str, reason: str, message: str) -> None:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -6,8 +6,8 @@ render the same objects with the same names, which is what makes the reconciler 
 an operator restart harmless (a create that meets an existing name is a 409, i.e. done).
 
 - ConfigMap ``<job>-config``: ``worker.json`` (:class:`~adaptis.api.job.WorkerConfig`, read by
-  ``adaptis worker``) and ``plan-record.json`` (the operator's cached plan, less the plan
-  itself, which it takes from ``worker.json``), the plan's actions packed
+  ``adaptis worker``; the operator never reads it back, see
+  :mod:`adaptis.operator.plan_store`), the plan's actions packed
   (:meth:`adaptis.api.plan.Plan.packed`) so that large plans fit the API server's 1 MiB
   (:data:`CONFIG_MAP_LIMIT_BYTES`); one that still does not raises
   :class:`~adaptis.operator.errors.PlanTooLarge` (docs/plan-storage.md).
@@ -28,7 +28,6 @@ an operator restart harmless (a create that meets an existing name is a 409, i.e
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -131,8 +130,10 @@ class ManifestSettings:
 
 
 def plan_hash(record: PlanRecord) -> str:
-    """Digest of what the pods depend on: the plan, its nodes and the spec behind them."""
-    text = record.spec_hash + record.plan.to_json() + ",".join(record.nodes)
+    """Digest of what the pods depend on: the plan, its nodes and hostnames, the mesh and the
+    spec behind them."""
+    text = "|".join([record.spec_hash, record.plan.to_json(), ",".join(record.nodes),
+                     ",".join(record.hostnames), f"{record.ranks_per_pod}x{record.data_parallel}"])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -172,12 +173,7 @@ def worker_config(job: JobRef, spec: JobSpec, record: PlanRecord) -> WorkerConfi
 def render_config_map(job: JobRef, spec: JobSpec, record: PlanRecord) -> dict[str, Any]:
     """The job's ConfigMap; :class:`PlanTooLarge` when it would not fit the API server's limit."""
     config = worker_config(job, spec, record)
-    # The plan is stored once, in worker.json; record_from_config_map reads it from there.
-    cached = record.model_dump(mode="json", exclude_none=True, exclude={"plan"})
-    data = {
-        "worker.json": config.model_dump_json(by_alias=True, exclude_none=True, indent=1),
-        "plan-record.json": json.dumps(cached, separators=(",", ":")),
-    }
+    data = {"worker.json": config.model_dump_json(by_alias=True, exclude_none=True, indent=1)}
     size = sum(len(k.encode()) + len(v.encode()) for k, v in data.items())
     if size > CONFIG_MAP_LIMIT_BYTES:
         actions = sum(len(a) for a in record.plan.actions)

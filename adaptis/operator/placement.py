@@ -5,11 +5,12 @@ gets the plan to run or None (the job waits: for its profiler pods, for free GPU
 no plan exists, each said in its status). One pass:
 
 profile the nodes -> the job's candidate nodes (selector, tolerations, GPUs; minus nodes its
-ranks stayed unschedulable on) -> keep the plan cached in the job's ConfigMap while the spec and
-its nodes are unchanged and its GPUs still free -> else, with ``spec.planner.profile: measure``,
+ranks stayed unschedulable on) -> keep the plan of the job's record (in the operator's namespace,
+:mod:`adaptis.operator.plan_store`) while the spec and its nodes are unchanged and its GPUs still
+free, and the job's ConfigMap as the record says -> else, with ``spec.planner.profile: measure``,
 measure the candidates first (:mod:`adaptis.operator.measuring`) -> admit the job onto free GPUs
-or queue it (:mod:`adaptis.operator.admitting`) -> plan on the reserved slots -> write the
-ConfigMap.
+or queue it (:mod:`adaptis.operator.admitting`) -> plan on the reserved slots -> write the job's
+ConfigMap, then its record.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from adaptis.operator.manifests import config_map_name, render_config_map, rende
 from adaptis.operator.measuring import measure_candidates
 from adaptis.operator.passes import PassState, ReconcileSettings
 from adaptis.operator.plan_runner import Planner, Planning, PlanRequest, planned_reason
-from adaptis.operator.planning import PlanRecord, Slot, record_from_config_map, spec_hash
+from adaptis.operator.plan_store import PlanStore, StoredPlan, overwriting
+from adaptis.operator.planning import PlanRecord, Slot, spec_hash
 from adaptis.operator.profile_store import measured_figures, profile_selector, read_stored_profiles
 from adaptis.operator.profiling import NodeProfile, candidate_nodes, profile_node
 from adaptis.operator.status import condition_true, plan_summary
@@ -54,8 +56,9 @@ class Placer:
     nodes given up on or avoided)."""
 
     def __init__(self, cluster: Cluster, *, settings: ReconcileSettings, ledger: CapacityLedger,
-                 planner: Planner, publish: Callable[[PassState], None]) -> None:
+                 planner: Planner, plans: PlanStore, publish: Callable[[PassState], None]) -> None:
         self._cluster = cluster
+        self._plans = plans  # the trusted copy of every job's plan
         self._settings = settings
         self._ledger = ledger
         self._planner = planner  # in this thread, or off it (plan_runner.PlanRunner)
@@ -149,15 +152,17 @@ class Placer:
             return None
         record, rendered = made
         p.condition("Profiling", "False", reason="Profiled", message=profile_msg)
-        children.probe_then_store(self._cluster, rendered, replace=scene.config_map is not None,
+        children.probe_then_store(self._cluster, overwriting(rendered, current=scene.config_map),
+                                  replace=scene.config_map is not None,
                                   probe=render_pod(p.job, spec, record, rank=0, attempt=0,
                                                    settings=self._settings.manifests))
+        self._plans.write(p.job, record=record, worker_data=rendered["data"])
         self._announce(p, record=record, scene=scene, candidates=candidates)
         return record
 
     def _survey(self, p: PassState, *, spec: JobSpec, key: JobKey) -> _Scene:
         """The nodes as they are now (profiled, the pass told which are alive), the job's
-        candidates among them and its cached plan."""
+        candidates among them, its ConfigMap (never decoded) and its plan record."""
         raw_nodes = {str((n.get("metadata") or {}).get("name", "")): n
                      for n in self._cluster.list_nodes()}
         stored = read_stored_profiles(self._cluster.list_config_maps(
@@ -173,22 +178,24 @@ class Placer:
             nodes, node_selector=spec.worker.node_selector, tolerations=spec.worker.tolerations,
             gpus_per_worker=spec.parallelism.gpus_per_worker) if c.name not in avoided]
         cm = self._cluster.get_config_map(key[0], config_map_name(key[1]))
+        stored = self._plans.read(p, spec=spec)
         return _Scene(raw_nodes=raw_nodes, nodes=len(nodes), avoided=avoided, candidates=candidates,
-                      config_map=cm, cached=record_from_config_map(cm), spec_hash=spec_hash(spec))
+                      config_map=cm, stored=stored, spec_hash=spec_hash(spec))
 
     def _keeps_cached(self, p: PassState, *, spec: JobSpec, key: JobKey, scene: _Scene) -> bool:
         """The cached plan still holds: same spec, its nodes unchanged, and its GPUs held (or
-        taken again) for the job."""
-        cached, gpw = scene.cached, spec.parallelism.gpus_per_worker
-        if cached is None or not cached.still_valid(
+        taken again) for the job; the job's ConfigMap is then made to match it."""
+        stored, gpw = scene.stored, spec.parallelism.gpus_per_worker
+        if stored is None or not stored.record.still_valid(
                 spec_hash_now=scene.spec_hash, candidates={c.name: c for c in scene.candidates},
                 ranks_per_pod=max(1, gpw)):
             return False
-        if gpw > 0 and not hold_placement(self._ledger, self._cluster, key=key, record=cached,
+        if gpw > 0 and not hold_placement(self._ledger, self._cluster, key=key, record=stored.record,
                                           candidates=scene.candidates, gpus_per_worker=gpw,
                                           by_kueue=bool(spec.queue_name)):
             return False
-        self._admitted(p, workers=len(cached.nodes))
+        self._admitted(p, workers=len(stored.record.nodes))
+        self._plans.check_worker_config(p, spec=spec, stored=stored, current=scene.config_map)
         return True
 
     def _plan(self, p: PassState, *, spec: JobSpec, key: JobKey, scene: _Scene,
@@ -283,15 +290,19 @@ class Placer:
 
 @dataclass(frozen=True, slots=True)
 class _Scene:
-    """What one pass found: the nodes, the job's candidates, its ConfigMap and cached plan."""
+    """What one pass found: the nodes, the job's candidates, its ConfigMap and plan record."""
 
     raw_nodes: dict[str, Mapping[str, Any]]
     nodes: int
     avoided: set[str]
     candidates: list[NodeProfile]
-    config_map: Mapping[str, Any] | None
-    cached: PlanRecord | None
+    config_map: Mapping[str, Any] | None  # the job's, as its namespace holds it: never decoded
+    stored: StoredPlan | None
     spec_hash: str
+
+    @property
+    def cached(self) -> PlanRecord | None:
+        return None if self.stored is None else self.stored.record
 
 
 def _profile_message(candidates: Sequence[NodeProfile], *, nodes: int, notes: Sequence[str],

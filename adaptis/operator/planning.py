@@ -11,8 +11,9 @@ writes the result into the ConfigMap and the pods). Steps:
    one device per GPU of ONE pipeline replica, ``data_parallel`` replicas, by the mesh rules
    of :mod:`adaptis.operator.mesh`) and call the planner's strategy, plus I-1F1B for the
    speedup figure;
-4. return a :class:`PlanRecord`, the cache the reconciler keeps in the ConfigMap so that it
-   re-plans only when the spec or a planned node changes.
+4. return a :class:`PlanRecord`, which the reconciler keeps in the operator's namespace
+   (:mod:`adaptis.operator.plan_store`) so that it re-plans only when the spec or a planned
+   node changes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from adaptis.api.job import JobSpec, resolve_precision
 from adaptis.api.plan import Plan
@@ -46,7 +47,6 @@ __all__ = [
     "correct_speeds",
     "count_slots",
     "plan_job",
-    "record_from_config_map",
     "spec_hash",
 ]
 
@@ -66,7 +66,8 @@ _LIFECYCLE_FIELDS = frozenset(
 
 
 class PlanRecord(BaseModel):
-    """A plan and everything it was made from; cached as ``plan-record.json`` in the ConfigMap."""
+    """A plan and everything it was made from; kept in the operator's namespace
+    (:mod:`adaptis.operator.plan_store`), never read back from the job's."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -107,15 +108,17 @@ class PlanRecord(BaseModel):
 
     def still_valid(self, *, spec_hash_now: str, candidates: Mapping[str, NodeProfile],
                     ranks_per_pod: int = 1) -> bool:
-        """True while the spec is the same, the record has the pods' ranks the spec asks
-        (a record from before one rank per GPU has 1), and every planned node is there,
-        unchanged."""
-        if spec_hash_now != self.spec_hash or ranks_per_pod != self.ranks_per_pod:
+        """True while the spec is the same, the record has the pods' ranks the spec asks,
+        and every planned node is there, unchanged, under the hostname the pods will be pinned
+        to."""
+        if (spec_hash_now != self.spec_hash or ranks_per_pod != self.ranks_per_pod
+                or len(self.hostnames) != len(self.nodes)
+                or set(self.node_fingerprints) != set(self.nodes)):
             return False
         return all(
             name in candidates and candidates[name].fingerprint() == fp
             for name, fp in self.node_fingerprints.items()
-        )
+        ) and all(candidates[n].hostname == h for n, h in zip(self.nodes, self.hostnames, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,20 +366,3 @@ def _speedup(iteration: float, *, baseline: Outcome | None) -> float | None:
         return None
     speedup = float(baseline.result.iteration_time) / iteration
     return round(speedup, 4) if math.isfinite(speedup) else None
-
-
-def record_from_config_map(cm: Mapping[str, Any] | None) -> PlanRecord | None:
-    """The plan cached in a job's ConfigMap (``plan-record.json``, its plan from
-    ``worker.json``, where it is stored once, packed); None: plan afresh."""
-    data = (cm or {}).get("data") or {}
-    raw = data.get("plan-record.json")
-    if not raw:
-        return None
-    try:
-        doc = json.loads(raw)
-        if isinstance(doc, dict) and "plan" not in doc:  # records before packing held it
-            doc["plan"] = json.loads(data.get("worker.json") or "{}").get("plan")
-        return PlanRecord.model_validate(doc)
-    except (ValidationError, ValueError, AttributeError):
-        log.warning("ignoring an unreadable plan-record.json; re-planning")
-        return None

@@ -5,8 +5,9 @@ Sits between the kopf handlers (which only say *which* job to look at, see
 planning, manifests, status). Every pass re-reads the job, its pods, its ConfigMap and the nodes,
 so it does not matter why it runs (create, resume, update, a pod event, a timer) or how often:
 
-validate -> (suspend | deadline) -> plan, or reuse the plan cached in the ConfigMap while the
-spec and the planned nodes are unchanged -> delete stale pods (other plan or attempt) -> create
+validate -> (suspend | deadline) -> plan, or reuse the plan of the job's record (kept in the
+operator's namespace, :mod:`adaptis.operator.plan_store`) while the spec and the planned nodes
+are unchanged -> delete stale pods (other plan or attempt) -> create
 the missing ones (deterministic names: a 409 means done) -> read the pods -> restart the gang,
 finish, or report -> write status only when it changed. With ``spec.planner.profile: measure``,
 planning first waits for one profiler pod per unmeasured candidate node
@@ -44,6 +45,7 @@ from adaptis.operator.measurements import query_job
 from adaptis.operator.measuring import delete_job_profilers, job_profilers
 from adaptis.operator.passes import PassState, ReconcileSettings, Result
 from adaptis.operator.placement import Placer
+from adaptis.operator.plan_store import PlanStore
 from adaptis.operator.plan_runner import InlinePlanner, Planner
 from adaptis.operator.planning import PlanRecord
 from adaptis.operator.profiler_pods import is_profiler_pod
@@ -91,12 +93,19 @@ class Reconciler:
         # What it keeps per job lives in memory only: a restarted operator tries once more,
         # which is what a user would want anyway.
         # Where plans are made: in this thread by default, off it in the operator (plan_runner).
+        # Every job's plan, kept where no tenant writes (the operator's namespace).
+        self._plans = PlanStore(cluster, namespace=self._settings.profile_namespace)
         self._placer = Placer(cluster, settings=self._settings, ledger=self._ledger,
-                              planner=planner or InlinePlanner(), publish=self._write)
+                              planner=planner or InlinePlanner(), plans=self._plans,
+                              publish=self._write)
         # Re-plans a running job from its workers' measurements (spec.adaptation).
         self._adapter = Adapter(cluster, settings=self._settings.adaptation, publish=self._write,
-                                fetch=fetch, observer=observer,
+                                fetch=fetch, observer=observer, plans=self._plans,
                                 inter_node=self._settings.inter_node)
+
+    def sweep(self) -> int:
+        """At start-up: delete the plan records of jobs deleted while the operator was down."""
+        return self._plans.sweep()
 
     def reconcile(self, namespace: str, name: str) -> Result:
         body = self._cluster.get_job(namespace, name)
@@ -107,6 +116,7 @@ class Reconciler:
             # pods, which live in the operator's namespace and so cannot be owned by the job.
             delete_job_profilers(self._cluster, JobRef(name=name, namespace=namespace, uid=""),
                                  settings=self._settings)
+            self._plans.forget(namespace, name)  # nor its plan record, for the same reason
             return Result()
         meta = body["metadata"]
         p = PassState(job=JobRef(name=name, namespace=namespace, uid=meta["uid"]),

@@ -64,6 +64,7 @@ _SAMPLES: dict[str, Callable[[KubeCluster], object]] = {
     "replace_config_map": lambda c: c.replace_config_map(
         {"kind": "ConfigMap", "metadata": {"namespace": "ns", "name": "x"}, "data": {}}),
     "delete_pod": lambda c: c.delete_pod("ns", "pod", force=True),
+    "delete_config_map": lambda c: c.delete_config_map("ns", "x"),
     "event": lambda c: c.event(_JOB, type_="Normal", reason="Planned", message="m"),
 }
 

@@ -181,9 +181,21 @@ class FakeCluster:
         self.calls.append(f"dry-run {obj['kind']}")
 
     def replace_config_map(self, obj: Mapping[str, Any]) -> None:
+        # As the API server's merge patch of data and annotations: a null removes a key.
         self.calls.append("replace ConfigMap")
         meta = obj["metadata"]
-        self.objects[("ConfigMap", meta["namespace"], meta["name"])] = copy.deepcopy(dict(obj))
+        key = ("ConfigMap", meta["namespace"], meta["name"])
+        current = self.objects.get(key) or copy.deepcopy({**obj, "data": {}})
+        data = {**(current.get("data") or {}), **copy.deepcopy(dict(obj["data"]))}
+        current["data"] = {k: v for k, v in data.items() if v is not None}
+        current["metadata"]["annotations"] = {**(current["metadata"].get("annotations") or {}),
+                                              **(meta.get("annotations") or {})}
+        current["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.objects[key] = current
+
+    def delete_config_map(self, namespace: str, name: str) -> None:
+        self.calls.append("delete ConfigMap")
+        self.objects.pop(("ConfigMap", namespace, name), None)
 
     def delete_pod(self, namespace: str, name: str, *, force: bool = False) -> None:
         self.calls.append("force delete Pod" if force else "delete Pod")

@@ -1,9 +1,13 @@
 """Large structurally valid plans for the operator's storage tests (planning one for real at
-64 ranks x 4096 microbatches takes about a minute)."""
+64 ranks x 4096 microbatches takes about a minute), and the operator's stored plan record."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from adaptis.api.plan import Plan
+from adaptis.operator.plan_store import ANNOTATION_JOB, LABEL_ROLE, RECORD_KEY, ROLE_PLAN
+from adaptis.operator.planning import PlanRecord
 
 
 def split_backward_plan(*, devices: int, microbatches: int) -> Plan:
@@ -20,3 +24,12 @@ def split_backward_plan(*, devices: int, microbatches: int) -> Plan:
     return Plan(stages=[(d, d + 1) for d in range(devices)],
                 placement=[[d] for d in range(devices)], actions=actions,
                 strategy="zb-h1", microbatches=microbatches)
+
+
+def stored_record(cluster: Any, *, job: str = "demo", namespace: str = "ns",
+                  operator_namespace: str = "adaptis-system") -> PlanRecord | None:
+    """The plan record the operator keeps for ``namespace/job`` in its own namespace."""
+    for cm in cluster.list_config_maps(operator_namespace, selector={LABEL_ROLE: ROLE_PLAN}):
+        if (cm["metadata"].get("annotations") or {}).get(ANNOTATION_JOB) == f"{namespace}/{job}":
+            return PlanRecord.model_validate_json(cm["data"][RECORD_KEY])
+    return None

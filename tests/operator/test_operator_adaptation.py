@@ -8,13 +8,15 @@ import json
 from typing import Any
 
 import pytest
+from plan_kit import stored_record
 
 from adaptis.api.job import JobSpec
 from adaptis.api.problem import Link
 from adaptis.operator.manifests import LABEL_PLAN
 from adaptis.operator.measurements import AdaptationSettings, MeasurementError, Sample, parse_sample
 from adaptis.operator.passes import ReconcileSettings
-from adaptis.operator.planning import plan_job, record_from_config_map
+from adaptis.operator.plan_store import RECORD_KEY, record_name
+from adaptis.operator.planning import plan_job
 from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, profile_node
 from adaptis.operator.reconcile import Reconciler
 
@@ -143,7 +145,7 @@ def test_the_drift_is_weighed_on_the_inter_node_link_the_operator_was_given(
         prometheus_url="http://prom", poll_s=10.0, default_restart_s=0.0))
     rec = Reconciler(cluster, settings=settings, clock=clock, observer=workers, fetch=workers.fetch)
     _start(cluster, rec)
-    record = record_from_config_map(cluster.get_config_map("ns", "demo-config"))
+    record = stored_record(cluster)
     assert record is not None and len(set(record.nodes)) > 1  # the plan crosses nodes
     _poll(rec, clock, 3)
     suggestion = cluster.job()["status"]["adaptation"]["suggestion"]
@@ -183,7 +185,7 @@ def test_auto_replans_restarts_the_gang_and_waits_a_full_window(cluster: Any, ma
     workers = Workers(slow={1: 2.0})
     rec = _reconciler(cluster, clock, workers)
     _start(cluster, rec)
-    old_plan = record_from_config_map(cluster.get_config_map("ns", "demo-config"))
+    old_plan = stored_record(cluster)
     assert old_plan is not None
     _poll(rec, clock, 3)
     job = cluster.job()
@@ -193,7 +195,7 @@ def test_auto_replans_restarts_the_gang_and_waits_a_full_window(cluster: Any, ma
     assert cond is not None and (cond["status"], cond["reason"]) == ("True", "Drift")
     history = job["status"]["adaptation"]["history"]
     assert [h["action"] for h in history] == ["applied"]
-    new_plan = record_from_config_map(cluster.get_config_map("ns", "demo-config"))
+    new_plan = stored_record(cluster)
     assert new_plan is not None and new_plan.plan != old_plan.plan
     assert new_plan.device_speed == pytest.approx(history[-1]["deviceSpeed"], rel=1e-3)
     assert new_plan.device_speed[1] == pytest.approx(0.5, rel=1e-3)
@@ -398,10 +400,10 @@ def test_a_record_that_cannot_be_replayed_is_a_condition_not_a_failed_pass(
     workers = Workers(slow={1: 2.0})
     rec = _reconciler(cluster, clock, workers)
     _start(cluster, rec)
-    cm = cluster.objects[("ConfigMap", "ns", "demo-config")]
-    doc = json.loads(cm["data"]["plan-record.json"])
+    cm = cluster.objects[("ConfigMap", "adaptis-system", record_name(cluster.job()["metadata"]["uid"]))]
+    doc = json.loads(cm["data"][RECORD_KEY])
     doc["device_speed"] = [0.5]  # one speed for four devices: an inconsistent record
-    cm["data"]["plan-record.json"] = json.dumps(doc)
+    cm["data"][RECORD_KEY] = json.dumps(doc)
     _poll(rec, clock, 2)
     job = cluster.job()
     cond = _cond(job, "ReplanSuggested")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from conftest import FakeCluster
 from plan_kit import split_backward_plan
 
-from adaptis.api.job import JobSpec, WorkerConfig
+from adaptis.api.job import JobSpec, JobStatus, WorkerConfig
 from adaptis.api.plan import Plan
 from adaptis.operator.manifests import (
     JobRef,
@@ -19,10 +21,16 @@ from adaptis.operator.manifests import (
     render_pod,
     render_service,
 )
-from adaptis.operator.planning import PlanRecord, plan_job, record_from_config_map
+from adaptis.operator.planning import PlanRecord, plan_job
+from adaptis.operator.passes import PassState
+from adaptis.operator.plan_store import PlanStore
 from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, profile_node
 
 JOB = JobRef(name="demo", namespace="ns", uid="uid-1")
+
+
+def _pass() -> PassState:
+    return PassState(job=JOB, status=JobStatus(), now=datetime.now(UTC))
 
 
 @pytest.fixture
@@ -51,20 +59,10 @@ def test_config_map_carries_the_worker_config_and_the_plan(
     assert config.job_name == "demo" and config.model == spec.model
     plan = Plan.model_validate(config.plan)
     assert plan.stages == record.plan.stages and config.metrics_port == 9400
-    assert record_from_config_map(cm) == record
-    # The plan is stored once, packed, in worker.json; the record holds the rest.
-    assert "plan" not in json.loads(cm["data"]["plan-record.json"])
+    # The job's ConfigMap is the workers' only: the operator's record lives in its own
+    # namespace (plan_store), the plan is packed.
+    assert set(cm["data"]) == {"worker.json"}
     assert "actionsPacked" in json.loads(cm["data"]["worker.json"])["plan"]
-
-
-def test_a_record_written_before_packing_still_reads(
-        planned: tuple[JobSpec, PlanRecord]) -> None:
-    spec, record = planned
-    old = {"data": {"plan-record.json": record.model_dump_json(exclude_none=True)}}
-    assert record_from_config_map(old) == record
-    cm = render_config_map(JOB, spec, record)
-    cm["data"]["worker.json"] = "not json"
-    assert record_from_config_map(cm) is None  # re-planned, not a crash
 
 
 def test_headless_service_selects_the_gang(planned: tuple[JobSpec, PlanRecord]) -> None:
@@ -153,7 +151,10 @@ def test_a_64_rank_4096_microbatch_plan_fits_its_config_map_and_round_trips() ->
     size = sum(len(k) + len(v.encode()) for k, v in cm["data"].items())
     # Plain JSON the plan alone is ~11 MB; packed the whole ConfigMap is a small share of 1 MiB.
     assert size < CONFIG_MAP_LIMIT_BYTES // 8, size
-    assert record_from_config_map(cm) == record  # the operator's cache
+    store = PlanStore(FakeCluster(), namespace="ops")
+    store.write(JOB, record=record, worker_data=cm["data"])
+    stored = store.read(_pass(), spec=spec)  # the operator's record, within the job's limits
+    assert stored is not None and stored.record == record
     config = WorkerConfig.model_validate_json(cm["data"]["worker.json"])  # the worker's read
     assert parse_plan(config, world_size=64) == record.plan
 

@@ -4,11 +4,13 @@ GPUs a pod, the pods' launcher command, environment and ports, and status.placem
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from conftest import FakeCluster
 
-from adaptis.api.job import JobSpec, WorkerConfig
+from adaptis.api.job import JobSpec, JobStatus, WorkerConfig
 from adaptis.operator.manifests import (
     DIST_PORT,
     JobRef,
@@ -18,12 +20,13 @@ from adaptis.operator.manifests import (
     render_service,
 )
 from adaptis.operator.mesh import Mesh
+from adaptis.operator.passes import PassState
+from adaptis.operator.plan_store import PlanStore
 from adaptis.operator.planning import (
     PlanRecord,
     build_problem,
     choose_slots,
     plan_job,
-    record_from_config_map,
 )
 from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, NodeProfile, profile_node
 from adaptis.operator.status import plan_summary
@@ -121,7 +124,10 @@ def test_the_record_and_worker_config_carry_the_mesh(
     cm = render_config_map(JOB, spec, record)
     config = WorkerConfig.model_validate_json(cm["data"]["worker.json"])
     assert config.data_parallel == 2
-    assert record_from_config_map(cm) == record  # the mesh survives an operator restart
+    store = PlanStore(FakeCluster(), namespace="ops")
+    store.write(JOB, record=record, worker_data=cm["data"])
+    stored = store.read(PassState(job=JOB, status=JobStatus(), now=datetime.now(UTC)), spec=spec)
+    assert stored is not None and stored.record == record  # the mesh survives a restart
 
 
 def test_a_pod_of_two_gpus_runs_two_ranks_under_torchrun(
@@ -174,11 +180,14 @@ def test_status_placement_lists_every_rank_of_every_replica(
     assert json.dumps([a.model_dump() for a in placement])  # plain data for the status patch
 
 
-def test_a_record_from_before_one_rank_per_gpu_is_planned_again(
-        mesh_record: tuple[JobSpec, PlanRecord]) -> None:
+def test_a_record_of_other_ranks_per_pod_or_hostnames_is_planned_again(
+        make_node: Any, mesh_record: tuple[JobSpec, PlanRecord]) -> None:
     spec, record = mesh_record
-    by_name = {n: None for n in record.nodes}  # fingerprints are not what this checks
-    old = record.model_copy(update={"ranks_per_pod": 1, "node_fingerprints": {}})
-    assert old.still_valid(spec_hash_now=record.spec_hash, candidates=by_name, ranks_per_pod=1)
-    assert not old.still_valid(spec_hash_now=record.spec_hash, candidates=by_name,
-                               ranks_per_pod=2)
+    by_name = {p.name: p for p in _profiles([make_node("n0", gpus=4), make_node("n1", gpus=4)])}
+    assert record.still_valid(spec_hash_now=record.spec_hash, candidates=by_name, ranks_per_pod=2)
+    assert not record.still_valid(spec_hash_now=record.spec_hash, candidates=by_name,
+                                  ranks_per_pod=1)
+    # A hostname the planned node does not have would pin its pod elsewhere.
+    moved = record.model_copy(update={"hostnames": ["elsewhere", *record.hostnames[1:]]})
+    assert not moved.still_valid(spec_hash_now=record.spec_hash, candidates=by_name,
+                                 ranks_per_pod=2)

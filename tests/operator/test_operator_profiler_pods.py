@@ -15,12 +15,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from plan_kit import stored_record
 
 from adaptis.operator.manifests import LABEL_JOB, LABEL_MANAGED_BY, JobRef
 from adaptis.operator.profile_store import (
     hardware_fingerprint,
     measured_figures,
     profile_config_map_name,
+    profile_selector,
     read_stored_profiles,
     render_profile_config_map,
 )
@@ -227,10 +229,15 @@ def _stored(cluster: Any, node: str) -> dict[str, Any]:
     return {k: json.loads(v) for k, v in cm["data"].items()}
 
 
+def _profile_config_maps(cluster: Any) -> list[str]:
+    return [cm["metadata"]["name"]
+            for cm in cluster.list_config_maps(PROFILE_NS, selector=profile_selector())]
+
+
 def _planned_tflops(cluster: Any, job: str, ns: str = "ns") -> dict[str, float]:
-    record = json.loads(cluster.objects[("ConfigMap", ns, f"{job}-config")]["data"][
-        "plan-record.json"])
-    return {n: json.loads(fp)[5] for n, fp in record["node_fingerprints"].items()}
+    record = stored_record(cluster, job=job, namespace=ns, operator_namespace=PROFILE_NS)
+    assert record is not None
+    return {n: json.loads(fp)[5] for n, fp in record.node_fingerprints.items()}
 
 
 def test_measure_profiles_stores_plans_and_cleans_up(cluster: Any, clock: Any,
@@ -313,7 +320,7 @@ def test_failed_or_stuck_profiler_falls_back_to_the_estimate(cluster: Any, clock
     assert "CUDA unavailable" in message and "did not finish within 120s" in message
     assert message.count("using the label-based estimate") == 2
     assert "ProfilingFailed" in [e[2] for e in cluster.events]
-    assert not [k for k in cluster.objects if k[1] == PROFILE_NS and k[0] == "ConfigMap"]
+    assert not _profile_config_maps(cluster)
     # The failed nodes are not profiled again on the next passes.
     cluster.finish_deletions()
     rec.reconcile("ns", "demo")
@@ -332,7 +339,7 @@ def test_a_profile_outside_the_schema_is_refused_with_an_event(cluster: Any, clo
     assert cluster.job()["status"]["phase"] == "Planned"
     warnings = [e[3] for e in cluster.events if e[2] == "ProfilingFailed"]
     assert len(warnings) == 2 and all("tflops" in w and "extra" in w for w in warnings)
-    assert not [k for k in cluster.objects if k[1] == PROFILE_NS and k[0] == "ConfigMap"]
+    assert not _profile_config_maps(cluster)
     assert set(_planned_tflops(cluster, "demo").values()) == {989.0}  # the table's H100
 
 
@@ -377,7 +384,7 @@ def test_what_a_tenant_can_write_changes_no_plan(cluster: Any, clock: Any,
     rec.reconcile("ns", "demo")  # A's job profiles in the operator's namespace, reads none
     tflops = _planned_tflops(cluster, "b", ns="team-b")
     assert tflops and set(tflops.values()) == {989.0}  # planned, from the table's H100 figure
-    assert not [k for k in cluster.objects if k[1] == PROFILE_NS and k[0] == "ConfigMap"]
+    assert not _profile_config_maps(cluster)
 
 
 def test_a_stored_profile_is_checked_again_when_read(cluster: Any, make_job: Any) -> None:
