@@ -430,7 +430,12 @@ def _report_start(p: PassState, *, c: PodCensus, workers: int, created: int) -> 
                     message=f"{c.running}/{workers} ranks running, "
                     f"{c.pending + created} pending")
     if c.stuck and p.status.phase != "Running":  # the ContainersCreated condition says more
-        p.update(message=f"worker containers cannot start: {summarize(c.stuck, limit=1)}")
+        p.update(message=f"{_CANNOT_START}{summarize(c.stuck, limit=1)}")
+    elif not c.stuck and (p.status.message or "").startswith(_CANNOT_START):
+        p.update(message=None)  # a restarting gang keeps its message otherwise
+
+
+_CANNOT_START = "worker containers cannot start: "
 
 
 #: The condition of the worker containers the kubelet cannot start, and its reasons by the

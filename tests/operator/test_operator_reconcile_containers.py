@@ -126,6 +126,26 @@ def test_the_condition_clears_once_the_secret_is_there_and_the_gang_runs(
     assert _cond(cluster.job("plain"), CONTAINERS_CREATED) is None
 
 
+def test_a_restarting_gang_says_its_containers_cannot_start_and_stops_saying_it(
+        cluster: Any, make_job: Any, clock: Any) -> None:
+    rec = _started(cluster, make_job, clock)
+    _run_all(cluster)
+    rec.reconcile("ns", "demo")
+    cluster.set_pod_phase("demo-worker-3", "Failed", ready=False)
+    rec.reconcile("ns", "demo")  # a gang restart
+    cluster.finish_deletions()
+    rec.reconcile("ns", "demo")  # the new attempt's pods
+    assert cluster.job()["status"]["phase"] == "Restarting" and len(cluster.pods()) == 4
+    _wait(cluster, "demo-worker-0", "ImagePullBackOff", 'Back-off pulling image "t"')
+    rec.reconcile("ns", "demo")
+    st = cluster.job()["status"]
+    assert st["phase"] == "Restarting"
+    assert st["message"].startswith("worker containers cannot start: demo-worker-0: worker: ")
+    _wait(cluster, "demo-worker-0", "ContainerCreating", "")
+    rec.reconcile("ns", "demo")
+    assert "cannot start" not in cluster.job()["status"].get("message", "")
+
+
 def test_a_job_that_finishes_straight_from_stuck_clears_the_condition(
         cluster: Any, make_job: Any, clock: Any) -> None:
     rec = _started(cluster, make_job, clock)
