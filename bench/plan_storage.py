@@ -2,8 +2,9 @@
 
 A figure, not a test (docs/plan-storage.md quotes it). For each case the operator's own code
 plans the job (planning.plan_job on eight-GPU H100 nodes), renders the ConfigMap
-(manifests.render_config_map, the plan's actions packed), reads the record back as the
-operator's cache does (planning.record_from_config_map) and the plan as the worker does
+(manifests.render_config_map, the plan's actions packed) and its record in the operator's
+namespace (plan_store.render_record), reads the record back as the operator does
+(plan_store.parse_record, within the job's limits) and the plan as the worker does
 (WorkerConfig + Plan), and checks both equal the plan made. ``--synthetic`` adds the packing
 alone on 1F1B-like split-backward schedules of growing size (no planner: a 512-rank plan
 would take the planner hours).
@@ -22,7 +23,8 @@ from adaptis.api.job import JobSpec, WorkerConfig
 from adaptis.api.plan import Plan
 from adaptis.api.plan_packing import pack_actions, unpack_actions
 from adaptis.operator.manifests import JobRef, render_config_map
-from adaptis.operator.planning import plan_job, record_from_config_map
+from adaptis.operator.plan_store import parse_record, render_record
+from adaptis.operator.planning import plan_job
 from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, NodeProfile, profile_node
 
 
@@ -51,11 +53,13 @@ def planned_case(strategy: str, workers: int, microbatches: int) -> str:
     actions = sum(len(a) for a in record.plan.actions)
     plain = len(record.plan.to_json())
     t0 = time.perf_counter()
-    cm = render_config_map(JobRef(name="plan", namespace="bench", uid="u"), spec, record)
+    job = JobRef(name="plan", namespace="bench", uid="u")
+    cm = render_config_map(job, spec, record)
+    stored = render_record(job, record=record, namespace="ops", worker_data=cm["data"])
     written = time.perf_counter() - t0
     size = sum(len(k) + len(v.encode()) for k, v in cm["data"].items())
     t0 = time.perf_counter()
-    cached = record_from_config_map(cm)
+    cached = parse_record(stored, job=job, spec=spec).record
     operator_read = time.perf_counter() - t0
     t0 = time.perf_counter()
     config = WorkerConfig.model_validate_json(cm["data"]["worker.json"])

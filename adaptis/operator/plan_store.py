@@ -51,7 +51,8 @@ from adaptis.operator.mesh import Mesh
 from adaptis.operator.passes import PassState
 from adaptis.operator.planning import PlanRecord
 
-__all__ = ["PlanStore", "StoredPlan", "data_digest", "overwriting", "plan_limits", "record_name"]
+__all__ = ["PlanStore", "StoredPlan", "data_digest", "overwriting", "parse_record", "plan_limits",
+           "record_name", "render_record"]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,45 @@ class StoredPlan:
     worker_digest: str
 
 
+def render_record(job: JobRef, *, record: PlanRecord, namespace: str,
+                  worker_data: Mapping[str, Any]) -> dict[str, Any]:
+    """The record ConfigMap of ``job`` in ``namespace`` (the operator's), beside the digest of
+    the worker ConfigMap ``worker_data`` written with it."""
+    doc = record.model_dump(mode="json", exclude_none=True, exclude={"plan"})
+    doc["plan"] = record.plan.packed()
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": record_name(job.uid),
+            "namespace": namespace,
+            "labels": _selector(**{LABEL_JOB_KEY: _job_key(job.namespace, job.name)}),
+            "annotations": {ANNOTATION_JOB: f"{job.namespace}/{job.name}",
+                            ANNOTATION_UID: job.uid},
+        },
+        "data": {RECORD_KEY: json.dumps(doc, separators=(",", ":")),
+                 DIGEST_KEY: data_digest(worker_data)},
+    }
+
+
+def parse_record(cm: Mapping[str, Any], *, job: JobRef, spec: JobSpec) -> StoredPlan:
+    """The record of ``job`` in ``cm``, decoded within ``spec``'s limits; ValueError (or
+    pydantic's ValidationError) when it names another job or fails a check."""
+    meta = cm.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    if (annotations.get(ANNOTATION_JOB) != f"{job.namespace}/{job.name}"
+            or annotations.get(ANNOTATION_UID) != job.uid):
+        raise ValueError("it names another job")
+    data = cm.get("data") or {}
+    raw, digest = data.get(RECORD_KEY), data.get(DIGEST_KEY)
+    if not isinstance(raw, str) or not isinstance(digest, str):
+        raise ValueError(f"no {RECORD_KEY} or {DIGEST_KEY}")
+    if len(raw) > CONFIG_MAP_LIMIT_BYTES:
+        raise ValueError(f"{RECORD_KEY} of {len(raw)} bytes, over a ConfigMap's")
+    record = PlanRecord.model_validate_json(raw, context={"pack_limits": plan_limits(spec)})
+    return StoredPlan(record=record, worker_digest=digest)
+
+
 class PlanStore:
     """The plan records of one operator, in ``namespace`` (its own)."""
 
@@ -122,7 +162,7 @@ class PlanStore:
         if cm is None:
             return None
         try:
-            return self._parse(cm, job=p.job, spec=spec)
+            return parse_record(cm, job=p.job, spec=spec)
         except (ValueError, ValidationError, TypeError) as err:
             why = str(err).splitlines()[0][:300]
             log.warning("%s/%s: ignoring its plan record %s/%s: %s", p.job.namespace, p.job.name,
@@ -132,38 +172,9 @@ class PlanStore:
                              "re-planning from the spec"))
             return None
 
-    def _parse(self, cm: Mapping[str, Any], *, job: JobRef, spec: JobSpec) -> StoredPlan:
-        meta = cm.get("metadata") or {}
-        annotations = meta.get("annotations") or {}
-        if (annotations.get(ANNOTATION_JOB) != f"{job.namespace}/{job.name}"
-                or annotations.get(ANNOTATION_UID) != job.uid):
-            raise ValueError("it names another job")
-        data = cm.get("data") or {}
-        raw, digest = data.get(RECORD_KEY), data.get(DIGEST_KEY)
-        if not isinstance(raw, str) or not isinstance(digest, str):
-            raise ValueError(f"no {RECORD_KEY} or {DIGEST_KEY}")
-        if len(raw) > CONFIG_MAP_LIMIT_BYTES:
-            raise ValueError(f"{RECORD_KEY} of {len(raw)} bytes, over a ConfigMap's")
-        record = PlanRecord.model_validate_json(raw, context={"pack_limits": plan_limits(spec)})
-        return StoredPlan(record=record, worker_digest=digest)
-
     def write(self, job: JobRef, *, record: PlanRecord, worker_data: Mapping[str, Any]) -> None:
         """Create or overwrite the job's record (a merge of its two keys)."""
-        doc = record.model_dump(mode="json", exclude_none=True, exclude={"plan"})
-        doc["plan"] = record.plan.packed()
-        obj = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": record_name(job.uid),
-                "namespace": self._namespace,
-                "labels": _selector(**{LABEL_JOB_KEY: _job_key(job.namespace, job.name)}),
-                "annotations": {ANNOTATION_JOB: f"{job.namespace}/{job.name}",
-                                ANNOTATION_UID: job.uid},
-            },
-            "data": {RECORD_KEY: json.dumps(doc, separators=(",", ":")),
-                     DIGEST_KEY: data_digest(worker_data)},
-        }
+        obj = render_record(job, record=record, namespace=self._namespace, worker_data=worker_data)
         if not self._cluster.create(obj):
             self._cluster.replace_config_map(obj)
 

@@ -8,6 +8,7 @@ operator's log tail, so a failure shows what the operator was doing.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -18,6 +19,8 @@ from typing import Any, TypeVar
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+#: The operator's own namespace (profiles, plan records) when --profile-namespace is not given.
+OPERATOR_NS = "adaptis-system"
 CRD = REPO / "crds" / "adaptis.io_adaptisjobs.yaml"
 T = TypeVar("T")
 
@@ -25,6 +28,17 @@ T = TypeVar("T")
 def install_crd(cp: Any) -> None:
     cp.kubectl("apply", "-f", str(CRD))
     cp.kubectl("wait", "--for=condition=Established", "crd/adaptisjobs.adaptis.io", "--timeout=60s")
+
+
+def plan_record(cp: Any, *, job: str, namespace: str,
+                operator_namespace: str = OPERATOR_NS) -> dict[str, Any] | None:
+    """The plan record the operator keeps for ``namespace/job`` in its own namespace, as JSON."""
+    items = cp.get_json("configmaps", "-n", operator_namespace,
+                        "-l", "adaptis.io/role=plan-record")["items"]
+    for cm in items:
+        if (cm["metadata"].get("annotations") or {}).get("adaptis.io/job") == f"{namespace}/{job}":
+            return dict(json.loads(cm["data"]["record.json"]))
+    return None
 
 
 def wait_for(what: str, predicate: Callable[[], T | None], *, timeout: float,
@@ -59,6 +73,13 @@ class OperatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, *, extra_args: Sequence[str] = ()) -> None:
+        # Its own namespace, where it keeps plan records (and profiles), as the chart's release
+        # namespace would be.
+        args = list(extra_args)
+        own = args[args.index("--profile-namespace") + 1] if "--profile-namespace" in args \
+            else OPERATOR_NS
+        if self.cp.kubectl("get", "namespace", own, check=False).returncode != 0:
+            self.cp.kubectl("create", "namespace", own, check=False)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(  # noqa: S603 - our own CLI
             [sys.executable, "-m", "adaptis", "-v", "operator", "--namespace", self.namespace,

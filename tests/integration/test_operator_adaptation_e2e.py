@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_process import OperatorProcess, install_crd
+from operator_process import OperatorProcess, install_crd, plan_record
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "charts"))
 import chartkit  # noqa: E402
 import promkit  # noqa: E402
 
-from adaptis.operator.planning import record_from_config_map  # noqa: E402
+from adaptis.operator.planning import PlanRecord  # noqa: E402
 
 NS = "adapt-e2e"
 JOB = "drifting"
@@ -118,8 +118,8 @@ def _plan_hashes(env: Env) -> set[str]:
 
 
 def _record(env: Env) -> Any:
-    cm = env.op.cp.get_json("configmap", f"{JOB}-config", "-n", NS)
-    return record_from_config_map(cm)
+    doc = plan_record(env.op.cp, job=JOB, namespace=NS)
+    return None if doc is None else PlanRecord.model_validate(doc)
 
 
 def test_suggest_then_auto_replans_the_running_job(env: Env) -> None:

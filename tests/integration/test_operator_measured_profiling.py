@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from operator_process import OperatorProcess, install_crd
+from operator_process import OperatorProcess, install_crd, plan_record
 
 from adaptis.operator.manifests import JobRef
 from adaptis.operator.profile_store import (
@@ -153,8 +153,8 @@ def test_measure_profiles_each_new_node_once_and_caches_the_result(session: Sess
 
     # The plan was made from the measurements.
     assert "3 with a measured profile" in s.condition("measured", "Profiling")["message"]
-    cm = s.cp.get_json("configmap", "measured-config", "-n", NS)
-    record = json.loads(cm["data"]["plan-record.json"])
+    record = plan_record(s.cp, job="measured", namespace=NS, operator_namespace=PROFILE_NS)
+    assert record is not None
     tflops = {node: json.loads(fp)[5] for node, fp in record["node_fingerprints"].items()}
     assert tflops and all(tflops[n] == (500.0 if n in FRESH else 123.0) for n in tflops), tflops
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from operator_process import OperatorProcess, install_crd
+from operator_process import OperatorProcess, install_crd, plan_record
 
 from adaptis.operator.profile_store import (
     hardware_fingerprint,
@@ -79,8 +79,8 @@ class Session(OperatorProcess):
                    for c in (job.get("status") or {}).get("conditions", []))
 
     def planned_tflops(self, name: str) -> dict[str, float]:
-        cm = self.cp.get_json("configmap", f"{name}-config", "-n", NS)
-        record = json.loads(cm["data"]["plan-record.json"])
+        record = plan_record(self.cp, job=name, namespace=NS, operator_namespace=OPS)
+        assert record is not None
         return {node: json.loads(fp)[5] for node, fp in record["node_fingerprints"].items()}
 
 
