@@ -176,10 +176,13 @@ def worker_spec(spec: HuggingFaceSpec) -> HuggingFaceSpec:
 
 def parse_config_text(text: str, *, field: str, source: str) -> dict[str, Any]:
     """A config.json's text as a dict; a :class:`SpecError` naming ``field`` otherwise."""
+    # ValueError: not JSON, or an integer past Python's 4300 digits; RecursionError: nested
+    # deeper than the parser goes. Either is the text's fault, never the reader's crash.
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise SpecError(f"{field}: {source} is not JSON: {err}", fields=[field]) from None
+    except (ValueError, RecursionError) as err:
+        what = "nested too deeply" if isinstance(err, RecursionError) else f"not JSON: {err}"
+        raise SpecError(f"{field}: {source} is {what}", fields=[field]) from None
     if not isinstance(data, dict):
         raise SpecError(f"{field}: {source} must hold a JSON object (a config.json), not "
                         f"{type(data).__name__}", fields=[field])

@@ -119,6 +119,8 @@ def test_a_missing_key_waits_naming_the_keys_there(cluster: Any, make_job: Any,
 
 @pytest.mark.parametrize("text,says", [
     ("{not json", "is not JSON"),
+    ("[" * 200_000, "is nested too deeply"),  # a tenant's crafted ConfigMap: no crash
+    ('{"hidden_size": ' + "9" * 5000 + "}", "is not JSON"),  # past Python's int digits
     ("[1, 2]", "must hold a JSON object (a config.json), not list"),
     (json.dumps({**LLAMA, "model_type": "t5"}),
      "ConfigMap ns/llama-config key 'config.json': model_type: 't5' is not supported"),
