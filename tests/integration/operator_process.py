@@ -72,7 +72,8 @@ class OperatorProcess:
         self.namespace = namespace
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, *, extra_args: Sequence[str] = ()) -> None:
+    def start(self, *, extra_args: Sequence[str] = (),
+              preexec: Callable[[], None] | None = None) -> None:
         # Its own namespace, where it keeps plan records (and profiles), as the chart's release
         # namespace would be.
         args = list(extra_args)
@@ -84,7 +85,8 @@ class OperatorProcess:
         self.proc = subprocess.Popen(  # noqa: S603 - our own CLI
             [sys.executable, "-m", "adaptis", "-v", "operator", "--namespace", self.namespace,
              "--resync-seconds", "3", *extra_args],
-            cwd=REPO, env=self.cp.env(), stdout=log, stderr=subprocess.STDOUT)
+            cwd=REPO, env=self.cp.env(), stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=preexec)  # e.g. join a memory cgroup (memcg.MemoryCgroup.join)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
