@@ -185,10 +185,22 @@ class WorkQueue(Generic[K]):
     def _run_one(self, key: K) -> None:
         try:
             again = self._process(key)
-        except Exception:  # noqa: BLE001 - a failed pass is retried, never kills a worker
-            log.exception("reconcile of %s failed; retrying with backoff", key)
+        except Exception as err:  # noqa: BLE001 - a failed pass is retried, never kills a worker
+            with self._cv:
+                before = self._failures.get(key, 0)
+            # One traceback per outage: the retries of the same key say one line each.
+            if before == 0:
+                log.exception("reconcile of %s failed; retrying with backoff", key)
+            else:
+                first_line = (str(err).splitlines() or [""])[0][:200]
+                log.warning("reconcile of %s failed again (%d in a row): %s: %s", key,
+                            before + 1, type(err).__name__, first_line)
             self._done(key, again_after=None, failed=True)
         else:
+            with self._cv:
+                before = self._failures.get(key, 0)
+            if before:
+                log.info("reconcile of %s succeeded after %d failed pass(es)", key, before)
             self._done(key, again_after=again, failed=False)
 
     def _loop(self) -> None:

@@ -429,3 +429,28 @@ def test_a_failed_pass_is_logged_with_its_key_and_traceback(
     [record] = caplog.records
     assert record.getMessage() == "reconcile of ns/job failed; retrying with backoff"
     assert record.exc_info is not None and "API server: 500" in str(record.exc_info[1])
+
+
+def test_an_outage_logs_one_traceback_per_key_then_a_line_per_retry_and_the_recovery(
+        caplog: pytest.LogCaptureFixture) -> None:
+    outage = {"on": True}
+
+    def process(key: str) -> None:
+        if outage["on"]:
+            raise RuntimeError("API server: 503\nsecond line")
+
+    clock = FakeClock()
+    q: WorkQueue[str] = WorkQueue(process, workers=1, resync_s=3600.0, clock=clock)
+    q.add("ns/job")
+    with caplog.at_level(logging.INFO, logger="adaptis.operator.workqueue"):
+        for _ in range(4):  # the first pass and three backoff retries
+            assert q.process_due() == 1
+            clock.now += 120.0
+        outage["on"] = False
+        assert q.process_due() == 1
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert len(tracebacks) == 1
+    retries = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert retries == [f"reconcile of ns/job failed again ({n} in a row): RuntimeError: API "
+                       "server: 503" for n in (2, 3, 4)]
+    assert caplog.records[-1].getMessage() == "reconcile of ns/job succeeded after 4 failed pass(es)"
