@@ -24,6 +24,8 @@ from adaptis.api.errors import from_validation_error, read_document
 from adaptis.api.model import MAX_BLOCKS, BlockSpec, ModelSpec  # re-exported
 from adaptis.api.model import Spec as _Spec
 from adaptis.api.pod_fields import (
+    MAX_ENV,
+    MAX_VOLUMES,
     EnvVar,
     LabelKey,
     LabelValue,
@@ -139,7 +141,8 @@ class WorkerTemplate(_Spec):
         "parallelism.gpusPerWorker.",
     )
     env: list[EnvVar] = Field(
-        default_factory=list, description="Extra container environment (core/v1 EnvVar)."
+        default_factory=list, max_length=MAX_ENV,
+        description="Extra container environment (core/v1 EnvVar)."
     )
     node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, description="Only nodes with these labels are candidates."
@@ -148,7 +151,8 @@ class WorkerTemplate(_Spec):
         default_factory=list, description="Pod tolerations (core/v1 Toleration)."
     )
     volumes: list[Volume] = Field(
-        default_factory=list, description="Extra pod volumes (core/v1 Volume)."
+        default_factory=list, max_length=MAX_VOLUMES,
+        description="Extra pod volumes (core/v1 Volume)."
     )
     volume_mounts: list[VolumeMount] = Field(
         default_factory=list, description="Extra container volume mounts (core/v1 VolumeMount)."

@@ -1,6 +1,7 @@
 """The CRD's CEL rules on a real API server: the job-level rules of adaptis.api.rules that CEL can
 express refuse a manifest with 422 naming the field, as ``adaptis run`` and the operator do
-(tests/api/test_api_rules.py), and a valid job is still admitted.
+(tests/api/test_api_rules.py), and a valid job is still admitted. So do the shapes of a volume
+and of an env var's valueFrom (issue 27): exactly one source, no unknown key.
 
 Every request is a server-side dry run: the API server defaults, validates (CEL included) and
 answers, and nothing is stored.
@@ -17,6 +18,8 @@ from typing import Any
 import pytest
 from controlplane import ControlPlane
 from operator_process import install_crd
+
+from adaptis.api.pod_fields import MAX_VOLUMES
 
 pytestmark = pytest.mark.integration
 
@@ -129,4 +132,88 @@ def test_api_server_refuses_with_422_naming_the_field(
 def test_api_server_admits_the_boundary_cases(
         control_plane: ControlPlane, namespace: str, doc: dict[str, Any]) -> None:
     result = _dry_run_create(control_plane, doc, namespace=namespace)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+# --- volumes and env value sources (issue 27): nothing passed on changed -----------------------
+def _worker(**worker: Any) -> dict[str, Any]:
+    doc = _job()
+    doc["spec"]["worker"] = worker
+    return doc
+
+
+@pytest.mark.parametrize(("doc", "field"), [
+    (_worker(volumes=[{"name": "ok", "emptyDir": {}}, {"name": "v", "bogus": {}}]),
+     "spec.worker.volumes[1].bogus"),
+    (_worker(volumes=[{"name": "v", "emptyDir": {}, "persistentVolumeClam": {"claimName": "c"}}]),
+     "spec.worker.volumes[0].persistentVolumeClam"),
+    (_worker(env=[{"name": "A", "valueFrom": {"secretKeyref": {"name": "s", "key": "k"}}}]),
+     "spec.worker.env[0].valueFrom.secretKeyref"),
+], ids=["bogus-volume", "misspelt-second-source", "misspelt-value-source"])
+def test_kubectl_apply_refuses_an_unknown_source_naming_it(
+        control_plane: ControlPlane, namespace: str, doc: dict[str, Any], field: str) -> None:
+    # kubectl validates strictly by default: the key is not in the CRD's schema, and the API
+    # server refuses it (400) instead of pruning it.
+    result = control_plane.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-",
+                                   input=json.dumps(doc), check=False)
+    assert result.returncode != 0, result.stdout
+    assert f'unknown field "{field}"' in result.stderr, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize(("doc", "field", "message"), [
+    (_worker(volumes=[{"name": "v"}]), "spec.worker.volumes[0]", "exactly one source"),
+    (_worker(volumes=[{"name": "v", "emptyDir": {}, "secret": {"secretName": "s"}}]),
+     "spec.worker.volumes[0]", "exactly one source"),
+    # A client that does not validate strictly: the unknown key is pruned, and the volume is
+    # left with no source, which the CEL rule refuses (the pod would have had an emptyDir).
+    (_worker(volumes=[{"name": "v", "persistentVolumeClam": {"claimName": "c"}}]),
+     "spec.worker.volumes[0]", "exactly one source"),
+    (_worker(env=[{"name": "A", "valueFrom": {}}]), "spec.worker.env[0].valueFrom",
+     "valueFrom needs exactly one of"),
+    (_worker(env=[{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"},
+                                              "secretKeyRef": {"name": "s", "key": "k"}}}]),
+     "spec.worker.env[0].valueFrom", "valueFrom needs exactly one of"),
+], ids=["no-source", "two-sources", "pruned-source", "no-value-source", "two-value-sources"])
+def test_a_source_needs_to_be_exactly_one_even_unvalidated(
+        control_plane: ControlPlane, namespace: str, doc: dict[str, Any], field: str,
+        message: str) -> None:
+    result = control_plane.kubectl("create", "--dry-run=server", "--validate=false", "-v=6",
+                                   "-n", namespace, "-f", "-", input=json.dumps(doc),
+                                   check=False)
+    assert result.returncode != 0, result.stdout
+    assert "422" in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if "is invalid" in line]
+    assert errors and f"{field}: Invalid value" in errors[-1], result.stderr[-3000:]
+    assert message in errors[-1], errors[-1]
+
+
+def test_each_source_keeps_what_it_holds(control_plane: ControlPlane, namespace: str) -> None:
+    """Inside a source the keys are the pod's (the API server checks them when the operator
+    creates the pods): the CRD keeps them as written."""
+    volumes = [{"name": "data", "persistentVolumeClaim": {"claimName": "c", "readOnly": True}},
+               {"name": "p", "projected": {"sources": [{"configMap": {"name": "x"}},
+                                                       {"downwardAPI": {"items": []}}]}},
+               {"name": "s", "emptyDir": {"sizeLimit": "1Gi", "medium": "Memory"}}]
+    env = [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+           {"name": "B", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k",
+                                                           "optional": True}}}]
+    result = control_plane.kubectl("create", "--dry-run=server", "-o", "json", "-n", namespace,
+                                   "-f", "-", input=json.dumps(_worker(volumes=volumes, env=env)),
+                                   check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    worker = json.loads(result.stdout)["spec"]["worker"]
+    assert (worker["volumes"], worker["env"]) == (volumes, env)
+
+
+def test_the_lists_of_sources_are_bounded(control_plane: ControlPlane, namespace: str) -> None:
+    """The CEL rules on the items need a bounded list (the API server refuses the CRD
+    otherwise); the bound itself refuses a longer list, naming it."""
+    volumes = [{"name": f"v{i}", "emptyDir": {}} for i in range(MAX_VOLUMES + 1)]
+    result = _dry_run_create(control_plane, _worker(volumes=volumes), namespace=namespace)
+    assert result.returncode != 0 and "422" in result.stderr, result.stderr[-3000:]
+    # kubectl lists the errors on lines of their own (the bound, and that CEL did not run).
+    bound = f"* spec.worker.volumes: Too many: {MAX_VOLUMES + 1}: must have at most {MAX_VOLUMES}"
+    assert bound in result.stderr, result.stderr[-3000:]
+    result = _dry_run_create(control_plane, _worker(volumes=volumes[:MAX_VOLUMES]),
+                             namespace=namespace)
     assert result.returncode == 0, result.stderr[-3000:]

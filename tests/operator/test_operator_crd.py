@@ -65,11 +65,12 @@ def test_bounds_enums_nullable_and_pass_through_objects() -> None:
     assert nodes[".spec.planner.strategy"]["enum"][0] == "adaptis"
     assert nodes[".spec.training.gradClip"]["nullable"] is True
     assert nodes[".spec.training.gradClip"]["exclusiveMinimum"] is True
-    # The passthrough fields have core/v1's shapes; only a volume's source and an env var's
-    # valueFrom pass through as they are.
-    for field in ("volumes[]", "env[].valueFrom"):
+    # The passthrough fields have core/v1's shapes; only what a volume's source and an env
+    # var's value source hold passes through as it is (issue 27: no other key is kept).
+    for field in ("volumes[].persistentVolumeClaim", "env[].valueFrom.secretKeyRef"):
         assert nodes[f".spec.worker.{field}"]["x-kubernetes-preserve-unknown-fields"] is True
-    for field in ("resources", "env[]", "tolerations[]", "volumeMounts[]"):
+    for field in ("resources", "env[]", "env[].valueFrom", "tolerations[]", "volumes[]",
+                  "volumeMounts[]"):
         assert "x-kubernetes-preserve-unknown-fields" not in nodes[f".spec.worker.{field}"]
     assert nodes[".spec.worker.volumes[].name"]["type"] == "string"
     assert nodes[".spec.worker.tolerations[].key"]["type"] == "string"
