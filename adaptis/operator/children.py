@@ -4,10 +4,14 @@ Sits between :mod:`adaptis.operator.reconcile` (which renders the ConfigMap, Ser
 and :mod:`adaptis.operator.kube` (which sends them). The API server answers a create with a 4xx
 for one of two reasons, and the job's fate differs:
 
-- **invalid** (400 a field of the wrong type, 413/422 a value the schema refuses): the spec's
-  fault, the same on every retry. The job fails with ``InvalidSpec`` naming the field of the
-  spec behind the pod's field (``spec.worker.tolerations`` for ``spec.tolerations[0].key``);
-  a corrected spec starts it again, as for any InvalidSpec.
+- **invalid** (400 a field of the wrong type or one the schema does not declare, 413/422 a
+  value the schema refuses): the spec's fault, the same on every retry. The job fails with
+  ``InvalidSpec`` naming the field of the spec behind the pod's field
+  (``spec.worker.tolerations`` for ``spec.tolerations[0].key``); a corrected spec starts it
+  again, as for any InvalidSpec. The operator creates with strict field validation
+  (:mod:`adaptis.operator.kube`), so a misspelt key deep in a passthrough object
+  (``persistentVolumeClaim: {claimNme: x}``) is such a 400, not a key the API server drops:
+  the message names the volume (or env var, or mount) by its name, and the key.
 - **rejected** (403 Pod Security, a quota, a policy, a webhook, RBAC; 404 the namespace is
   gone; 422 from a ValidatingAdmissionPolicy or webhook, which deny with that status too):
   the admin may relax it, so the job waits (``Running=False``, ``<Kind>Rejected``) and is
@@ -19,6 +23,7 @@ failures: they propagate and the work queue retries them with backoff.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -69,6 +74,17 @@ _INVALID_FIELD = re.compile(r"is invalid: \[?([A-Za-z][\w.\[\]/-]*):")
 # 400 from decoding: "json: cannot unmarshal number into Go struct field
 # Toleration.spec.tolerations.key of type string"
 _DECODE_FIELD = re.compile(r"Go struct field \w+\.([\w.\[\]]+) of type")
+# 400 from strict decoding (fieldValidation=Strict): 'strict decoding error: unknown field
+# "spec.volumes[5].persistentVolumeClaim.claimNme"' (a built-in kind), or
+# ".spec.foo: field not declared in schema" (a schema of structured-merge-diff's).
+_UNKNOWN_FIELD = re.compile(r'unknown field "([^"]+)"'
+                            r"|\.?([A-Za-z][\w.\[\]/-]*): field not declared in schema")
+# The pod's lists whose entries come from the spec after the operator's own: an entry is
+# named by its name, as its index in the pod is not its index in the spec.
+_NAMED_ENTRIES = re.compile(r"^(spec\.volumes|spec\.containers\[0\]\.env"
+                            r"|spec\.containers\[0\]\.volumeMounts)\[(\d+)\]\.?(.*)$")
+_ENTRY_KINDS = {"spec.volumes": "volume", "spec.containers[0].env": "env var",
+                "spec.containers[0].volumeMounts": "volume mount"}
 # Decoding errors that name no field but say which one they mean: spec.worker.resources is
 # checked before any create (adaptis.api.pod_fields), so a bad quantity the API server still
 # finds sits in a volume's source (emptyDir.sizeLimit), which passes through unchecked.
@@ -121,6 +137,27 @@ def _spec_field(kind: str, api_field: str | None, *, text: str, invalid: bool) -
     return "spec.worker"
 
 
+def _entry(obj: Mapping[str, Any], api_field: str) -> str:
+    """``volume "data": persistentVolumeClaim.claimNme`` for a pod's
+    ``spec.volumes[5].persistentVolumeClaim.claimNme`` when its sixth volume is ``data``; the
+    field itself when it is not in such a list (or the pod does not say)."""
+    found = _NAMED_ENTRIES.match(api_field)
+    if found is None:
+        return api_field
+    items: Any = obj.get("spec") or {}
+    for part in found.group(1).removeprefix("spec.").split("."):
+        if part.endswith("[0]"):
+            items = (items.get(part[:-3]) or [None])[0] if isinstance(items, Mapping) else None
+        else:
+            items = items.get(part) if isinstance(items, Mapping) else None
+    index, rest = int(found.group(2)), found.group(3)
+    entry = items[index] if isinstance(items, list) and index < len(items) else None
+    name = entry.get("name") if isinstance(entry, Mapping) else None
+    if not isinstance(name, str):
+        return api_field
+    return f"{_ENTRY_KINDS[found.group(1)]} {json.dumps(name)}" + (f": {rest}" if rest else "")
+
+
 def refusal(err: ApiError, *, obj: Mapping[str, Any]) -> Refusal | None:
     """What a failed create means for the job; None when it is the API server's own failure."""
     if err.status not in REFUSED_STATUSES:
@@ -128,13 +165,18 @@ def refusal(err: ApiError, *, obj: Mapping[str, Any]) -> Refusal | None:
     text = str(err)
     kind = str(obj.get("kind", "object"))
     name = str((obj.get("metadata") or {}).get("name", ""))
+    unknown = _UNKNOWN_FIELD.search(text)
     found = _INVALID_FIELD.search(text) or _DECODE_FIELD.search(text)
-    api_field = found.group(1) if found else None
+    api_field = (unknown.group(1) or unknown.group(2) if unknown
+                 else found.group(1) if found else None)
     invalid = err.status in {400, 413} or (err.status == 422 and not _POLICY.search(text))
     field = _spec_field(kind, api_field, text=text, invalid=invalid)
     where = f" (the {kind}'s {api_field})" if api_field else ""
     verb = "refused" if invalid else "rejected"
-    message = f"{field}: the API server {verb} {kind} {name}{where}: {text}"
+    # A key no schema declares: what to fix first, the API server's words after.
+    what = (f"{_entry(obj, api_field)} is not a field Kubernetes knows (check its spelling); "
+            if unknown and api_field else "")
+    message = f"{field}: {what}the API server {verb} {kind} {name}{where}: {text}"
     return Refusal(invalid=invalid, kind=kind, field=field, message=message[:_MAX_MESSAGE])
 
 

@@ -46,6 +46,13 @@ _RETRY_STATUSES = frozenset({429, 502, 503, 504})
 # Calls whose repetition changes nothing more: every one the client makes but POST (status and
 # ConfigMap writes are merge patches, which are idempotent).
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "PATCH", "DELETE"})
+# Every create (and its dry run) asks the API server to refuse a field its schema does not
+# declare (400, naming it) instead of dropping it: a worker pod carries the tenant's volumes,
+# env and resources as written, and a misspelt key deep in a volume source must fail the job
+# (adaptis.operator.children), not vanish (issue 27). The operator's own objects hold only
+# fields of the Kubernetes versions the chart supports, so strictness costs them nothing and
+# turns a slip of ours into an error instead of a silent difference.
+_STRICT: Mapping[str, str] = {"fieldValidation": "Strict"}
 # A Retry-After beyond this is cut to it: a reconcile worker must not sleep for minutes on
 # one call (APF asks for 1 s); the work queue's backoff paces longer outages.
 RETRY_AFTER_MAX_S = 5.0
@@ -252,13 +259,14 @@ class KubeCluster:
                                  query=query)[1].get("items") or [])
 
     def create(self, obj: Mapping[str, Any]) -> bool:
-        status, _ = self.request("POST", _collection(obj), body=obj, ok=frozenset({409}))
+        status, _ = self.request("POST", _collection(obj), body=obj, query=_STRICT,
+                                 ok=frozenset({409}))
         return status != 409
 
     def dry_run_create(self, obj: Mapping[str, Any]) -> None:
         # dryRun=All: validation and admission run, nothing is stored; a 409 (the name is
         # taken) says nothing about the content, so it counts as passed.
-        self.request("POST", _collection(obj), body=obj, query={"dryRun": "All"},
+        self.request("POST", _collection(obj), body=obj, query={"dryRun": "All", **_STRICT},
                      ok=frozenset({409}))
 
     def replace_config_map(self, obj: Mapping[str, Any]) -> None:

@@ -3,7 +3,8 @@
 The six specs of the issue are refused by the API server at ``kubectl apply`` (the CRD is
 generated from the typed models), naming the field. Specs the schema lets through but the
 operator's models or the API server's pod validation refuse (a bad label key, a volume source
-the pod schema rejects, a mount path that clashes with the operator's) fail once with
+the pod schema rejects, a misspelt key inside a volume source or an env var's valueFrom that
+strict field validation refuses, a mount path that clashes with the operator's) fail once with
 ``InvalidSpec`` naming the field, and the operator does not loop on them: its error passes stay
 at zero and its passes stay few over many resync periods.
 """
@@ -82,6 +83,15 @@ FAILED_BY_THE_OPERATOR = [
     ("label-key", {"labels": {"bad key!": "a"}}, "spec.worker.labels.bad key!"),
     ("size-limit", {"volumes": [{"name": "data", "emptyDir": {"sizeLimit": "lots"}}]},
      "spec.worker.volumes"),
+    # A misspelt key inside a source (issue 27): the API server kept it unknown, and would have
+    # dropped it but for the operator's fieldValidation=Strict (the claim without its name
+    # would then be refused for that, and a misspelt optional key not at all).
+    ("claim-key", {"volumes": [{"name": "scratch", "emptyDir": {}},
+                               {"name": "data", "persistentVolumeClaim": {"claimNme": "x"}}]},
+     'spec.worker.volumes: volume "data": persistentVolumeClaim.claimNme is not a field'),
+    ("env-key", {"env": [{"name": "POD", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.name", "apiVersoin": "v1"}}}]},
+     'spec.worker.env: env var "POD": valueFrom.fieldRef.apiVersoin is not a field'),
     ("mount-path", {"volumes": [{"name": "data", "emptyDir": {}}],
                     "volumeMounts": [{"name": "data", "mountPath": "/etc/adaptis"}]},
      "spec.worker.volumeMounts"),
@@ -107,7 +117,8 @@ def test_specs_that_looped_are_refused_or_fail_once_naming_the_field(
         assert failed["message"].startswith(field), failed["message"]
         assert [p for p in operator.pods(name)
                 if not p["metadata"].get("deletionTimestamp")] == [], name
-        if name == "size-limit":  # refused by the dry-run of rank 0's pod: nothing created
+        if name in {"size-limit", "claim-key", "env-key"}:
+            # refused by the dry-run of rank 0's pod: nothing created
             gone = cp.kubectl("get", "configmap", f"{name}-config", "-n", NS, check=False)
             assert gone.returncode != 0 and "NotFound" in gone.stderr, gone.stdout
         (event,) = operator.wait(f"{name}: one InvalidSpec event",

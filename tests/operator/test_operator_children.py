@@ -196,3 +196,96 @@ def test_a_dry_run_a_policy_refuses_still_stores_the_plan(cluster: Any, make_job
     Reconciler(api).reconcile("ns", "demo")
     assert cluster.get_config_map("ns", "demo-config") is not None
     assert cluster.job()["status"]["phase"] != "Failed"
+
+
+# --- strict field validation: a key no schema declares (issue 27) -------------------------------
+def _strict_400(field: str, *, dry_run: bool = False) -> str:
+    """A create the operator sends with fieldValidation=Strict, as kube-apiserver answers it."""
+    query = "?dryRun=All&fieldValidation=Strict" if dry_run else "?fieldValidation=Strict"
+    return (f'POST /api/v1/namespaces/ns/pods{query}: 400 Pod in version "v1" cannot be handled '
+            f'as a Pod: strict decoding error: unknown field "{field}"')
+
+
+# Rank 0's pod as the operator renders it: its own volumes, env and mounts come first.
+STRICT_POD = {"kind": "Pod", "metadata": {"name": "demo-worker-0"}, "spec": {
+    "volumes": [{"name": "adaptis-config", "configMap": {"name": "demo-config"}},
+                {"name": "checkpoints", "emptyDir": {}},
+                {"name": "data", "persistentVolumeClaim": {"claimNme": "x"}}],
+    "containers": [{"name": "worker",
+                    "env": [{"name": "RANK", "value": "0"},
+                            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"nme": "s"}}}],
+                    "volumeMounts": [{"name": "checkpoints", "mountPath": "/checkpoints"},
+                                     {"name": "data", "mountPath": "/d", "readOnlyy": True}],
+                    "resources": {"claims": [{"name": "gpu", "requst": "r"}]}}]}}
+
+
+@pytest.mark.parametrize(("api_field", "field", "what"), [
+    ("spec.volumes[2].persistentVolumeClaim.claimNme", "spec.worker.volumes",
+     'volume "data": persistentVolumeClaim.claimNme'),
+    ("spec.containers[0].env[1].valueFrom.secretKeyRef.nme", "spec.worker.env",
+     'env var "TOKEN": valueFrom.secretKeyRef.nme'),
+    ("spec.containers[0].volumeMounts[1].readOnlyy", "spec.worker.volumeMounts",
+     'volume mount "data": readOnlyy'),
+    ("spec.containers[0].resources.claims[0].requst", "spec.worker.resources",
+     "spec.containers[0].resources.claims[0].requst"),
+    # An index the pod does not have (the pod object not at hand): the pod's field as it is.
+    ("spec.volumes[9].nfs.servr", "spec.worker.volumes", "spec.volumes[9].nfs.servr"),
+])
+def test_an_unknown_field_fails_the_job_naming_the_spec_field_and_the_entry(
+        api_field: str, field: str, what: str) -> None:
+    text = _strict_400(api_field)
+    found = refusal(ApiError(text, status=400), obj=STRICT_POD)
+    assert found is not None and found.invalid and found.reason == "InvalidSpec"
+    assert found.field == field
+    assert found.message.startswith(
+        f"{field}: {what} is not a field Kubernetes knows (check its spelling); the API server "
+        f"refused Pod demo-worker-0 (the Pod's {api_field}): "), found.message
+    assert text in found.message
+
+
+def test_a_field_not_declared_in_a_schema_is_named_too() -> None:
+    # structured-merge-diff's wording (server-side apply, custom resources).
+    text = ("POST /api/v1/namespaces/ns/pods: 400 .spec.volumes[2].persistentVolumeClaim.claimNme:"
+            " field not declared in schema")
+    found = refusal(ApiError(text, status=400), obj=STRICT_POD)
+    assert found is not None and found.field == "spec.worker.volumes"
+    assert found.message.startswith('spec.worker.volumes: volume "data": '
+                                    "persistentVolumeClaim.claimNme is not a field"), found.message
+
+
+class StrictProbing(Probing):
+    """A dry run of rank 0's pod as a strict API server answers it: the first unknown key in
+    the pod's volumes, at the pod's index (after the operator's own volumes)."""
+
+    def dry_run_create(self, obj: Any) -> None:
+        self.probes += 1
+        for i, volume in enumerate(obj["spec"]["volumes"]):
+            claim = volume.get("persistentVolumeClaim") or {}
+            for key in claim:
+                if key not in {"claimName", "readOnly"}:
+                    field = f"spec.volumes[{i}].persistentVolumeClaim.{key}"
+                    raise ApiError(_strict_400(field, dry_run=True), status=400)
+
+
+def test_a_misspelt_key_in_a_volume_source_fails_the_job_once_with_nothing_created(
+        cluster: Any, make_job: Any) -> None:
+    volumes = [{"name": "scratch", "emptyDir": {}},
+               {"name": "data", "persistentVolumeClaim": {"claimNme": "x"}}]
+    cluster.add_job(make_job(spec={"worker": {"volumes": volumes}}))
+    api = StrictProbing(cluster, status=400, text="")
+    result = Reconciler(api).reconcile("ns", "demo")  # no exception: nothing to retry
+    job = cluster.job()
+    failed = _cond(job, "Failed")
+    assert job["status"]["phase"] == "Failed" and result.requeue_after is None
+    assert failed["reason"] == "InvalidSpec"
+    assert failed["message"].startswith(
+        'spec.worker.volumes: volume "data": persistentVolumeClaim.claimNme is not a field '
+        "Kubernetes knows"), failed["message"]
+    (event,) = [e for e in cluster.events if e[:3] == ("demo", "Warning", "InvalidSpec")]
+    assert event[3].startswith('spec.worker.volumes: volume "data"'), event
+    assert api.probes == 1 and cluster.objects == {}  # no ConfigMap, Service or pod
+    calls = len(cluster.calls)
+    for _ in range(3):  # no retry loop: later passes neither probe nor create
+        Reconciler(api).reconcile("ns", "demo")
+    assert api.probes == 1
+    assert [c for c in cluster.calls[calls:] if c.startswith(("create", "dry-run"))] == []

@@ -121,10 +121,24 @@ def test_events_name_the_job(api: Any) -> None:
     cluster.event(JobRef(name="demo", namespace="ns", uid="u1"), type_="Warning",
                   reason="InvalidSpec", message="spec.parallelism.workers: too many")
     method, path, _, body = handler.requests[-1]
-    assert (method, path) == ("POST", "/api/v1/namespaces/ns/events")
+    assert (method, path) == ("POST", "/api/v1/namespaces/ns/events?fieldValidation=Strict")
     assert body["involvedObject"] == {"apiVersion": "adaptis.io/v1alpha1", "kind": "AdaPtisJob",
                                       "name": "demo", "namespace": "ns", "uid": "u1"}
     assert (body["type"], body["reason"]) == ("Warning", "InvalidSpec")
+
+
+def test_creates_and_dry_runs_ask_for_strict_field_validation(api: Any) -> None:
+    """A field the API server's schema does not declare is refused (400, naming it), never
+    dropped: a tenant's misspelt key in a volume source fails the job (issue 27)."""
+    cluster, handler = api
+    pod = {"kind": "Pod", "metadata": {"name": "p1", "namespace": "ns"}}
+    cluster.create(pod)
+    cluster.dry_run_create(pod)
+    cluster.create({"kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"}})
+    sent = [(m, p) for m, p, _, _ in handler.requests]
+    assert sent == [("POST", "/api/v1/namespaces/ns/pods?fieldValidation=Strict"),
+                    ("POST", "/api/v1/namespaces/ns/pods?dryRun=All&fieldValidation=Strict"),
+                    ("POST", "/api/v1/namespaces/ns/configmaps?fieldValidation=Strict")]
 
 
 def _sent(handler: type[_Api], method: str, path: str) -> int:
