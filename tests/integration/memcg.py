@@ -52,6 +52,9 @@ class MemoryCgroup:
         """Move the calling process in (a ``preexec_fn``: the child joins before it execs)."""
         self._write("cgroup.procs", str(os.getpid()))
 
+    def pids(self) -> set[int]:
+        return {int(line) for line in self._read("cgroup.procs").split()}
+
     def peak_bytes(self) -> int:
         """The most memory the cgroup's processes held at once (v1: page cache included)."""
         return int(self._read("memory.peak" if _v2() else "memory.max_usage_in_bytes"))

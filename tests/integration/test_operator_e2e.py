@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +55,14 @@ class Operator(OperatorProcess):
         self.liveness = ""
         self.metrics = ""
 
-    def start(self, *, extra_args: Sequence[str] = ()) -> None:
+    def start(self, *, extra_args: Sequence[str] = (),
+              preexec: Callable[[], None] | None = None) -> None:
         self.liveness = f"http://127.0.0.1:{_free_port()}/healthz"
         port = _free_port()
         self.metrics = f"http://127.0.0.1:{port}/metrics"
         super().start(extra_args=["--liveness", self.liveness, "--metrics-port", str(port), "--topology-keys",
                                   "topology.kubernetes.io/zone,topology.adaptis.io/rack",
-                                  *extra_args])
+                                  *extra_args], preexec=preexec)
 
     def scrape(self) -> dict[str, float]:
         """The operator's metrics, by sample name with labels, e.g. ``adaptis_operator_jobs{phase="Failed"}``."""
