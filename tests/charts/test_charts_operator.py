@@ -32,10 +32,10 @@ JOB_RULES = {
 # Nodes, plus what the allocation ledger reads: every pod's GPU requests, PriorityClass values.
 CLUSTER_RULES = {("", "nodes", verb) for verb in ("list", "watch")} | {
     ("", "pods", "list"), ("scheduling.k8s.io", "priorityclasses", "get")}
-# In the release namespace only: the profiler pods and the stored profiles (no tenant writes
-# there, which is what makes the profiles unforgeable).
+# In the release namespace only: the profiler pods, the stored profiles and the plan records
+# (deleted with their job). No tenant writes there, which is what makes them unforgeable.
 PROFILE_RULES = {("", "pods", verb) for verb in ("list", "watch", "create", "delete")} | {
-    ("", "configmaps", verb) for verb in ("get", "list", "create", "patch")
+    ("", "configmaps", verb) for verb in ("get", "list", "create", "patch", "delete")
 }
 
 
