@@ -3,12 +3,12 @@
 A figure, not a test. Two gloo ranks (one process per core, one torch thread each) do the
 whole loop for each model family (small sizes that run on CPU):
 
-1. the ranks take turns to profile the layers (:func:`adaptis.worker.profiler.profile_layers`;
-   one at a time, so the profile does not compete with itself for the 2 cores) and measure
-   their link (:func:`adaptis.worker.hardware.measure_links`), which goes into the problem's
-   network;
+1. the ranks take turns to profile the layers
+   (:func:`adaptis.worker.profiling.profiler.profile_layers`; one at a time, so the profile does not
+   compete with itself for the 2 cores) and measure their link
+   (:func:`adaptis.worker.profiling.hardware.measure_links`), which goes into the problem's network;
 2. rank 0 plans every strategy for 2 devices (:func:`adaptis.planner.strategies.plan_strategy`);
-3. each rank builds one worker :class:`~adaptis.worker.executor.Executor` per plan, and the
+3. each rank builds one worker :class:`~adaptis.worker.runtime.executor.Executor` per plan, and the
    plans take turns, one training step each, for ``--rounds`` rounds, so slow drifts of a
    shared machine hit every plan alike; the layers are profiled again after every few rounds
    and the prediction uses the mean profile of the whole window (profiles, never the runs).
@@ -58,11 +58,9 @@ from adaptis.api.problem import Link, Network
 from adaptis.planner.costs import Costs
 from adaptis.planner.simulator import simulate
 from adaptis.planner.strategies import plan_strategy
-from adaptis.worker.data import SyntheticTokens
-from adaptis.worker.executor import Executor
-from adaptis.worker.hardware import configure_host, measure_links
-from adaptis.worker.launcher import free_port
-from adaptis.worker.profiler import (
+from adaptis.worker.data.sources import SyntheticTokens
+from adaptis.worker.profiling.hardware import configure_host, measure_links
+from adaptis.worker.profiling.profiler import (
     LayerProfile,
     ProfileSettings,
     measure_action_overhead,
@@ -70,6 +68,8 @@ from adaptis.worker.profiler import (
     problem_from_profiles,
     profile_layers,
 )
+from adaptis.worker.run.launcher import free_port
+from adaptis.worker.runtime.executor import Executor
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "bench" / "RESULTS-accuracy.md"

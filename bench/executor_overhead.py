@@ -2,7 +2,7 @@
 
 A figure, not a test. Two gloo ranks (one torch thread each) build the same stages of the same
 model; each step runs once through our executor's pipeline runtime (the plan's action lists
-via the adapter in adaptis/worker/pipelining.py, with per-action timing) and once through
+via the adapter in adaptis/worker/runtime/pipelining.py, with per-action timing) and once through
 torch's public ``Schedule1F1B`` on identical modules, alternating so that machine load hits
 both alike. Prints the median step times and their ratio (target <= 1.05).
 
@@ -25,10 +25,10 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, TrainingSpec, WorkerConfig
 from adaptis.planner.strategies import plan_strategy
-from adaptis.worker.data import SyntheticTokens
-from adaptis.worker.executor import Executor
-from adaptis.worker.models import token_loss
-from adaptis.worker.problem import estimate_problem
+from adaptis.worker.data.sources import SyntheticTokens
+from adaptis.worker.models.zoo import token_loss
+from adaptis.worker.profiling.job_problem import estimate_problem
+from adaptis.worker.runtime.executor import Executor
 
 
 def _config(args: argparse.Namespace) -> WorkerConfig:

@@ -46,21 +46,21 @@ from typing import Any
 
 import torch
 import yaml
+from stage_depth import report as depth_report  # bench/ is this script's directory
+from stage_depth import run as depth_run
 
 from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, ParallelismSpec, TrainingSpec, WorkerConfig
 from adaptis.planner.strategies import plan_strategy
-from adaptis.worker.hardware import device_memory_bytes, device_name, measure_matmul_tflops
-from adaptis.worker.launcher import LocalLauncher
-from adaptis.worker.profiler import (
+from adaptis.worker.profiling.hardware import device_memory_bytes, device_name, measure_matmul_tflops
+from adaptis.worker.profiling.job_problem import profile_job
+from adaptis.worker.profiling.profiler import (
     ProfileSettings,
     measure_action_overhead,
     measure_graph_visit,
     problem_from_profiles,
-    profile_job,
     profile_layers,
 )
-from stage_depth import report as depth_report  # bench/ is this script's directory
-from stage_depth import run as depth_run
+from adaptis.worker.run.launcher import LocalLauncher
 
 REPO = Path(__file__).resolve().parents[1]
 

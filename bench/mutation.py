@@ -15,9 +15,9 @@ function.
 
     python bench/mutation.py --quick --cross-rank             # what `make mutation` runs
     python bench/mutation.py                                  # every mutant of every module (hours)
-    python bench/mutation.py adaptis/operator/status.py       # some modules
+    python bench/mutation.py adaptis/operator/resources/status.py       # some modules
     python bench/mutation.py --jobs 1 --out /tmp/mutation     # fewer parallel test processes
-    python bench/mutation.py adaptis/worker/executor.py --sample 80 --seed 1   # a random sample
+    python bench/mutation.py adaptis/worker/runtime/executor.py --sample 80 --seed 1   # a random sample
 
 ``--sample N`` runs a seeded random sample of N of each module's M mutants (by name, with
 mutmut) where a full run costs too much: it prints "sample of N of M" and the score's 95 %
@@ -31,8 +31,8 @@ counts those caught so. ``--reuse`` takes the scratch copy an earlier run left i
 (same ``--sample``/``--seed``), copies the working tree's tests in, runs only its survivors
 again, then the cross-rank step if asked:
 
-    python bench/mutation.py adaptis/worker/executor.py --sample 160 --seed 18 --cross-rank
-    python bench/mutation.py adaptis/worker/executor.py --sample 160 --seed 18 --reuse --cross-rank
+    python bench/mutation.py adaptis/worker/runtime/executor.py --sample 160 --seed 18 --cross-rank
+    python bench/mutation.py adaptis/worker/runtime/executor.py --sample 160 --seed 18 --reuse --cross-rank
 
 Prints one line per module (killed, of which across ranks, survived, other, score) and
 writes each module's surviving mutants, as diffs, to ``<out>/<module>.survivors.txt``; then
@@ -112,11 +112,11 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/planner/test_planner_recompute_search.py",
     ),
     # The mesh tests read the placement a data-parallel plan's status lists (replicas, pods).
-    "adaptis/operator/status.py": (
+    "adaptis/operator/resources/status.py": (
         "tests/operator/test_operator_status.py", "tests/operator/test_operator_reconcile.py",
         "tests/worker/test_worker_termination.py", "tests/operator/test_operator_mesh.py",
     ),
-    "adaptis/operator/capacity.py": (
+    "adaptis/operator/scheduling/capacity.py": (
         "tests/operator/test_operator_capacity_ledger.py", "tests/operator/test_operator_capacity.py",
         "tests/operator/test_operator_placement.py",
     ),
@@ -124,7 +124,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     # wait on planner processes: the same passes, seconds slower); the Hugging Face config's
     # tests are the only ones of a job waiting for its ConfigMap, the adaptation tests (~3 s)
     # the only users of the arguments the reconciler hands its Adapter.
-    "adaptis/operator/reconcile.py": (
+    "adaptis/operator/control/reconcile.py": (
         "tests/operator/test_operator_reconcile.py", "tests/operator/test_operator_reconcile_paths.py",
         "tests/operator/test_operator_adaptation.py", "tests/operator/test_operator_reconcile_edges.py",
         "tests/operator/test_operator_capacity.py", "tests/operator/test_operator_hf_config.py",
@@ -132,21 +132,21 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/operator/test_operator_placement.py", "tests/operator/test_operator_pod_security.py",
         "tests/operator/test_operator_profiler_pods.py", "tests/operator/test_operator_validation.py",
     ),
-    "adaptis/operator/workqueue.py": ("tests/operator/test_operator_workqueue.py",),
-    "adaptis/operator/validation.py": ("tests/operator/test_operator_validation.py",),
-    "adaptis/worker/executor.py": ("tests/worker/test_worker_executor.py",),
+    "adaptis/operator/control/workqueue.py": ("tests/operator/test_operator_workqueue.py",),
+    "adaptis/operator/resources/validation.py": ("tests/operator/test_operator_validation.py",),
+    "adaptis/worker/runtime/executor.py": ("tests/worker/test_worker_executor.py",),
     # Split from the executor: the multi-rank decisions, pure functions checked in one process.
-    "adaptis/worker/ownership.py": ("tests/worker/test_worker_ownership.py",),
+    "adaptis/worker/runtime/ownership.py": ("tests/worker/test_worker_ownership.py",),
     # The in-process tests: test_worker_checkpoint.py's others run ranks in processes of
     # their own, which mutmut's mutants never reach (and would cost a minute a mutant).
-    "adaptis/worker/checkpoint.py": (
+    "adaptis/worker/state/checkpoint.py": (
         "tests/worker/test_worker_checkpoint_files.py", "tests/worker/test_worker_named_state.py",
         "tests/worker/test_worker_checkpoint.py::test_a_checkpoint_from_before_the_block_options_still_matches",
     ),
-    "adaptis/worker/named_state.py": ("tests/worker/test_worker_named_state.py",),
+    "adaptis/worker/state/named_state.py": ("tests/worker/test_worker_named_state.py",),
     # The scraping tests' ranks are processes of their own, which mutmut's mutants never reach:
     # the in-process tests of the same contract, and the one scraping test that runs in process.
-    "adaptis/worker/metrics.py": (
+    "adaptis/worker/run/metrics.py": (
         "tests/worker/test_worker_metrics_registry.py",
         "tests/worker/test_worker_metrics.py::test_last_step_gauges_appear_with_the_first_step",
     ),
@@ -165,22 +165,23 @@ QUICK: dict[str, int | None] = {
     "adaptis/planner/search.py": 150,
     "adaptis/planner/partition.py": 160,
     "adaptis/planner/strategies.py": None,
-    "adaptis/operator/status.py": None,
-    "adaptis/operator/capacity.py": None,
-    "adaptis/operator/reconcile.py": 240,
-    "adaptis/operator/workqueue.py": 60,
-    "adaptis/operator/validation.py": None,
-    "adaptis/worker/executor.py": 60,
-    "adaptis/worker/ownership.py": None,
-    "adaptis/worker/checkpoint.py": 120,
-    "adaptis/worker/named_state.py": None,
-    "adaptis/worker/metrics.py": None,
+    "adaptis/operator/resources/status.py": None,
+    "adaptis/operator/scheduling/capacity.py": None,
+    "adaptis/operator/control/reconcile.py": 240,
+    "adaptis/operator/control/workqueue.py": 60,
+    "adaptis/operator/resources/validation.py": None,
+    "adaptis/worker/runtime/executor.py": 60,
+    "adaptis/worker/runtime/ownership.py": None,
+    "adaptis/worker/state/checkpoint.py": 120,
+    "adaptis/worker/state/named_state.py": None,
+    "adaptis/worker/run/metrics.py": None,
 }
 
 #: Modules whose tests run torch (its thread pools make a plain fork unsafe): mutmut's fork
 #: server, which starts a fresh interpreter per mutant (tens of seconds each on 2 shared cores).
 #: The metrics tests only import torch, so a plain fork is safe there and ~30x faster.
-FORKSERVER = {"adaptis/worker/executor.py", "adaptis/worker/checkpoint.py", "adaptis/worker/ownership.py"}
+FORKSERVER = {"adaptis/worker/runtime/executor.py", "adaptis/worker/state/checkpoint.py",
+              "adaptis/worker/runtime/ownership.py"}
 
 #: mutmut's exit-code names that count as caught: the tests failed, or the mutant hung or
 #: crashed its test process (mutmut's "timeout" and "segfault").

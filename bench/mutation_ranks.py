@@ -61,7 +61,7 @@ _MOE = "tests/worker/test_worker_blocks_parity.py::test_pipelined_features_equal
 #: _ZERO_RESHARD: ZeRO-1 on 2 replicas x 2 ranks saves (every rank writes its optimizer shard),
 #: resumed on one replica and back.
 CROSS_RANK: dict[str, dict[str, tuple[str, ...]]] = {
-    "adaptis/worker/executor.py": {
+    "adaptis/worker/runtime/executor.py": {
         "Executor.__init__": (_PARITY, _IDLE, _REPLICAS, _SHARDS, _BF16, _MOE),
         "Executor.step": (_PARITY, _IDLE, _REPLICAS),
         "Executor._clip": (_PARITY, _REPLICAS),
@@ -73,7 +73,7 @@ CROSS_RANK: dict[str, dict[str, tuple[str, ...]]] = {
         "Executor._tied_weight": (_PARITY,),
         "Executor._head_weight": (_PARITY,),
     },
-    "adaptis/worker/checkpoint.py": {
+    "adaptis/worker/state/checkpoint.py": {
         "agree_resume_step": (_AGREE,),
         "save_checkpoint": (_BF16,),
         "savers": (_ZERO_RESHARD,),
@@ -84,7 +84,7 @@ CROSS_RANK: dict[str, dict[str, tuple[str, ...]]] = {
 
 
 def function_of(mutant: str) -> str:
-    """``adaptis.worker.executor.xǁExecutorǁ_clip__mutmut_3`` -> ``Executor._clip``;
+    """``adaptis.worker.runtime.executor.xǁExecutorǁ_clip__mutmut_3`` -> ``Executor._clip``;
     ``...checkpoint.x__tied_alias__mutmut_1`` -> ``_tied_alias`` (mutmut's mangled names)."""
     mangled = mutant.rpartition("__mutmut_")[0].rpartition(".")[2]
     if mangled.startswith("xǁ"):

@@ -22,10 +22,12 @@ import time
 from adaptis.api.job import JobSpec, WorkerConfig
 from adaptis.api.plan import Plan
 from adaptis.api.plan_packing import pack_actions, unpack_actions
-from adaptis.operator.manifests import JobRef, render_config_map
-from adaptis.operator.plan_store import parse_record, render_record
-from adaptis.operator.planning import plan_job
-from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, NodeProfile, profile_node
+from adaptis.operator.core.records import JobRef, NodeProfile
+from adaptis.operator.core.settings import DEFAULT_TOPOLOGY_KEYS
+from adaptis.operator.profiling.nodes import profile_node
+from adaptis.operator.resources.manifests import render_config_map
+from adaptis.operator.scheduling.plan_store import parse_record, render_record
+from adaptis.operator.scheduling.planning import plan_job
 
 
 def _node(i: int) -> NodeProfile:

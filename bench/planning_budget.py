@@ -1,11 +1,11 @@
 """What planning an AdaPtisJob costs: wall time, peak memory, and whether the time limit cut it.
 
-Plans jobs of several sizes (workers x transformer blocks x microbatches, 8-GPU H100 nodes) with
-the operator's own function (:func:`adaptis.operator.planning.plan_job`, strategy adaptis), each
-in a fresh process as the operator's planner runs, and reports per size: the seconds it took,
-the peak resident set (``ru_maxrss``) and the peak address space (``VmPeak``, what the
-planner's ``RLIMIT_AS`` cap counts), and the plan's ``budget_reason``. The table of
-docs/planning-budget.md comes from:
+Plans jobs of several sizes (workers x transformer blocks x microbatches, 8-GPU H100 nodes) with the
+operator's own function (:func:`adaptis.operator.scheduling.planning.plan_job`, strategy adaptis),
+each in a fresh process as the operator's planner runs, and reports per size: the seconds it took,
+the peak resident set (``ru_maxrss``) and the peak address space (``VmPeak``, what the planner's
+``RLIMIT_AS`` cap counts), and the plan's ``budget_reason``. The table of docs/planning-budget.md
+comes from:
 
     ~/.cache/adaptis/venv/bin/python bench/planning_budget.py --time-limit 30 \\
         4x8x8 8x64x128 16x256x256 32x1024x512 64x1024x4096 64x4096x4096
@@ -38,9 +38,9 @@ def _vm_peak_mib() -> float:
 def _one(size: str, time_limit: float | None, *, hidden: int, vocab: int, seq: int) -> dict[str, Any]:
     """Plan one size in this process (run by the driver as a child)."""
     from adaptis.api.job import JobSpec
-    from adaptis.operator.errors import Unsatisfiable
-    from adaptis.operator.planning import plan_job
-    from adaptis.operator.profiling import profile_node
+    from adaptis.operator.core.errors import Unsatisfiable
+    from adaptis.operator.profiling.nodes import profile_node
+    from adaptis.operator.scheduling.planning import plan_job
 
     sys.path.insert(0, str(REPO / "tests" / "operator"))
     from conftest import gpu_node  # the unit tests' GFD-labelled 8 x H100 node

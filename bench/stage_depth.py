@@ -1,10 +1,10 @@
 """Split weight pass of deep stages: measured vs the planner, with and without the graph walks.
 
-A figure, not a test. torch's split weight pass (``stage_backward_weight``) makes one autograd
-call per parameter group, and each call walks the graph of every earlier layer of the stage,
-so a stage's W grows faster than its depth. The layer profiler counts each layer's nodes and
-groups and measures the time per node walked (:func:`adaptis.worker.profiler.measure_graph_visit`);
-the planner charges the walks to split W (:meth:`adaptis.planner.costs.Costs.stage_costs`).
+A figure, not a test. torch's split weight pass (``stage_backward_weight``) makes one autograd call
+per parameter group, and each call walks the graph of every earlier layer of the stage, so a stage's
+W grows faster than its depth. The layer profiler counts each layer's nodes and groups and measures
+the time per node walked (:func:`adaptis.worker.profiling.profiler.measure_graph_visit`); the
+planner charges the walks to split W (:meth:`adaptis.planner.costs.Costs.stage_costs`).
 
 For stacks of 1..16 of a family's blocks (its own order, repeated), one process, one thread:
 the stack's W measured through the same adapter the executor uses, against the planner's W
@@ -29,9 +29,9 @@ from accuracy import FAMILIES  # noqa: E402  (the accuracy benchmark's model fam
 
 from adaptis.api.job import JobSpec  # noqa: E402
 from adaptis.planner.costs import Costs  # noqa: E402
-from adaptis.worker.hardware import configure_host  # noqa: E402
-from adaptis.worker.models import build_layer, model_layers  # noqa: E402
-from adaptis.worker.profiler import (  # noqa: E402
+from adaptis.worker.models.zoo import build_layer, model_layers  # noqa: E402
+from adaptis.worker.profiling.hardware import configure_host  # noqa: E402
+from adaptis.worker.profiling.profiler import (  # noqa: E402
     ProfileSettings,
     measure_graph_visit,
     problem_from_profiles,

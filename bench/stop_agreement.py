@@ -1,4 +1,4 @@
-"""Cost of the graceful-stop agreement (adaptis.worker.preemption): one all-reduce of one
+"""Cost of the graceful-stop agreement (adaptis.worker.run.preemption): one all-reduce of one
 integer per step, on real gloo ranks. A benchmark, not a test: prints figures with the load.
 
     PYTHONPATH=$PWD python bench/stop_agreement.py [--calls 1000] [--repeat 2]
@@ -25,7 +25,7 @@ def _ranks(rank: int, world: int, port: int, calls: int, out: str) -> None:
     import torch.distributed as dist
     from worker_harness import init_gloo
 
-    from adaptis.worker.preemption import StopRequest
+    from adaptis.worker.run.preemption import StopRequest
 
     init_gloo(rank, world, port)
     stop = StopRequest(device=torch.device("cpu"))

@@ -3,17 +3,17 @@
 Sits in the api layer beside :mod:`adaptis.api.job`, whose ``ModelSpec.huggingface`` holds a
 :class:`HuggingFaceSpec`. Pure Python (no torch, no transformers): the operator, the planner and
 the rules read a model's layout from its ``config.json`` alone, with :func:`hf_layout`. The
-worker builds the real modules from the same config (:mod:`adaptis.worker.hf_stages`).
+worker builds the real modules from the same config (:mod:`adaptis.worker.models.hf.stages`).
 
-The pipeline's layer list of such a model is the zoo's: ``embedding``, each decoder layer in
-order (named ``<kind>_<i>`` with kind ``attention``, ``moe`` or ``mamba``), then ``head`` (final
-norm, LM head and the loss): ``num_hidden_layers + 2`` layers. Only the standard decoder-only
-layout is supported (``model.embed_tokens``, ``model.layers``, a final norm, ``lm_head``), for
-the ``model_type`` values of :data:`SUPPORTED_MODEL_TYPES`; anything else is refused with an
-error naming ``model_type``. Nothing is ever downloaded: the config is inline, a local file, or
-a ConfigMap in the job's namespace (``configMap``), which the operator reads to plan
-(:mod:`adaptis.operator.hf_config`, through :func:`with_resolved_config`) and the worker pods
-mount at :data:`CONFIG_MAP_MOUNT`, where :func:`resolve_config` reads it.
+The pipeline's layer list of such a model is the zoo's: ``embedding``, each decoder layer in order
+(named ``<kind>_<i>`` with kind ``attention``, ``moe`` or ``mamba``), then ``head`` (final norm, LM
+head and the loss): ``num_hidden_layers + 2`` layers. Only the standard decoder-only layout is
+supported (``model.embed_tokens``, ``model.layers``, a final norm, ``lm_head``), for the
+``model_type`` values of :data:`SUPPORTED_MODEL_TYPES`; anything else is refused with an error
+naming ``model_type``. Nothing is ever downloaded: the config is inline, a local file, or a
+ConfigMap in the job's namespace (``configMap``), which the operator reads to plan
+(:mod:`adaptis.operator.resources.hf_config`, through :func:`with_resolved_config`) and the worker
+pods mount at :data:`CONFIG_MAP_MOUNT`, where :func:`resolve_config` reads it.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ emptyDir (a misspelt ``persistentVolumeClaim`` would send the checkpoints to scr
 :class:`EnvVarSource` exactly one of :data:`ENV_VALUE_SOURCES`, and the CRD says the same (no
 other key in its schema, a CEL rule for the one). What a source holds is free-form here and the
 API server's to check: the operator creates its pods with ``fieldValidation=Strict``
-(:mod:`adaptis.operator.kube`), so an unknown key inside one fails the job naming it too.
+(:mod:`adaptis.operator.kube.client`), so an unknown key inside one fails the job naming it too.
 """
 
 from __future__ import annotations

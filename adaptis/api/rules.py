@@ -1,14 +1,14 @@
 """The job-level rules of an AdaPtisJob: one place for the cluster and the local run.
 
-Sits in the api layer, on top of :mod:`adaptis.api.job`. The pydantic models reject what one
-object can judge alone (bounds, ``topK <= experts``, ``heads`` divides ``hidden``); the rules
-here need the whole spec and the job's name: the names of the children must be DNS labels, a
-pipeline cannot have more ranks than layers, the two-chunk schedules need two layers per rank,
-a periodic checkpoint must fall within the run. Every entry point applies them before anything
-starts: the operator's :func:`adaptis.operator.validation.validate_job` (which adds only its own
-checks: reserved env, volumes, ports, GPU request) and ``adaptis run``. Where CEL can say the
-same, :class:`~adaptis.api.job.JobSpec` carries it as an ``x-kubernetes-validations`` rule so
-the API server refuses the manifest too; :data:`JOB_CEL_RULES` holds the one CEL rule that needs
+Sits in the api layer, on top of :mod:`adaptis.api.job`. The pydantic models reject what one object
+can judge alone (bounds, ``topK <= experts``, ``heads`` divides ``hidden``); the rules here need the
+whole spec and the job's name: the names of the children must be DNS labels, a pipeline cannot have
+more ranks than layers, the two-chunk schedules need two layers per rank, a periodic checkpoint must
+fall within the run. Every entry point applies them before anything starts: the operator's
+:func:`adaptis.operator.resources.validation.validate_job` (which adds only its own checks: reserved
+env, volumes, ports, GPU request) and ``adaptis run``. Where CEL can say the same,
+:class:`~adaptis.api.job.JobSpec` carries it as an ``x-kubernetes-validations`` rule so the API
+server refuses the manifest too; :data:`JOB_CEL_RULES` holds the one CEL rule that needs
 ``metadata.name`` and therefore sits at the CRD's root.
 
 The child names live here (not in the operator) because the length rule must know them; the

@@ -208,7 +208,7 @@ def train(*, config: WorkerConfig, problem: Problem, plan: Plan, spec: Adaptatio
           ranks: int, replicas: int, time_limit_s: float | None, launcher: Callable[[WorkerConfig], Any],
           on_step: Callable[[dict[str, Any]], None], say: Say) -> Trained:
     """Run the ranks to the last step, relaunching them under a new plan whenever the loop
-    re-plans. ``launcher(config)`` makes a :class:`~adaptis.worker.launcher.LocalLauncher`;
+    re-plans. ``launcher(config)`` makes a :class:`~adaptis.worker.run.launcher.LocalLauncher`;
     ``on_step`` shows rank 0's step events. Raises what the launcher raises, except the stop
     this loop asked for."""
     from adaptis.worker.errors import PreemptedError
@@ -247,7 +247,7 @@ def train(*, config: WorkerConfig, problem: Problem, plan: Plan, spec: Adaptatio
                 steps.append(event)
                 on_step(event)
             if adapter.observe(event, segment=seg, restart_seconds=_restart_seconds(segments)):
-                # Graceful (adaptis.worker.preemption): the ranks agree on a step boundary,
+                # Graceful (adaptis.worker.run.preemption): the ranks agree on a step boundary,
                 # checkpoint it and exit; the relaunch resumes there under the new plan.
                 seg.stop_requested_at = time.perf_counter()
                 ranks_run.request_stop()
@@ -290,7 +290,7 @@ def _restart_seconds(segments: list[Segment]) -> float:
 def check_slowdown(text: str | None, *, ranks: int) -> None:
     """--slowdown, checked before anything starts (each rank would reject it on its own)."""
     from adaptis.cli import CLIError
-    from adaptis.worker.slowdown import parse_slowdown
+    from adaptis.worker.runtime.slowdown import parse_slowdown
 
     if text is None:
         return

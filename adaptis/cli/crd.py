@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _run(args: argparse.Namespace) -> int:
-    from adaptis.operator.crd import crd_yaml
+    from adaptis.api.crd import crd_yaml
 
     text = crd_yaml()
     if args.check is not None:

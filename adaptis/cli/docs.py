@@ -3,7 +3,7 @@
 Two kinds: whole files (docs/problem.md, docs/job.md, rendered from the api models by
 :mod:`adaptis.api.reference`) and generated sections inside hand-written docs (the worker's
 metric series in docs/metrics.md, rendered from the registry by
-:func:`adaptis.worker.metrics.series_table`), each between a pair of marker comments, with the
+:func:`adaptis.worker.run.metrics.series_table`), each between a pair of marker comments, with the
 prose around it left as written. ``adaptis docs`` regenerates the checked-in copies; ``--check``
 exits 1 naming every file that differs from what the code generates (the tests run it, as for
 ``adaptis crd``). A directory without a hand-written doc gets no section (only the whole files
@@ -24,14 +24,14 @@ _END = "<!-- END generated -->\n"
 
 
 def _worker_series() -> str:
-    from adaptis.worker.metrics import WorkerMetrics, series_table
+    from adaptis.worker.run.metrics import WorkerMetrics, series_table
 
     return series_table(WorkerMetrics(job="", rank=0).registry)
 
 
 #: Hand-written doc -> (the source named in its marker, the section's renderer).
 SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
-    "metrics.md": ("adaptis/worker/metrics.py", _worker_series),
+    "metrics.md": ("adaptis/worker/run/metrics.py", _worker_series),
 }
 
 

@@ -27,11 +27,11 @@ __all__ = ["dry_run"]
 
 
 def _problem(args: argparse.Namespace, job: AdaPtisJob, *, devices: int) -> Problem:
-    from adaptis.cli.run import _problem as run_problem
+    from adaptis.cli.run_problem import local_problem
 
     if args.problem or args.profile == "measure":
-        return run_problem(args, job, workers=devices)
-    from adaptis.worker.problem import estimate_problem
+        return local_problem(args, job, workers=devices)
+    from adaptis.worker.profiling.job_problem import estimate_problem
 
     return estimate_problem(job.spec, devices=devices)
 

@@ -3,7 +3,7 @@
 
 Reads the ranks' checkpoint files of one step (``--checkpoint``: the checkpoints directory,
 default the one ``adaptis run`` writes, ``.adaptis/<job>/checkpoints``; ``--step``: default the
-newest step every rank wrote) and merges them with :func:`adaptis.worker.hf_weights.
+newest step every rank wrote) and merges them with :func:`adaptis.worker.models.hf.weights.
 export_checkpoint`. Only for ``spec.model.huggingface`` jobs.
 """
 
@@ -47,7 +47,7 @@ def _step_dir(root: Path, step: int | None) -> Path:
 def run(args: argparse.Namespace) -> int:
     from adaptis.cli import CLIError
     from adaptis.worker.errors import WorkerError
-    from adaptis.worker.hf_weights import export_checkpoint
+    from adaptis.worker.state.hf_export import export_checkpoint
 
     job = load_job(args.job)
     if job.spec.model.huggingface is None:

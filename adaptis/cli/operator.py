@@ -99,14 +99,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def _run(args: argparse.Namespace) -> int:
     from adaptis.api.problem import Link
-    from adaptis.operator.app import OperatorOptions, run_operator
-    from adaptis.operator.errors import OperatorError
-    from adaptis.operator.manifests import ManifestSettings
-    from adaptis.operator.measurements import AdaptationSettings
-    from adaptis.operator.plan_runner import PlannerLimits
-    from adaptis.operator.planning import DEFAULT_INTER_NODE
-    from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS
-    from adaptis.operator.reconcile import ReconcileSettings
+    from adaptis.operator.control.app import OperatorOptions, run_operator
+    from adaptis.operator.control.reconcile import ReconcileSettings
+    from adaptis.operator.core.errors import OperatorError
+    from adaptis.operator.core.settings import (
+        DEFAULT_INTER_NODE,
+        DEFAULT_TOPOLOGY_KEYS,
+        AdaptationSettings,
+        ManifestSettings,
+    )
+    from adaptis.operator.scheduling.plan_runner import PlannerLimits
 
     if args.worker_run_as_user < 1 or args.worker_run_as_group < 0:
         print("adaptis operator: --worker-run-as-user must be a non-root UID (>= 1) and "

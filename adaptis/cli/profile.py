@@ -2,13 +2,13 @@
 
 Two modes, one verb:
 
-- ``adaptis profile JOB.yaml -o problem.yaml [--devices N] [--repeats R] [--rounds K] [--hardware-file hw.json]``
-  times each distinct layer of the job's model on this machine (:mod:`adaptis.worker.profiler`:
-  F, torch's split B and W, the per-action overhead) and writes the planning problem
-  ``adaptis plan`` reads (stdout without ``-o``).
+- ``adaptis profile JOB.yaml -o problem.yaml [--devices N] [--repeats R] [--rounds K]
+  [--hardware-file hw.json]`` times each distinct layer of the job's model on this machine
+  (:mod:`adaptis.worker.profiling.profiler`: F, torch's split B and W, the per-action overhead) and
+  writes the planning problem ``adaptis plan`` reads (stdout without ``-o``).
 - ``adaptis profile --hardware [-o hw.json]`` measures this device and, when started with the
-  torch.distributed environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; 2 or more ranks),
-  the links between ranks (:mod:`adaptis.worker.hardware`). It prints one small JSON document
+  torch.distributed environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; 2 or more ranks), the
+  links between ranks (:mod:`adaptis.worker.profiling.hardware`). It prints one small JSON document
   (what a pod's termination message carries: ``-o /dev/termination-log``) and exits 0.
 """
 
@@ -102,7 +102,7 @@ def _write(text: str, output: Path | None) -> None:
 def _hardware(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
-    from adaptis.worker.hardware import configure_host, measure_hardware
+    from adaptis.worker.profiling.hardware import configure_host, measure_hardware
 
     configure_host(threads=args.threads)
     device = _device(args.device)
@@ -135,8 +135,9 @@ def _layers(args: argparse.Namespace) -> int:
 
     from adaptis.cli import CLIError
     from adaptis.worker.errors import WorkerError
-    from adaptis.worker.hardware import configure_host, load_hardware
-    from adaptis.worker.profiler import ProfileSettings, profile_job
+    from adaptis.worker.profiling.hardware import configure_host, load_hardware
+    from adaptis.worker.profiling.job_problem import profile_job
+    from adaptis.worker.profiling.profiler import ProfileSettings
 
     if not args.job:
         raise CLIError("give a job manifest (JOB.yaml), or --hardware")

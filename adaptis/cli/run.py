@@ -28,10 +28,10 @@ from adaptis.api.problem import (
     IdenticalDevices,
     Link,
     Problem,
-    load_problem,
 )
 from adaptis.api.rules import check_job
 from adaptis.cli.adapt import Trained, check_slowdown, train
+from adaptis.cli.run_problem import local_problem
 from adaptis.cli.run_summary import fmt, pct, print_summary, summary
 
 
@@ -66,39 +66,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         "docs/profiling.md)")
     p.add_argument("--slowdown", metavar="RANK:FACTOR@STEP[,...]",
                    help="testing knob: rank RANK computes FACTOR times slower from step STEP on "
-                        "(ADAPTIS_SLOWDOWN; adaptis.worker.slowdown)")
+                        "(ADAPTIS_SLOWDOWN; adaptis.worker.runtime.slowdown)")
     p.add_argument("--dry-run", action="store_true",
                    help="plan the job's pipeline ranks (estimate unless --problem or --profile "
                         "measure) and print the plan; start nothing (adaptis.cli.dry_run)")
     p.add_argument("--timeline", metavar="OUT.png|OUT.svg", type=Path,
                    help="with --dry-run: draw the plan's timeline")
     p.set_defaults(func=run)
-
-
-def _problem(args: argparse.Namespace, job: AdaPtisJob, *, workers: int, precision: str) -> Problem:
-    from adaptis.worker.problem import estimate_problem, measure_problem
-
-    from adaptis.cli import CLIError
-    from adaptis.api.rules import layer_count
-
-    if args.problem:
-        problem = load_problem(args.problem)
-        want, got = layer_count(job.spec.model), len(problem.expanded_layers())
-        if want != got:
-            raise CLIError(f"{args.problem} profiles {got} layers; the job's model has {want} "
-                           f"(embedding, {want - 2} blocks, head)")
-        if problem.device_count != workers:
-            raise CLIError(f"{args.problem} describes {problem.device_count} devices; a pipeline "
-                           f"replica of the run has {workers} ranks (set --workers, "
-                           "spec.parallelism.workers or dataParallel)")
-        doc = problem.model_dump(mode="json", exclude_none=True)
-        return Problem.model_validate({**doc, "microbatches": job.spec.training.microbatches})
-    if (args.profile or job.spec.planner.profile) == "estimate":
-        return estimate_problem(job.spec, devices=workers, precision=precision)
-    from adaptis.worker.hardware import configure_host
-
-    configure_host(threads=args.threads)  # profile as the ranks will run
-    return measure_problem(job.spec, devices=workers, precision=precision)
 
 
 #: Gloo between local processes over loopback, as bench/accuracy.py measured it on a 2-core
@@ -224,7 +198,7 @@ def _prepare_data(spec: JobSpec) -> None:
     if spec.training.data.source != "text":
         return
     from adaptis.cli import CLIError
-    from adaptis.worker.data import prepare_text
+    from adaptis.worker.data.sources import prepare_text
     from adaptis.worker.errors import DataError
 
     try:
@@ -253,10 +227,10 @@ def _plan_here(args: argparse.Namespace, job: AdaPtisJob, *, spec: JobSpec) -> t
     device = _device(par.gpus_per_worker, workers=par.ranks)
     # The precision the ranks will run: profiled in, and recorded in the plan (they check it).
     precision = resolve_precision(spec.training.precision, cuda=device == "cuda")
-    problem = _local_replicas(_problem(args, job, workers=par.pipeline_ranks, precision=precision),
+    problem = _local_replicas(local_problem(args, job, workers=par.pipeline_ranks, precision=precision),
                               replicas=par.data_parallel)
     if device == "cpu":
-        from adaptis.worker.contention import usable_cores
+        from adaptis.worker.profiling.contention import usable_cores
 
         # The cores this process may use (affinity, a pod's CPU limit), which the ranks inherit.
         problem = _shared_cores(problem, threads=par.ranks * args.threads, cores=usable_cores())
@@ -277,10 +251,10 @@ def _train(args: argparse.Namespace, name: str, *, spec: JobSpec, device: str, p
     re-plan); an exit code when the run stopped early (preempted, interrupted)."""
     from adaptis.cli import CLIError
     from adaptis.worker.errors import PreemptedError, RankFailedError
-    from adaptis.worker.launcher import LocalLauncher
-    from adaptis.worker.preemption import EXIT_PREEMPTED
-    from adaptis.worker.slowdown import ENV
-    from adaptis.worker.trace import ENV as TRACE_ENV
+    from adaptis.worker.run.launcher import LocalLauncher
+    from adaptis.worker.run.preemption import EXIT_PREEMPTED
+    from adaptis.worker.runtime.slowdown import ENV
+    from adaptis.worker.runtime.trace import ENV as TRACE_ENV
 
     par, training = spec.parallelism, spec.training
     port = spec.metrics.port if args.metrics_port is None else args.metrics_port
@@ -341,7 +315,7 @@ def _checkpoints(args: argparse.Namespace, ckpt_dir: Path, *, model: ModelSpec) 
     refuses rather than deletes those that do not, and only ``--fresh`` deletes (and says so).
     """
     from adaptis.cli import CLIError
-    from adaptis.worker.checkpoint import clear_checkpoints, scan_checkpoints
+    from adaptis.worker.state.checkpoint import clear_checkpoints, scan_checkpoints
 
     if args.fresh:
         gone = clear_checkpoints(ckpt_dir)

@@ -1,7 +1,7 @@
 """``adaptis run --trace DIR``: the last step's measured timeline next to the predicted one.
 
 Sits beside :mod:`adaptis.cli.run`, after the ranks have written their traces
-(:mod:`adaptis.worker.trace`). Each rank's timed calls are lined up with its actions in the
+(:mod:`adaptis.worker.runtime.trace`). Each rank's timed calls are lined up with its actions in the
 plan (the runtime runs them in the plan's order; the head's loss is timed as one more call
 after each forward of the last stage, and counts as that forward), and set beside the
 simulator's timeline of the same plan. What it tells a performance engineer, per rank:
@@ -26,7 +26,7 @@ from adaptis.api.plan import Plan
 from adaptis.api.problem import TIME_UNIT_SECONDS, Problem
 from adaptis.planner.costs import Costs
 from adaptis.planner.simulator import simulate
-from adaptis.worker.trace import rank_trace_path
+from adaptis.worker.runtime.trace import rank_trace_path
 
 __all__ = ["TraceMismatch", "print_trace", "trace_report"]
 

@@ -52,9 +52,9 @@ def _terminate(signum: int, _frame: FrameType | None) -> None:
 def run(args: argparse.Namespace) -> int:
     config = _load(args.config)
     from adaptis.worker.errors import WorkerError
-    from adaptis.worker.hardware import configure_host
-    from adaptis.worker.preemption import EXIT_PREEMPTED
-    from adaptis.worker.runner import RankEnv, print_events, run_worker
+    from adaptis.worker.profiling.hardware import configure_host
+    from adaptis.worker.run.preemption import EXIT_PREEMPTED
+    from adaptis.worker.run.runner import RankEnv, print_events, run_worker
 
     configure_host(threads=args.threads)
     signal.signal(signal.SIGTERM, _terminate)

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING
 
 from adaptis.planner.costs import Costs
+from adaptis.planner.evaluator import Candidate, Evaluator
 from adaptis.planner.structures import evenness_of, loads, max_load
-
-if TYPE_CHECKING:
-    from adaptis.planner.search import _Candidate, _Evaluator
 
 __all__ = ["refine", "w_tail"]
 
@@ -26,7 +23,7 @@ _OTHER_MOVES = 3
 _REFINE_SCREENED = 6
 
 
-def w_tail(costs: Costs, *, best: _Candidate, ev: _Evaluator) -> _Candidate:
+def w_tail(costs: Costs, *, best: Candidate, ev: Evaluator) -> Candidate:
     """Stage 0's backward is all W, and W runs last: device 0 can end the iteration with a run
     of deferred W's. Fuse stage 0's backward (BW at once) for its last ``p`` microbatches, then
     for all of them; each kept only if the simulation improves (extra to the budget: two
@@ -42,7 +39,7 @@ def w_tail(costs: Costs, *, best: _Candidate, ev: _Evaluator) -> _Candidate:
     return best
 
 
-def refine(costs: Costs, *, best: _Candidate, ev: _Evaluator) -> _Candidate:
+def refine(costs: Costs, *, best: Candidate, ev: Evaluator) -> Candidate:
     """Partition moves from ``best`` (same placement and policy), each kept only if the
     simulated time improves, until no move helps or ``ev``'s budget is spent (on a screened
     problem: after :data:`_REFINE_SCREENED` of them, each a full schedule)."""

@@ -1,10 +1,10 @@
 """Layer costs estimated from the model's sizes: the planning problem's ``layers`` without torch.
 
 Sits in the planner (pure Python) for its two users, which have nothing measured to go on: the
-operator (:mod:`adaptis.operator.planning`; its image carries no torch) and ``adaptis run
---profile estimate`` (:func:`adaptis.worker.problem.estimate_problem`). It counts FLOPs and
-bytes from :class:`~adaptis.api.job.ModelSpec` and :class:`~adaptis.api.job.TrainingSpec` (the
-same arithmetic the paper's cost ratios follow). Times are milliseconds on a device that
+operator (:mod:`adaptis.operator.scheduling.planning`; its image carries no torch) and ``adaptis run
+--profile estimate`` (:func:`adaptis.worker.profiling.job_problem.estimate_problem`). It counts
+FLOPs and bytes from :class:`~adaptis.api.job.ModelSpec` and :class:`~adaptis.api.job.TrainingSpec`
+(the same arithmetic the paper's cost ratios follow). Times are milliseconds on a device that
 sustains ``flops_per_s``; by default the device of speed 1, which by convention sustains
 :data:`REFERENCE_TFLOPS`, and :func:`device_speed` turns a GPU's peak into that scale.
 
@@ -45,7 +45,7 @@ REFERENCE_TFLOPS = 100.0
 #: Fraction of peak that dense training sustains (model FLOPs utilisation).
 MFU = 0.4
 #: Tokens per chunk of the Mamba block's scan and its state size: the worker's layer
-#: (:mod:`adaptis.worker.ssm`) uses these very numbers, so the estimate counts what runs.
+#: (:mod:`adaptis.worker.models.ssm`) uses these very numbers, so the estimate counts what runs.
 MAMBA_CHUNK = 64
 MAMBA_STATE = 16
 #: Sustained FLOPs per byte of memory traffic of a training device (sets the default bandwidth).
@@ -97,7 +97,7 @@ def _mlp(*, tokens: float, hidden: int, inner: int, form: str, batch: int, seq: 
 
 
 def _mamba(*, tokens: float, seq: int, model: ModelSpec, batch: int, elem: float) -> _Flops:
-    """The chunked selective scan (:mod:`adaptis.worker.ssm`): projections of an expand-2 SSM
+    """The chunked selective scan (:mod:`adaptis.worker.models.ssm`): projections of an expand-2 SSM
     plus, per token, the within-chunk quadratic part (``chunk`` wide) and the carried state's
     read and update (``state x inner``): linear in the sequence, as are its saved activations."""
     h, heads = model.hidden, model.heads

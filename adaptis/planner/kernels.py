@@ -7,7 +7,7 @@ ms, while the 32K-vocabulary head, a few large matmuls, ran at its FLOP rate; co
 alone made ``adaptis run --profile estimate`` put every block beside a lone head and predict a
 41 % bubble where the run measured 21 % (issue 16).
 
-The counts are torch's dispatched operators of :mod:`adaptis.worker.layers` (forward, and the
+The counts are torch's dispatched operators of :mod:`adaptis.worker.models.layers` (forward, and the
 whole backward pass), counted once and written here as functions of the block's options;
 ``tests/worker/test_worker_kernels.py`` counts them again on the real layers and fails when they
 drift by more than a quarter. The backward pass is split between the input-gradient pass (B: two

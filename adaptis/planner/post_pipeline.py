@@ -25,16 +25,26 @@ problem carries neither whether weights are tied nor the world's latency tree.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from adaptis.api.plan import Plan
 from adaptis.planner.costs import Costs
 
-if TYPE_CHECKING:  # the simulator imports this module; its TimedAction only types here
-    from adaptis.planner.simulator import TimedAction
-
 __all__ = ["PostPipeline", "Reduction", "post_pipeline"]
+
+
+class _Timed(Protocol):
+    """What this module reads of one action of the replayed timeline (the simulator's
+    ``TimedAction``, which imports this module: named by its shape, not imported back)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def stage(self) -> int: ...
+    @property
+    def end(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +67,7 @@ class PostPipeline:
     post_pipeline_time: float
 
 
-def post_pipeline(*, costs: Costs, plan: Plan, timeline: list[list[TimedAction]]) -> PostPipeline:
+def post_pipeline(*, costs: Costs, plan: Plan, timeline: Sequence[Sequence[_Timed]]) -> PostPipeline:
     """The reductions and optimizer step after ``timeline`` (the simulator's, per device)."""
     stages = [tuple(st) for st in plan.stages]
     grad = costs.stage_sums(costs.grad_bytes, stages)

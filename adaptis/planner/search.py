@@ -40,15 +40,14 @@ from dataclasses import dataclass, replace
 from adaptis.planner.climb import refine, w_tail
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import OutOfTime
+from adaptis.planner.evaluator import Candidate, Evaluator
 from adaptis.planner.partition import balanced_partition
-from adaptis.planner.scheduler import Policy, Schedule, inflight_caps, list_schedule
-from adaptis.planner.screening import Screen
+from adaptis.planner.scheduler import Policy, Schedule, inflight_caps
 from adaptis.planner.structures import (
     balanced_cuts,
     loads,
     pack,
     patterns,
-    prefix_work,
 )
 
 __all__ = ["SearchResult", "joint_search"]
@@ -60,8 +59,6 @@ log = logging.getLogger(__name__)
 POLICIES = (Policy(), Policy(fill_with_w=False), Policy(split_backward=False))
 # Phase 2 tries the other policies on this many of the best structures.
 _TUNED_STRUCTURES = 4
-# Screened problems: the best estimates scheduled in full (the refinement's: adaptis.planner.climb).
-_CONFIRMED = 3
 # Budget left after the refinement: climb from other patterns' candidates this close to the best.
 _CLIMB_OTHERS = 0.02
 # ... on problems up to this many devices x microbatches: at 16 x 128 the climbs cost ~1 s CPU
@@ -80,22 +77,6 @@ class SearchResult:
     cut_short: bool = False  # the deadline stopped the search before its budget ran out
 
 
-@dataclass(slots=True)
-class _Candidate:
-    pattern: str
-    owner: list[int]
-    stages: list[tuple[int, int]]
-    schedule: Schedule | None  # None: screened only (``estimate``), never returned as it is
-    policy: Policy
-    estimate: float = math.inf
-
-    @property
-    def time(self) -> float:
-        if self.schedule is None:
-            return self.estimate
-        return self.schedule.iteration_time if self.schedule.feasible else math.inf
-
-
 def _throttled(costs: Costs, *, owner: list[int], stages: list[tuple[int, int]]) -> bool:
     """Whether the global admission rule keeps fewer microbatches in flight than the
     structure has stages (some device's memory holds fewer): then the pipeline never fills."""
@@ -110,8 +91,8 @@ def _busiest(costs: Costs, *, owner: list[int], stages: list[tuple[int, int]],
     return max(loads(costs, owner, cuts, pre)) * costs.microbatches
 
 
-def _scheduled(costs: Costs, *, ev: _Evaluator, name: str, owner: list[int],
-               stages: list[tuple[int, int]], extra: bool = False, beat: float = math.inf) -> _Candidate:
+def _scheduled(costs: Costs, *, ev: Evaluator, name: str, owner: list[int],
+               stages: list[tuple[int, int]], extra: bool = False, beat: float = math.inf) -> Candidate:
     """One structure under the default policy, with per-device admission where the global
     rule throttles it (phase 2 tries the other mode on the best structures). ``extra``: not
     taken from the budget; ``beat``: the time to beat (a screened estimate may stop early)."""
@@ -119,80 +100,6 @@ def _scheduled(costs: Costs, *, ev: _Evaluator, name: str, owner: list[int],
         ev.budget += 1
     per_device = _throttled(costs, owner=owner, stages=stages)
     return ev.score(name, owner, stages, replace(POLICIES[0], admit_per_device=per_device), beat=beat)
-
-
-class _Evaluator:
-    """Schedules the search's candidates and keeps its accounts: evaluations against the
-    budget, the deadline, progress reports and the champion (the best candidate scheduled so
-    far, whichever phase made it: what a deadline returns). Every phase gets it explicitly."""
-
-    __slots__ = ("costs", "budget", "deadline", "clock", "on_progress", "evals", "champion", "screen",
-                 "pre")
-
-    def __init__(self, costs: Costs, *, budget: int, deadline: float | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 on_progress: Callable[[int, int, float], None] | None = None) -> None:
-        self.costs = costs
-        self.budget = budget  # phase 1 raises it for its extra candidates (progress shows it)
-        self.deadline = deadline
-        self.clock = clock
-        self.on_progress = on_progress
-        self.evals = 0
-        self.champion: _Candidate | None = None
-        self.screen = Screen.of(costs)  # None: every candidate is scheduled in full
-        self.pre = prefix_work(costs)
-
-    @property
-    def spent(self) -> bool:
-        return self.evals >= self.budget
-
-    def run(self, pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy) -> _Candidate:
-        """List-schedule one candidate; :class:`OutOfTime` once the deadline has passed."""
-        if self.deadline is not None and self.clock() >= self.deadline:
-            raise OutOfTime("the time limit ran out between candidates")
-        self.evals += 1
-        sched = list_schedule(self.costs, stages=stages, owner=owner, policy=policy, deadline=self.deadline)
-        cand = _Candidate(pattern, owner, stages, sched, policy)
-        if self.champion is None or cand.time < self.champion.time:
-            self.champion = cand
-        if self.on_progress:
-            self.on_progress(self.evals, self.budget, self.champion.time)
-        return cand
-
-    def score(self, pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy,
-              *, beat: float = math.inf) -> _Candidate:
-        """:meth:`run`, or on a screened problem an estimate (a candidate without a schedule:
-        :meth:`confirm` schedules it in full before it can be returned)."""
-        if self.screen is None:
-            return self.run(pattern, owner, stages, policy)
-        if self.deadline is not None and self.clock() >= self.deadline:
-            raise OutOfTime("the time limit ran out between candidates")
-        self.evals += 1
-        cuts = [lo for lo, _ in stages] + [stages[-1][1]]
-        est = self.screen.estimate(stages=stages, owner=owner, policy=policy, deadline=self.deadline,
-                                   busiest=max(loads(self.costs, owner, cuts, self.pre)), beat=beat)
-        if self.on_progress:
-            self.on_progress(self.evals, self.budget, math.inf if self.champion is None else self.champion.time)
-        return _Candidate(pattern, owner, stages, None, policy, est)
-
-    def confirm(self, cands: list[_Candidate]) -> _Candidate | None:
-        """The best of the :data:`_CONFIRMED` best estimates, each scheduled in full (extra to
-        the budget); candidates with a schedule already are taken as they are."""
-        seen: set[tuple[tuple[int, ...], tuple[tuple[int, int], ...], Policy]] = set()
-        best: _Candidate | None = None
-        for cand in sorted(cands, key=lambda c: c.time):
-            key = (tuple(cand.owner), tuple(cand.stages), cand.policy)
-            if len(seen) >= _CONFIRMED or cand.time == math.inf:
-                break
-            if key in seen:
-                continue
-            seen.add(key)
-            if cand.schedule is None:
-                self.budget += 1
-                cand = self.run(cand.pattern, cand.owner, cand.stages, cand.policy)
-            if best is None or cand.time < best.time:
-                best = cand
-        return best
 
 
 def joint_search(
@@ -212,7 +119,7 @@ def joint_search(
     candidates (inside a list schedule it is :func:`time.monotonic`).
     """
     tried = patterns(costs)
-    ev = _Evaluator(costs, budget=max_evaluations or (len(tried) + 27), deadline=deadline,
+    ev = Evaluator(costs, budget=max_evaluations or (len(tried) + 27), deadline=deadline,
                     clock=clock, on_progress=on_progress)
     try:
         best = _phases(costs, ev=ev, structures=tried)
@@ -231,8 +138,8 @@ def joint_search(
     return SearchResult(best.stages, best.owner, best.schedule, best.policy, ev.evals, best.pattern)
 
 
-def _phases(costs: Costs, *, ev: _Evaluator,
-            structures: list[tuple[str, list[int]]]) -> _Candidate | None:
+def _phases(costs: Costs, *, ev: Evaluator,
+            structures: list[tuple[str, list[int]]]) -> Candidate | None:
     """Structures, policies, then partition moves: the best candidate, None if none fits."""
     # Stable: the first of equally fast candidates leads, as it led while they were tried.
     ranked = sorted(_structures(costs, ev=ev, structures=structures), key=_time)
@@ -249,16 +156,16 @@ def _phases(costs: Costs, *, ev: _Evaluator,
     return w_tail(costs, best=best, ev=ev)
 
 
-def _time(c: _Candidate) -> float:
+def _time(c: Candidate) -> float:
     return c.time
 
 
-def _structures(costs: Costs, *, ev: _Evaluator, structures: list[tuple[str, list[int]]]
-                ) -> list[_Candidate]:
+def _structures(costs: Costs, *, ev: Evaluator, structures: list[tuple[str, list[int]]]
+                ) -> list[Candidate]:
     """Phase 1: every structure (placement pattern x stage count) with balanced partitions,
     then the packed structures; the candidates in the order tried."""
-    best: _Candidate | None = None
-    ranked: list[_Candidate] = []
+    best: Candidate | None = None
+    ranked: list[Candidate] = []
     pre = ev.pre
     stalled: set[str] = set()  # pattern families whose last two stage counts did not help
     fam_best: dict[str, float] = {}
@@ -320,12 +227,12 @@ def _structures(costs: Costs, *, ev: _Evaluator, structures: list[tuple[str, lis
     return ranked
 
 
-def _policies(*, ev: _Evaluator, ranked: list[_Candidate], best: _Candidate | None
-              ) -> tuple[list[_Candidate], _Candidate | None]:
+def _policies(*, ev: Evaluator, ranked: list[Candidate], best: Candidate | None
+              ) -> tuple[list[Candidate], Candidate | None]:
     """Phase 2: the other scheduling policies, and the other admission mode, on the best
     structures (``ranked``: fastest first); the trials in the order tried, and the best
     candidate so far (``best`` or a faster trial)."""
-    tuned: list[_Candidate] = []
+    tuned: list[Candidate] = []
     for cand in ranked[:_TUNED_STRUCTURES]:
         mode = cand.policy.admit_per_device
         policies = [replace(pol, admit_per_device=mode) for pol in POLICIES[1:]]
@@ -341,8 +248,8 @@ def _policies(*, ev: _Evaluator, ranked: list[_Candidate], best: _Candidate | No
     return tuned, best
 
 
-def _climb_others(costs: Costs, *, ev: _Evaluator, best: _Candidate,
-                  candidates: list[_Candidate]) -> _Candidate:
+def _climb_others(costs: Costs, *, ev: Evaluator, best: Candidate,
+                  candidates: list[Candidate]) -> Candidate:
     """Budget left (the hill-climb stopped early): climb from the best candidate of the next
     pattern too; a local optimum of one structure is not the search's. Only those within
     _CLIMB_OTHERS of the best: a climb rarely gains more (deepseek-M-8dev-2k-mixed: vshape-v2

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from adaptis.worker.corpus import corpus_files, read_documents
+from adaptis.worker.data.corpus import corpus_files, read_documents
 
 HERE = Path(__file__).resolve().parent
 VOCAB = 256

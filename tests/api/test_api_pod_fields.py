@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from adaptis.api.crd import structural_schema
 from adaptis.api.errors import SpecError
 from adaptis.api.job import JobSpec, parse_job
 from adaptis.api.pod_fields import ENV_VALUE_SOURCES, MAX_ENV, MAX_VOLUMES, VOLUME_SOURCES
-from adaptis.operator.crd import structural_schema
 
 
 def _job(worker: dict[str, Any]) -> dict[str, Any]:

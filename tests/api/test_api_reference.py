@@ -12,10 +12,10 @@ import pytest
 import yaml
 from pydantic import BaseModel, Field
 
+from adaptis.api.crd import crd_manifest
 from adaptis.api.job import JobSpec, parse_job
 from adaptis.api.problem import Problem, parse_problem
 from adaptis.api.reference import REFERENCES, job_reference, model_tables, problem_reference
-from adaptis.operator.crd import crd_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"

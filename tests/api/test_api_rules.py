@@ -19,12 +19,12 @@ from typing import Any, NamedTuple
 import pytest
 import yaml
 
+from adaptis.api.crd import crd_manifest
 from adaptis.api.errors import SpecError
 from adaptis.api.job import parse_job
 from adaptis.api.rules import check_job, job_violations, pod_name
-from adaptis.operator.crd import crd_manifest
-from adaptis.operator.errors import InvalidJob
-from adaptis.operator.validation import validate_job
+from adaptis.operator.core.errors import InvalidJob
+from adaptis.operator.resources.validation import validate_job
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tiny-heterogeneous.yaml"

@@ -48,9 +48,9 @@ RECORDED = frozenset({
     "adaptis:job_step_seconds:mean5m",
 })
 
-# The operator's own series the dashboard reads (adaptis/operator/metrics.py): the running plan's
-# predicted compute per device and the re-plans. A worker never serves them, so the worker-only
-# checks (tests/integration/test_prometheus_scrape.py) leave them out;
+# The operator's own series the dashboard reads (adaptis/operator/control/metrics.py): the running
+# plan's predicted compute per device and the re-plans. A worker never serves them, so the
+# worker-only checks (tests/integration/test_prometheus_scrape.py) leave them out;
 # tests/charts/test_charts_dashboard.py checks them against a real operator registry.
 OPERATOR = frozenset({"adaptis_operator_predicted_busy_seconds", "adaptis_operator_replans_total"})
 

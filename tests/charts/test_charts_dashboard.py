@@ -1,6 +1,6 @@
 """The Grafana dashboard: datasource as a variable, and queries of exported metrics only.
 
-The exported names come from a real worker metrics registry (adaptis.worker.metrics, rendered in
+The exported names come from a real worker metrics registry (adaptis.worker.run.metrics, rendered in
 the Prometheus text format); tests/integration/test_prometheus_scrape.py also checks the
 dashboard against a running worker's /metrics and runs every query against real data.
 """
@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 @cache
 def worker_samples() -> frozenset[str]:
     """Sample names a worker's /metrics serves (counters with _total, histogram series)."""
-    from adaptis.worker.metrics import WorkerMetrics
+    from adaptis.worker.run.metrics import WorkerMetrics
 
     registry = WorkerMetrics(job="j", rank=0).registry
     text = generate_latest(registry).decode()
@@ -30,7 +30,7 @@ def worker_samples() -> frozenset[str]:
 @cache
 def operator_samples() -> frozenset[str]:
     """Sample names the operator's /metrics serves once a job was planned and re-planned."""
-    from adaptis.operator.metrics import OperatorMetrics
+    from adaptis.operator.control.metrics import OperatorMetrics
 
     metrics = OperatorMetrics()
     metrics.predicted(("ns", "j"), busy_seconds=[0.1, 0.2])

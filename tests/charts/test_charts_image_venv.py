@@ -82,7 +82,7 @@ def test_operator_image_has_no_torch(operator_venv: Path) -> None:
     assert result.returncode != 0 and "No module named 'torch'" in result.stderr
     # kopf and the Kubernetes client are there.
     ok = subprocess.run([str(operator_venv / "bin" / "python"), "-c",
-                         "import kopf, kubernetes, adaptis.operator.app"],
+                         "import kopf, kubernetes, adaptis.operator.control.app"],
                         capture_output=True, text=True, timeout=120, check=False)
     assert ok.returncode == 0, ok.stderr
 

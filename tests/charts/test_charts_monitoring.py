@@ -33,7 +33,7 @@ def test_every_monitor_carries_the_additional_labels(full_objects: list[dict[str
 def test_pod_monitor_scrapes_the_workers_metrics_port(full_objects: list[dict[str, Any]],
                                                       helm_home: Path) -> None:
     spec = one(full_objects, "PodMonitor")["spec"]
-    # The operator labels its worker pods so (adaptis/operator/manifests.py).
+    # The operator labels its worker pods so (adaptis/operator/resources/manifests.py).
     assert spec["selector"]["matchLabels"] == {"app.kubernetes.io/managed-by": "adaptis"}
     assert spec["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
     (endpoint,) = spec["podMetricsEndpoints"]

@@ -11,9 +11,9 @@ import pytest
 from chartkit import by_kind, env_of, one, operator_container
 
 # Every (apiGroup, resource, verb) the operator may use, and nothing else: what
-# adaptis/operator/kube.py calls, what its kopf handlers watch (jobs, pods, nodes) and the
-# Events kopf posts. kopf runs standalone with scanning off (adaptis/operator/app.py), so it needs
-# neither peering objects nor CRD or namespace watches. Changing this set is a deliberate act;
+# adaptis/operator/kube/client.py calls, what its kopf handlers watch (jobs, pods, nodes) and the
+# Events kopf posts. kopf runs standalone with scanning off (adaptis/operator/control/app.py), so it
+# needs neither peering objects nor CRD or namespace watches. Changing this set is a deliberate act;
 # tests/integration/test_helm_install.py proves it is enough by running the operator with it.
 JOB_RULES = {
     ("adaptis.io", "adaptisjobs", verb) for verb in ("get", "list", "watch", "delete")

@@ -4,9 +4,9 @@ Every (API group, resource, verb) the chart grants must be one the operator uses
 it uses must be granted, with the scope it is used at: cluster-scoped resources in the
 ``-cluster`` role, namespaced ones in the ``-jobs`` role. The calls are not a table kept by hand:
 
-* the reconciler's client (adaptis/operator/kube.py): every method of the ``Cluster`` protocol is
-  called on a :class:`KubeCluster` whose transport records the HTTP method and path instead of
-  sending them; ``create`` is tried with every core kind its router accepts;
+* the reconciler's client (adaptis/operator/kube/client.py): every method of the ``Cluster``
+  protocol is called on a :class:`KubeCluster` whose transport records the HTTP method and path
+  instead of sending them; ``create`` is tried with every core kind its router accepts;
 * kopf's watches: every selector in the registry the operator runs (list and watch; handlers
   that change objects would add patch), and the Events kopf posts when posting is on;
 * what admission asks besides the call itself: a child whose owner reference blocks its owner's
@@ -30,13 +30,14 @@ import pytest
 from chartkit import by_kind
 
 from adaptis.api.job import GROUP, PLURAL
-from adaptis.operator.app import _kopf_settings
-from adaptis.operator.handlers import build_registry
-from adaptis.operator import kube
-from adaptis.operator.errors import OperatorError
-from adaptis.operator.kube import Cluster, KubeCluster
-from adaptis.operator.manifests import JobRef
-from adaptis.operator.workqueue import WorkQueue
+from adaptis.operator.control.app import _kopf_settings
+from adaptis.operator.control.handlers import build_registry
+from adaptis.operator.control.workqueue import WorkQueue
+from adaptis.operator.core.errors import OperatorError
+from adaptis.operator.core.records import JobRef
+from adaptis.operator.kube import client as kube
+from adaptis.operator.kube.client import KubeCluster
+from adaptis.operator.kube.cluster import Cluster
 
 Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 

@@ -1,6 +1,6 @@
 """Worker-like metrics for the operator's adaptation test: a process serving the counters a
 real gang of workers serves (``adaptis_busy_seconds_total`` and ``adaptis_steps_total`` per rank,
-labels ``adaptis_job`` and ``rank``, the names of :mod:`adaptis.worker.metrics`), for pods that
+labels ``adaptis_job`` and ``rank``, the names of :mod:`adaptis.worker.run.metrics`), for pods that
 kwok only pretends to run.
 
 Each rank does, per step, the compute the running plan predicts for its device (read from the
@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-# adaptis.worker.metrics's names (importing it would import torch: 20 s on a busy machine);
+# adaptis.worker.run.metrics's names (importing it would import torch: 20 s on a busy machine);
 # tests/charts/test_charts_dashboard.py holds the dashboard, which reads both, to that registry.
 BUSY, STEPS = "adaptis_busy_seconds_total", "adaptis_steps_total"
 

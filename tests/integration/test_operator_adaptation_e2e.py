@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "charts"))
 import chartkit  # noqa: E402
 import promkit  # noqa: E402
 
-from adaptis.operator.planning import PlanRecord  # noqa: E402
+from adaptis.operator.core.records import PlanRecord  # noqa: E402
 
 NS = "adapt-e2e"
 JOB = "drifting"

@@ -20,14 +20,14 @@ from typing import Any, TypeVar
 import pytest
 from operator_process import OperatorProcess, install_crd, plan_record
 
-from adaptis.operator.manifests import JobRef
-from adaptis.operator.profile_store import (
+from adaptis.operator.core.records import JobRef
+from adaptis.operator.profiling.nodes import PROFILE_ANNOTATION
+from adaptis.operator.profiling.profile_store import (
     hardware_fingerprint,
     profile_config_map_name,
     render_profile_config_map,
 )
-from adaptis.operator.profiler_pods import profiler_pod_name
-from adaptis.operator.profiling import PROFILE_ANNOTATION
+from adaptis.operator.profiling.profiler_pods import profiler_pod_name
 
 NS = "operator-profiling"
 PROFILE_NS = "operator-profiling-store"  # the operator's own namespace

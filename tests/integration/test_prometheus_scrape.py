@@ -1,13 +1,13 @@
 """A real Prometheus scrapes real workers started from the pods the operator renders.
 
-The operator's own functions plan the example job on a CPU node and render its ConfigMap and
-worker pods (adaptis/operator/manifests.py); each pod's command runs here as a local process
-with the pod's environment and its mounted worker.json, where only what a pod network gives for
-free is replaced: MASTER_ADDR is loopback, and each rank serves metrics on its own port
-(ADAPTIS_METRICS_PORT) since the ranks share one host. Debian's Prometheus scrapes them every
-second with the chart's rules loaded (deploy/prometheus/adaptis-rules.yaml) and the target labels
-the chart's PodMonitor gives (namespace, pod, adaptis_job, rank; the target's labels win but a
-sample's own rank is kept).
+The operator's own functions plan the example job on a CPU node and render its ConfigMap and worker
+pods (adaptis/operator/resources/manifests.py); each pod's command runs here as a local process with
+the pod's environment and its mounted worker.json, where only what a pod network gives for free is
+replaced: MASTER_ADDR is loopback, and each rank serves metrics on its own port
+(ADAPTIS_METRICS_PORT) since the ranks share one host. Debian's Prometheus scrapes them every second
+with the chart's rules loaded (deploy/prometheus/adaptis-rules.yaml) and the target labels the
+chart's PodMonitor gives (namespace, pod, adaptis_job, rank; the target's labels win but a sample's
+own rank is kept).
 
 Checked: the bubble ratio, the step phases and the recording rules come back from PromQL and
 agree with the workers' own counters; every dashboard query returns data; the dashboard reads
@@ -79,14 +79,14 @@ def _render_pods() -> tuple[list[dict[str, Any]], dict[str, Any], Any]:
     import yaml
 
     from adaptis.api.job import parse_job
-    from adaptis.operator.manifests import (
-        JobRef,
-        ManifestSettings,
+    from adaptis.operator.core.records import JobRef
+    from adaptis.operator.core.settings import DEFAULT_TOPOLOGY_KEYS, ManifestSettings
+    from adaptis.operator.profiling.nodes import profile_node
+    from adaptis.operator.resources.manifests import (
         render_config_map,
         render_pod,
     )
-    from adaptis.operator.planning import plan_job
-    from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, profile_node
+    from adaptis.operator.scheduling.planning import plan_job
 
     manifest = yaml.safe_load(EXAMPLE.read_text())
     manifest["metadata"] = {"name": JOB, "namespace": NAMESPACE}
@@ -115,8 +115,8 @@ def _measured(record: Any, *, spec: Any) -> Any:
     which dominate this tiny CPU model, so its prediction would sit far from the observation."""
     from adaptis.api.problem import TIME_UNIT_SECONDS
     from adaptis.planner.strategies import plan_strategy
-    from adaptis.worker.hardware import configure_host
-    from adaptis.worker.problem import measure_problem
+    from adaptis.worker.profiling.hardware import configure_host
+    from adaptis.worker.profiling.job_problem import measure_problem
 
     configure_host(threads=1)  # as each rank runs
     outcome = plan_strategy(measure_problem(spec, devices=len(record.nodes)), "adaptis")

@@ -25,12 +25,12 @@ from typing import Any, TypeVar
 import pytest
 from operator_process import OperatorProcess, install_crd, plan_record
 
-from adaptis.operator.profile_store import (
+from adaptis.operator.profiling.nodes import PROFILE_ANNOTATION
+from adaptis.operator.profiling.profile_store import (
     hardware_fingerprint,
     profile_config_map_name,
     render_profile_config_map,
 )
-from adaptis.operator.profiling import PROFILE_ANNOTATION
 
 NS = "restricted-tenant-a"
 TENANT_B = "restricted-tenant-b"

@@ -1,6 +1,6 @@
 """Fixtures of the operator's unit tests: node dicts shaped like GFD-labelled nodes, job bodies,
-and an in-memory :class:`~adaptis.operator.kube.Cluster` that behaves as the API server does for
-what the reconciler uses (409 on a taken name, 404-is-fine deletes, merge-patched status).
+and an in-memory :class:`~adaptis.operator.kube.cluster.Cluster` that behaves as the API server does
+for what the reconciler uses (409 on a taken name, 404-is-fine deletes, merge-patched status).
 
 The real API server is exercised by tests/integration/test_operator_*.py; these fakes keep the
 reconciler's decision logic testable in milliseconds.
@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from adaptis.api.pod_fields import LABEL_VALUE_PATTERN, MAX_LABEL_VALUE
-from adaptis.operator.kube import ApiError
-from adaptis.operator.manifests import LABEL_JOB, JobRef
+from adaptis.operator.core.labels import LABEL_JOB
+from adaptis.operator.core.records import JobRef
+from adaptis.operator.kube.cluster import ApiError
 
 
 def gpu_node(

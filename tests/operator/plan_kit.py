@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from adaptis.api.plan import Plan
-from adaptis.operator.plan_store import ANNOTATION_JOB, LABEL_ROLE, RECORD_KEY, ROLE_PLAN
-from adaptis.operator.planning import PlanRecord
+from adaptis.operator.core.records import PlanRecord
+from adaptis.operator.scheduling.plan_store import ANNOTATION_JOB, LABEL_ROLE, RECORD_KEY, ROLE_PLAN
 
 
 def split_backward_plan(*, devices: int, microbatches: int) -> Plan:

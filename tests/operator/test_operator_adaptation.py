@@ -12,13 +12,13 @@ from plan_kit import stored_record
 
 from adaptis.api.job import JobSpec
 from adaptis.api.problem import Link
-from adaptis.operator.manifests import LABEL_PLAN
-from adaptis.operator.measurements import AdaptationSettings, MeasurementError, Sample, parse_sample
-from adaptis.operator.passes import ReconcileSettings
-from adaptis.operator.plan_store import RECORD_KEY, record_name
-from adaptis.operator.planning import plan_job
-from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, profile_node
-from adaptis.operator.reconcile import Reconciler
+from adaptis.operator.adaptation.measurements import MeasurementError, Sample, parse_sample
+from adaptis.operator.control.reconcile import Reconciler
+from adaptis.operator.core.labels import LABEL_PLAN
+from adaptis.operator.core.settings import DEFAULT_TOPOLOGY_KEYS, AdaptationSettings, ReconcileSettings
+from adaptis.operator.profiling.nodes import profile_node
+from adaptis.operator.scheduling.plan_store import RECORD_KEY, record_name
+from adaptis.operator.scheduling.planning import plan_job
 
 
 def _cond(job: dict[str, Any], type_: str) -> dict[str, Any] | None:
@@ -306,7 +306,7 @@ def test_corrected_speeds_hold_only_on_their_nodes(cluster: Any, make_job: Any) 
 
 
 def test_the_operator_counts_replans_and_shows_predictions() -> None:
-    from adaptis.operator.metrics import OperatorMetrics
+    from adaptis.operator.control.metrics import OperatorMetrics
 
     metrics = OperatorMetrics()
     metrics.replanned(("ns", "demo"), action="applied")
@@ -357,7 +357,7 @@ def test_query_job_asks_the_prometheus_http_api() -> None:
     import threading
     import urllib.parse
 
-    from adaptis.operator.measurements import query_job
+    from adaptis.operator.adaptation.measurements import query_job
 
     asked: list[dict[str, list[str]]] = []
     answer = {"status": "success", "data": {"resultType": "vector", "result": [

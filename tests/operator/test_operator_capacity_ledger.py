@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from adaptis.operator.capacity import CapacityLedger, QueueOrder, pod_gpus, unschedulable_since
+from adaptis.operator.scheduling.capacity import CapacityLedger, QueueOrder, pod_gpus, unschedulable_since
 
 A = ("ns", "a")
 B = ("ns", "b")

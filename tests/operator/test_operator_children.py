@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from adaptis.operator.children import refusal
-from adaptis.operator.kube import ApiError
-from adaptis.operator.reconcile import Reconciler
+from adaptis.operator.control.reconcile import Reconciler
+from adaptis.operator.kube.children import refusal
+from adaptis.operator.kube.cluster import ApiError
 
 POD = {"kind": "Pod", "metadata": {"name": "demo-worker-0"}}
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from adaptis.operator.handlers import build_registry, wants_reconcile
-from adaptis.operator.workqueue import WorkQueue
+from adaptis.operator.control.handlers import build_registry, wants_reconcile
+from adaptis.operator.control.workqueue import WorkQueue
 
 
 def test_status_echoes_do_not_requeue_but_spec_changes_do() -> None:

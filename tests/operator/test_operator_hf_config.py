@@ -16,8 +16,8 @@ from adaptis.api import hf_model
 from adaptis.api.errors import SpecError
 from adaptis.api.hf_model import CONFIG_MAP_MOUNT, HuggingFaceSpec, hf_layout
 from adaptis.api.job import WorkerConfig
-from adaptis.operator.hf_config import HF_CONFIG_VOLUME, RETRY_MAX_S, retry_after
-from adaptis.operator.reconcile import Reconciler
+from adaptis.operator.control.reconcile import Reconciler
+from adaptis.operator.resources.hf_config import HF_CONFIG_VOLUME, RETRY_MAX_S, retry_after
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = json.loads((REPO / "examples" / "models" / "tiny-llama.json").read_text())

@@ -11,18 +11,19 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 import urllib3
 import yaml
 
-from adaptis.operator import kube
-from adaptis.operator.kube import ApiError, KubeCluster
-from adaptis.operator.manifests import JobRef
+from adaptis.operator.core.records import JobRef
+from adaptis.operator.kube import client as kube
+from adaptis.operator.kube.client import KubeCluster
+from adaptis.operator.kube.cluster import ApiError
 
 
 class _Api(BaseHTTPRequestHandler):

@@ -1,4 +1,4 @@
-"""Kueue's pod-group metadata on the worker pods (adaptis/operator/kueue.py via manifests).
+"""Kueue's pod-group metadata on the worker pods (adaptis/operator/resources/kueue.py via manifests).
 
 The real Kueue admitting these pods is tests/integration/test_kueue_admission.py.
 """
@@ -8,9 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from adaptis.api.job import JobSpec
-from adaptis.operator.manifests import JobRef, ManifestSettings, render_pod
-from adaptis.operator.planning import plan_job
-from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, profile_node
+from adaptis.operator.core.records import JobRef
+from adaptis.operator.core.settings import DEFAULT_TOPOLOGY_KEYS, ManifestSettings
+from adaptis.operator.profiling.nodes import profile_node
+from adaptis.operator.resources.manifests import render_pod
+from adaptis.operator.scheduling.planning import plan_job
 
 JOB = JobRef(name="demo", namespace="ns", uid="uid-1")
 

@@ -12,19 +12,19 @@ from plan_kit import split_backward_plan
 
 from adaptis.api.job import JobSpec, JobStatus, WorkerConfig
 from adaptis.api.plan import Plan
-from adaptis.operator.manifests import (
-    JobRef,
-    ManifestSettings,
+from adaptis.operator.core.passes import PassState
+from adaptis.operator.core.records import JobRef, PlanRecord
+from adaptis.operator.core.settings import DEFAULT_TOPOLOGY_KEYS, ManifestSettings
+from adaptis.operator.profiling.nodes import profile_node
+from adaptis.operator.resources.manifests import (
     is_current_pod,
     plan_hash,
     render_config_map,
     render_pod,
     render_service,
 )
-from adaptis.operator.planning import PlanRecord, plan_job
-from adaptis.operator.passes import PassState
-from adaptis.operator.plan_store import PlanStore
-from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, profile_node
+from adaptis.operator.scheduling.plan_store import PlanStore
+from adaptis.operator.scheduling.planning import plan_job
 
 JOB = JobRef(name="demo", namespace="ns", uid="uid-1")
 
@@ -143,8 +143,8 @@ def _large_record() -> tuple[JobSpec, PlanRecord]:
 
 
 def test_a_64_rank_4096_microbatch_plan_fits_its_config_map_and_round_trips() -> None:
-    from adaptis.operator.manifests import CONFIG_MAP_LIMIT_BYTES
-    from adaptis.worker.executor import parse_plan
+    from adaptis.operator.resources.manifests import CONFIG_MAP_LIMIT_BYTES
+    from adaptis.worker.runtime.executor import parse_plan
 
     spec, record = _large_record()
     cm = render_config_map(JOB, spec, record)
@@ -161,8 +161,8 @@ def test_a_64_rank_4096_microbatch_plan_fits_its_config_map_and_round_trips() ->
 
 def test_a_plan_too_large_even_packed_names_the_fields_to_shrink(
         monkeypatch: pytest.MonkeyPatch, planned: tuple[JobSpec, PlanRecord]) -> None:
-    from adaptis.operator import manifests
-    from adaptis.operator.errors import PlanTooLarge
+    from adaptis.operator.core.errors import PlanTooLarge
+    from adaptis.operator.resources import manifests
 
     spec, record = planned
     monkeypatch.setattr(manifests, "CONFIG_MAP_LIMIT_BYTES", 1000)

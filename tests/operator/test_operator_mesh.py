@@ -11,25 +11,24 @@ import pytest
 from conftest import FakeCluster
 
 from adaptis.api.job import JobSpec, JobStatus, WorkerConfig
-from adaptis.operator.manifests import (
+from adaptis.api.mesh import Mesh
+from adaptis.operator.core.passes import PassState
+from adaptis.operator.core.records import JobRef, NodeProfile, PlanRecord
+from adaptis.operator.core.settings import DEFAULT_TOPOLOGY_KEYS, ManifestSettings
+from adaptis.operator.profiling.nodes import profile_node
+from adaptis.operator.resources.manifests import (
     DIST_PORT,
-    JobRef,
-    ManifestSettings,
     render_config_map,
     render_pod,
     render_service,
 )
-from adaptis.operator.mesh import Mesh
-from adaptis.operator.passes import PassState
-from adaptis.operator.plan_store import PlanStore
-from adaptis.operator.planning import (
-    PlanRecord,
+from adaptis.operator.resources.status import plan_summary
+from adaptis.operator.scheduling.plan_store import PlanStore
+from adaptis.operator.scheduling.planning import (
     build_problem,
     choose_slots,
     plan_job,
 )
-from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, NodeProfile, profile_node
-from adaptis.operator.status import plan_summary
 from adaptis.planner.estimate import device_speed
 
 JOB = JobRef(name="demo", namespace="ns", uid="uid-1")

@@ -8,8 +8,8 @@ import urllib.request
 import pytest
 from prometheus_client import generate_latest
 
-from adaptis.operator.metrics import PHASES, OperatorMetrics
-from adaptis.operator.passes import Result
+from adaptis.operator.control.metrics import PHASES, OperatorMetrics
+from adaptis.operator.core.passes import Result
 
 
 def _samples(metrics: OperatorMetrics) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""The plan step's memo of node profiles (adaptis/operator/placement.py)."""
+"""The plan step's memo of node profiles (adaptis/operator/scheduling/placement.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from adaptis.operator import placement
-from adaptis.operator.reconcile import Reconciler
+from adaptis.operator.control.reconcile import Reconciler
+from adaptis.operator.scheduling import placement
 
 
 def test_nodes_are_profiled_again_only_when_their_resource_version_moves(

@@ -1,4 +1,4 @@
-"""Planning off the reconcile workers (adaptis.operator.plan_runner) with the fake cluster.
+"""Planning off the reconcile workers (adaptis.operator.scheduling.plan_runner) with the fake cluster.
 
 A plan that blocks must not hold up another job's pass; a finished plan wakes its job; a
 planner killed for time or memory becomes the 1F1B fallback, or Planned=False naming
@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from adaptis.api.job import JobSpec
-from adaptis.operator.plan_runner import PlannerLimits, PlanRunner, plan_size
-from adaptis.operator.planning import PlanRecord, plan_job, spec_hash
-from adaptis.operator.reconcile import Reconciler
+from adaptis.operator.control.reconcile import Reconciler
+from adaptis.operator.core.records import PlanRecord
+from adaptis.operator.scheduling.plan_runner import PlannerLimits, PlanRunner, plan_size
+from adaptis.operator.scheduling.planning import plan_job, spec_hash
 
 # Above PlannerLimits.inline_below (so it goes to the runner), still fast to really plan.
 BIG = {"model": {"vocabSize": 32000, "hidden": 256, "heads": 4,

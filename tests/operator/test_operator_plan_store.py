@@ -13,8 +13,8 @@ import pytest
 from conftest import FakeCluster
 from plan_kit import stored_record
 
-from adaptis.operator.plan_store import RECORD_KEY, record_name
-from adaptis.operator.reconcile import Reconciler
+from adaptis.operator.control.reconcile import Reconciler
+from adaptis.operator.scheduling.plan_store import RECORD_KEY, record_name
 
 OPS = "adaptis-system"  # ReconcileSettings' default operator namespace
 

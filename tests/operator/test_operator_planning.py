@@ -7,9 +7,11 @@ from typing import Any
 import pytest
 
 from adaptis.api.job import JobSpec
-from adaptis.operator.errors import Unsatisfiable
-from adaptis.operator.planning import build_problem, choose_slots, plan_job, spec_hash
-from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, NodeProfile, profile_node
+from adaptis.operator.core.errors import Unsatisfiable
+from adaptis.operator.core.records import NodeProfile
+from adaptis.operator.core.settings import DEFAULT_TOPOLOGY_KEYS
+from adaptis.operator.profiling.nodes import profile_node
+from adaptis.operator.scheduling.planning import build_problem, choose_slots, plan_job, spec_hash
 from adaptis.planner.strategies import plan_strategy
 
 

@@ -14,13 +14,15 @@ from typing import Any
 import pytest
 
 from adaptis.api.job import JobSpec
-from adaptis.operator.kube import ApiError
-from adaptis.operator.manifests import JobRef, ManifestSettings, render_pod
-from adaptis.operator.planning import plan_job
-from adaptis.operator.pod_security import HOME_DIR, TMP_DIR
-from adaptis.operator.profiler_pods import render_profiler_pod
-from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, profile_node
-from adaptis.operator.reconcile import Reconciler
+from adaptis.operator.control.reconcile import Reconciler
+from adaptis.operator.core.records import JobRef
+from adaptis.operator.core.settings import DEFAULT_TOPOLOGY_KEYS, ManifestSettings
+from adaptis.operator.kube.cluster import ApiError
+from adaptis.operator.profiling.nodes import profile_node
+from adaptis.operator.profiling.profiler_pods import render_profiler_pod
+from adaptis.operator.resources.manifests import render_pod
+from adaptis.operator.resources.pod_security import HOME_DIR, TMP_DIR
+from adaptis.operator.scheduling.planning import plan_job
 
 JOB = JobRef(name="demo", namespace="ns", uid="uid-1")
 _ALLOWED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",

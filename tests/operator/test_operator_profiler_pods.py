@@ -17,8 +17,13 @@ from typing import Any
 import pytest
 from plan_kit import stored_record
 
-from adaptis.operator.manifests import LABEL_JOB, LABEL_MANAGED_BY, JobRef
-from adaptis.operator.profile_store import (
+from adaptis.operator.control.reconcile import Reconciler
+from adaptis.operator.core.conditions import now_rfc3339
+from adaptis.operator.core.labels import LABEL_JOB, LABEL_MANAGED_BY
+from adaptis.operator.core.records import JobRef
+from adaptis.operator.core.settings import DEFAULT_TOPOLOGY_KEYS, ReconcileSettings
+from adaptis.operator.profiling.nodes import PROFILE_ANNOTATION, profile_node
+from adaptis.operator.profiling.profile_store import (
     hardware_fingerprint,
     measured_figures,
     profile_config_map_name,
@@ -26,8 +31,7 @@ from adaptis.operator.profile_store import (
     read_stored_profiles,
     render_profile_config_map,
 )
-from adaptis.operator.passes import ReconcileSettings
-from adaptis.operator.profiler_pods import (
+from adaptis.operator.profiling.profiler_pods import (
     LABEL_JOB_NAMESPACE,
     LABEL_ROLE,
     PROFILER_COMMAND,
@@ -38,12 +42,9 @@ from adaptis.operator.profiler_pods import (
     read_profiler_pod,
     render_profiler_pod,
 )
-from adaptis.operator.profiling import DEFAULT_TOPOLOGY_KEYS, PROFILE_ANNOTATION, profile_node
-from adaptis.operator.reconcile import Reconciler
-from adaptis.operator.status import now_rfc3339
 
 JOB = JobRef(name="demo", namespace="ns", uid="uid-demo")
-# What `adaptis profile --hardware` prints (adaptis/worker/hardware.py), trimmed.
+# What `adaptis profile --hardware` prints (adaptis/worker/profiling/hardware.py), trimmed.
 DOC = {"device": {"name": "NVIDIA H100", "speed": 0.81, "memory_bytes": 85899345920.0,
                   "matmul_tflops": 800.0, "precision": "bfloat16",
                   "speed_reference_tflops": 989.0},

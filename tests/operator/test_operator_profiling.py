@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from adaptis.operator.gpus import lookup_gpu
-from adaptis.operator.profiling import (
-    DEFAULT_TOPOLOGY_KEYS,
+from adaptis.operator.core.settings import DEFAULT_TOPOLOGY_KEYS
+from adaptis.operator.profiling.gpus import lookup_gpu
+from adaptis.operator.profiling.nodes import (
     PROFILE_ANNOTATION,
     candidate_nodes,
     parse_quantity,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adaptis.operator.reconcile import Reconciler
+from adaptis.operator.control.reconcile import Reconciler
 
 
 def _cond(job: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -275,7 +275,8 @@ def test_spec_change_replans_and_replaces_pods(cluster: Any, make_job: Any) -> N
 
 def test_a_plan_too_large_to_store_is_a_condition_not_a_retry_loop(
         cluster: Any, make_job: Any, monkeypatch: Any) -> None:
-    from adaptis.operator import manifests, planning
+    from adaptis.operator.resources import manifests
+    from adaptis.operator.scheduling import planning
 
     monkeypatch.setattr(manifests, "CONFIG_MAP_LIMIT_BYTES", 1000)
     plans: list[str] = []

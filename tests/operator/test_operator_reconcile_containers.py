@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from adaptis.api.job import JobSpec
-from adaptis.operator.hf_config import RETRY_MAX_S
-from adaptis.operator.reconcile import CONTAINERS_CREATED, Reconciler
-from adaptis.operator.status import MAX_WAITING_MESSAGE
-from adaptis.operator.validation import absent_config_maps
+from adaptis.operator.control.reconcile import CONTAINERS_CREATED, Reconciler
+from adaptis.operator.resources.hf_config import RETRY_MAX_S
+from adaptis.operator.resources.status import MAX_WAITING_MESSAGE
+from adaptis.operator.resources.validation import absent_config_maps
 
 SECRET_MISSING = 'secret "hf-token" not found'
 

@@ -11,8 +11,8 @@ from typing import Any
 from test_operator_children import CM_422, PSA_403, Refusing
 from test_operator_profiler_pods import DOC, MeasuringCluster, _finish, _measure_job, _node_of, _profilers
 
-from adaptis.operator.passes import ReconcileSettings
-from adaptis.operator.reconcile import Reconciler
+from adaptis.operator.control.reconcile import Reconciler
+from adaptis.operator.core.settings import ReconcileSettings
 
 
 def _cond(job: dict[str, Any], type_: str) -> dict[str, Any]:

@@ -8,9 +8,9 @@ import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from adaptis.operator.capacity import CapacityLedger
-from adaptis.operator.passes import ReconcileSettings
-from adaptis.operator.reconcile import Reconciler
+from adaptis.operator.control.reconcile import Reconciler
+from adaptis.operator.core.settings import ReconcileSettings
+from adaptis.operator.scheduling.capacity import CapacityLedger
 
 
 def _cond(job: dict[str, Any], type_: str) -> dict[str, Any]:

@@ -10,14 +10,16 @@ from typing import Any
 import pytest
 from plan_kit import split_backward_plan
 
-from adaptis.operator.planning import PlanRecord
-from adaptis.operator.status import (
-    census,
+from adaptis.operator.core.conditions import (
     condition_true,
     now_rfc3339,
+    set_condition,
+)
+from adaptis.operator.core.records import PlanRecord
+from adaptis.operator.resources.status import (
+    census,
     parse_status,
     plan_summary,
-    set_condition,
     status_payload,
     summarize,
 )

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from adaptis.api.model import MAX_BLOCKS
-from adaptis.operator.errors import InvalidJob
-from adaptis.operator.validation import validate_job
+from adaptis.operator.core.errors import InvalidJob
+from adaptis.operator.resources.validation import validate_job
 
 
 def _violations(make_job: Any, name: str = "demo", **over: Any) -> tuple[str, ...]:
@@ -82,7 +82,7 @@ SIX = [
 @pytest.mark.parametrize(("name", "over", "field"), SIX)
 def test_the_six_looping_specs_fail_once_naming_the_field(
         cluster: Any, make_job: Any, name: str, over: dict[str, Any], field: str) -> None:
-    from adaptis.operator.reconcile import Reconciler
+    from adaptis.operator.control.reconcile import Reconciler
 
     cluster.add_job(make_job(name, spec=over))
     rec = Reconciler(cluster)

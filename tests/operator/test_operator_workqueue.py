@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from adaptis.operator.workqueue import WorkQueue
+from adaptis.operator.control.workqueue import WorkQueue
 
 
 def _wait(cond, timeout: float = 30.0) -> bool:  # a deadline, generous for a loaded CI  # type: ignore[no-untyped-def]
@@ -424,7 +424,7 @@ def test_a_failed_pass_is_logged_with_its_key_and_traceback(
 
     q: WorkQueue[str] = WorkQueue(process, workers=1, resync_s=3600.0, clock=FakeClock())
     q.add("ns/job")
-    with caplog.at_level(logging.ERROR, logger="adaptis.operator.workqueue"):
+    with caplog.at_level(logging.ERROR, logger="adaptis.operator.control.workqueue"):
         q.process_due()
     [record] = caplog.records
     assert record.getMessage() == "reconcile of ns/job failed; retrying with backoff"
@@ -442,7 +442,7 @@ def test_an_outage_logs_one_traceback_per_key_then_a_line_per_retry_and_the_reco
     clock = FakeClock()
     q: WorkQueue[str] = WorkQueue(process, workers=1, resync_s=3600.0, clock=clock)
     q.add("ns/job")
-    with caplog.at_level(logging.INFO, logger="adaptis.operator.workqueue"):
+    with caplog.at_level(logging.INFO, logger="adaptis.operator.control.workqueue"):
         for _ in range(4):  # the first pass and three backoff retries
             assert q.process_due() == 1
             clock.now += 120.0

@@ -211,19 +211,19 @@ def test_refinement_moves_boundaries_off_the_busiest_device_too() -> None:
     """When the bottleneck device's own moves do not help, other boundaries are tried (the
     schedule's bottleneck is not always the busiest device)."""
     from adaptis.planner.climb import refine as _refine
-    from adaptis.planner.search import _Candidate, _Evaluator
+    from adaptis.planner.evaluator import Candidate, Evaluator
 
     layers = [{"name": f"l{i}", "forward": 1.0 + (i == 0), "backward": 1.0, "weight": 1.0} for i in range(8)]
     costs = Costs.from_problem(parse_problem(_problem(layers=layers, devices={"count": 4}, m=4)))
     owner = [0, 1, 2, 3]
     stages = [(0, 2), (2, 4), (4, 6), (6, 8)]  # device 0 is the busiest (its first layer is heavier)
-    start = _Candidate("looped-v1", owner, stages, list_schedule(costs, stages=stages, owner=owner), Policy())
+    start = Candidate("looped-v1", owner, stages, list_schedule(costs, stages=stages, owner=owner), Policy())
     tried: list[list[tuple[int, int]]] = []
 
-    class Recording(_Evaluator):
+    class Recording(Evaluator):
         __slots__ = ()
 
-        def run(self, pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy) -> _Candidate:
+        def run(self, pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy) -> Candidate:
             tried.append(stages)
             return super().run(pattern, owner, stages, policy)
 

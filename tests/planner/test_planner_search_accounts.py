@@ -17,10 +17,11 @@ import adaptis.planner.screening as screening
 from adaptis.api.problem import parse_problem
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import OutOfTime
+from adaptis.planner.evaluator import Candidate, Evaluator
+from adaptis.planner.partition import balanced_partition
 from adaptis.planner.scheduler import Policy, list_schedule
 from adaptis.planner.screening import Screen
-from adaptis.planner.search import _Candidate, _Evaluator, _scheduled, _throttled, joint_search
-from adaptis.planner.partition import balanced_partition
+from adaptis.planner.search import _scheduled, _throttled, joint_search
 from adaptis.planner.structures import balanced_cuts, loads, patterns, prefix_work
 
 ONE_PER_DEVICE = [(0, 1), (1, 2), (2, 3), (3, 4)]
@@ -62,14 +63,14 @@ def test_a_structure_that_does_not_fit_at_all_is_not_called_throttled() -> None:
 # --- confirming screened estimates ---------------------------------------------------------------
 
 def _estimate(costs: Costs, *, stages: list[tuple[int, int]], owner: list[int], est: float,
-              pattern: str = "p", policy: Policy = Policy()) -> _Candidate:
-    return _Candidate(pattern, owner, stages, None, policy, est)
+              pattern: str = "p", policy: Policy = Policy()) -> Candidate:
+    return Candidate(pattern, owner, stages, None, policy, est)
 
 
 def test_confirm_schedules_the_three_best_distinct_estimates_each_extra_to_the_budget() -> None:
     costs = _costs()
     two = [(0, 2), (2, 4)]
-    ev = _Evaluator(costs, budget=5)
+    ev = Evaluator(costs, budget=5)
     cands = [
         _estimate(costs, stages=ONE_PER_DEVICE, owner=[0, 1, 2, 3], est=1.0, pattern="a"),
         _estimate(costs, stages=ONE_PER_DEVICE, owner=[0, 1, 2, 3], est=1.5, pattern="a-again"),  # same key
@@ -89,7 +90,7 @@ def test_confirm_schedules_the_three_best_distinct_estimates_each_extra_to_the_b
 
 def test_confirm_skips_estimates_that_do_not_fit_and_keeps_scheduled_candidates_as_they_are() -> None:
     costs = _costs()
-    ev = _Evaluator(costs, budget=5)
+    ev = Evaluator(costs, budget=5)
     done = ev.run("done", [0, 1], [(0, 2), (2, 4)], Policy())
     assert ev.evals == 1
     cands = [done, _estimate(costs, stages=ONE_PER_DEVICE, owner=[0, 1, 2, 3], est=math.inf, pattern="nofit")]
@@ -101,7 +102,7 @@ def test_confirm_skips_estimates_that_do_not_fit_and_keeps_scheduled_candidates_
 
 def test_confirm_of_a_better_estimate_that_schedules_worse_keeps_the_faster_one() -> None:
     costs = _costs()
-    ev = _Evaluator(costs, budget=5)
+    ev = Evaluator(costs, budget=5)
     slow = _estimate(costs, stages=[(0, 4)], owner=[0], est=1.0, pattern="one-device")  # 4 x 8 x 2 = 64
     fast = _estimate(costs, stages=ONE_PER_DEVICE, owner=[0, 1, 2, 3], est=2.0, pattern="four")
     best = ev.confirm([slow, fast])
@@ -131,7 +132,7 @@ def test_progress_reports_each_candidate_once_and_the_result_counts_them(screen:
 def test_a_screened_estimate_is_the_screens_estimate_of_that_candidate() -> None:
     costs = _costs(layers=8, devices=2, m=8, forward=[1.0, 2.0, 1.0, 1.0, 3.0, 1.0, 1.0, 2.0])
     with mock.patch.object(screening, "SCREEN_ABOVE", 0):
-        ev = _Evaluator(costs, budget=5)
+        ev = Evaluator(costs, budget=5)
     assert ev.screen is not None
     # F + B per stage 5, 4, 6, 5: the device of the last stage is the busiest (11 against 9).
     stages, owner = [(0, 2), (2, 4), (4, 6), (6, 8)], [0, 0, 1, 1]
@@ -150,7 +151,7 @@ def test_a_screened_estimate_is_the_screens_estimate_of_that_candidate() -> None
 def test_the_deadline_has_passed_at_its_own_instant(screen: bool) -> None:
     costs = _costs(m=16)  # 16 >= 4 x 4 devices: the screen's extrapolation reaches far enough
     with mock.patch.object(screening, "SCREEN_ABOVE", 0 if screen else screening.SCREEN_ABOVE):
-        ev = _Evaluator(costs, budget=5, deadline=5.0, clock=lambda: 5.0)
+        ev = Evaluator(costs, budget=5, deadline=5.0, clock=lambda: 5.0)
     assert (ev.screen is not None) is screen
     with pytest.raises(OutOfTime):
         ev.score("p", [0, 1, 2, 3], ONE_PER_DEVICE, Policy())
@@ -162,7 +163,7 @@ def test_a_screened_candidate_that_cannot_beat_the_best_is_estimated_from_one_sc
     is a floor; at or above the time to beat, that floor is the estimate, without the 2p one."""
     costs = _costs(layers=8, devices=2, m=8, forward=[1.0, 2.0, 1.0, 1.0, 3.0, 1.0, 1.0, 2.0])
     with mock.patch.object(screening, "SCREEN_ABOVE", 0):
-        ev = _Evaluator(costs, budget=5)
+        ev = Evaluator(costs, budget=5)
     stages, owner = [(0, 4), (4, 8)], [0, 1]
     schedules: list[int] = []
 
@@ -182,7 +183,7 @@ def test_a_screened_estimate_stops_inside_a_long_schedule_at_the_deadline() -> N
     # 40 devices x 160 microbatches: screened at the real threshold; the 40-microbatch schedule
     # takes over 4096 scheduler steps, so the scheduler reads time.monotonic() inside it.
     costs = _costs(layers=40, devices=40, m=160)
-    ev = _Evaluator(costs, budget=5, deadline=time.monotonic() - 1.0, clock=lambda: -math.inf)
+    ev = Evaluator(costs, budget=5, deadline=time.monotonic() - 1.0, clock=lambda: -math.inf)
     assert ev.screen is not None
     with pytest.raises(OutOfTime):
         ev.score("v", list(range(40)), [(i, i + 1) for i in range(40)], Policy())
@@ -193,7 +194,7 @@ def test_a_full_schedule_stops_inside_at_the_deadline() -> None:
     # schedule takes over 4096 scheduler steps, so it reads time.monotonic() inside it (the
     # clock given to the search is only read between candidates).
     costs = _costs(layers=16, devices=16, m=128)
-    ev = _Evaluator(costs, budget=5, deadline=time.monotonic() - 1.0, clock=lambda: -math.inf)
+    ev = Evaluator(costs, budget=5, deadline=time.monotonic() - 1.0, clock=lambda: -math.inf)
     assert ev.screen is None
     with pytest.raises(OutOfTime):
         ev.run("v", list(range(16)), [(i, i + 1) for i in range(16)], Policy())
@@ -233,15 +234,15 @@ def _heavy_head(body: int, *, devices: int = 4, m: int = 8) -> Costs:
 def _traced(costs: Costs) -> tuple[list[tuple[str, int, Policy, float]], Any]:
     """Every candidate the search scores, in order: (pattern, stages, policy, time)."""
     seen: list[tuple[str, int, Policy, float]] = []
-    score = _Evaluator.score
+    score = Evaluator.score
 
-    def spy(self: _Evaluator, pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy,
-            *, beat: float = math.inf) -> _Candidate:
+    def spy(self: Evaluator, pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy,
+            *, beat: float = math.inf) -> Candidate:
         cand = score(self, pattern, owner, stages, policy, beat=beat)
         seen.append((pattern, len(stages), policy, cand.time))
         return cand
 
-    with mock.patch.object(_Evaluator, "score", spy):
+    with mock.patch.object(Evaluator, "score", spy):
         found = joint_search(costs)
     return seen, found
 

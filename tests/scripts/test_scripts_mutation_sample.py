@@ -67,10 +67,10 @@ def _ranks():  # type: ignore[no-untyped-def]
 
 def test_a_mutants_function_is_read_from_mutmuts_mangled_name() -> None:
     function_of = _ranks().function_of
-    assert function_of("adaptis.worker.executor.xǁExecutorǁ_sync_tied__mutmut_25") == "Executor._sync_tied"
-    assert function_of("adaptis.worker.executor.xǁExecutorǁ__init____mutmut_105") == "Executor.__init__"
-    assert function_of("adaptis.worker.checkpoint.x__tied_alias__mutmut_3") == "_tied_alias"
-    assert function_of("adaptis.worker.checkpoint.x_load_checkpoint__mutmut_12") == "load_checkpoint"
+    assert function_of("adaptis.worker.runtime.executor.xǁExecutorǁ_sync_tied__mutmut_25") == "Executor._sync_tied"
+    assert function_of("adaptis.worker.runtime.executor.xǁExecutorǁ__init____mutmut_105") == "Executor.__init__"
+    assert function_of("adaptis.worker.state.checkpoint.x__tied_alias__mutmut_3") == "_tied_alias"
+    assert function_of("adaptis.worker.state.checkpoint.x_load_checkpoint__mutmut_12") == "load_checkpoint"
 
 
 def test_the_cross_rank_map_names_functions_and_tests_that_exist() -> None:

@@ -46,8 +46,8 @@ def _vocab(model: ModelSpec) -> int:
 def hf_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: str) -> None:
     """Every case: ``training.steps`` steps through the executor; per-step losses, the last
     step's gradients and the final parameters dumped per rank."""
-    from adaptis.worker.data import SyntheticTokens
-    from adaptis.worker.executor import Executor
+    from adaptis.worker.data.sources import SyntheticTokens
+    from adaptis.worker.runtime.executor import Executor
 
     init_gloo(rank, world, port)
     for case in json.loads(Path(cases_file).read_text()):
@@ -78,9 +78,9 @@ def hf_reference(model: ModelSpec, training: TrainingSpec = HF_TRAINING) -> dict
     combined batch."""
     from transformers import AutoModelForCausalLM
 
-    from adaptis.worker.data import SyntheticTokens
-    from adaptis.worker.hf_stages import build_hf_model, hf_config
-    from adaptis.worker.models import token_loss
+    from adaptis.worker.data.sources import SyntheticTokens
+    from adaptis.worker.models.hf.stages import build_hf_model, hf_config
+    from adaptis.worker.models.zoo import token_loss
 
     torch.manual_seed(0)
     net = AutoModelForCausalLM.from_config(hf_config(model))
@@ -120,10 +120,10 @@ def hf_reference(model: ModelSpec, training: TrainingSpec = HF_TRAINING) -> dict
 
 def hf_checkpoint_ranks(rank: int, world: int, port: int, cases_file: str, ckpt_dir: str) -> None:
     """The first case: ``training.steps`` steps through the executor, then each rank's
-    checkpoint (adaptis.worker.checkpoint) as the runner writes it."""
-    from adaptis.worker.checkpoint import save_checkpoint
-    from adaptis.worker.data import SyntheticTokens
-    from adaptis.worker.executor import Executor
+    checkpoint (adaptis.worker.state.checkpoint) as the runner writes it."""
+    from adaptis.worker.data.sources import SyntheticTokens
+    from adaptis.worker.runtime.executor import Executor
+    from adaptis.worker.state.checkpoint import save_checkpoint
 
     init_gloo(rank, world, port)
     case = json.loads(Path(cases_file).read_text())[0]

@@ -1,5 +1,5 @@
 """The decision half of ``adaptis run``'s loop (adaptis.cli.adapt.Adapter) on synthetic step
-events, and the slowdown knob's timer (adaptis.worker.slowdown): fast, no processes.
+events, and the slowdown knob's timer (adaptis.worker.runtime.slowdown): fast, no processes.
 
 The events are what the ranks would report if device 1 ran at half its profiled speed; the
 planner and the drift window are the real ones.
@@ -17,8 +17,8 @@ from adaptis.api.problem import Problem, parse_problem
 from adaptis.cli.adapt import Adapter, Segment, layers_per_device
 from adaptis.planner.drift import idle_devices, predicted_busy
 from adaptis.planner.strategies import plan_strategy
-from adaptis.worker.pipelining import WallActionTimer
-from adaptis.worker.slowdown import Slowdown, SlowedTimer, parse_slowdown, slowed
+from adaptis.worker.runtime.pipelining import WallActionTimer
+from adaptis.worker.runtime.slowdown import Slowdown, SlowedTimer, parse_slowdown, slowed
 
 DEVICES = 4
 

@@ -12,7 +12,7 @@ gradients within rtol 1e-4 / atol 1e-6, the final weights within rtol 1e-4 / ato
 bf16 (one more case per model, 1f1b, the same 4 ranks): every step's loss within 0.1 % of the
 fp32 model's (the zoo's bf16 tolerance, tests/worker/test_worker_precision_ranks.py, which
 says why), and not equal to it (bf16 did compute). A Hugging Face stage runs whole under
-autocast, rounded to bf16 at its end (adaptis/worker/precision.py).
+autocast, rounded to bf16 at its end (adaptis/worker/models/precision.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from hf_harness import HF_DP_TRAINING, hf_model, hf_reference, write_hf_dp_cases
 from worker_harness import dp_parity_ranks, job_spec, run_ranks
 
 from adaptis.planner.strategies import plan_strategy
-from adaptis.worker.problem import estimate_problem
+from adaptis.worker.profiling.job_problem import estimate_problem
 
 pytest.importorskip("transformers")
 

@@ -20,7 +20,7 @@ from hf_harness import HF_TRAINING, hf_model, hf_ranks, hf_reference, write_hf_c
 from worker_harness import job_spec, run_ranks
 
 from adaptis.planner.strategies import plan_strategy
-from adaptis.worker.problem import estimate_problem
+from adaptis.worker.profiling.job_problem import estimate_problem
 
 pytest.importorskip("transformers")
 

@@ -11,7 +11,7 @@ import torch
 
 from adaptis.api.job import JobSpec, TrainingSpec
 from adaptis.cli import main
-from adaptis.worker.module_timing import ProfileSettings
+from adaptis.worker.profiling.module_timing import ProfileSettings
 
 pytest.importorskip("transformers")
 
@@ -30,7 +30,7 @@ def test_dry_run_plans_a_realistic_config_for_16_gpus(name: str, layers: int, ca
 
 
 def test_measured_profile_times_each_real_layer_kind_once() -> None:
-    from adaptis.worker.hf_profile import profile_hf_layers
+    from adaptis.worker.profiling.hf_profile import profile_hf_layers
 
     config = json.loads((REPO / "examples" / "models" / "tiny-bamba.json").read_text())
     spec = JobSpec.model_validate({"model": {"huggingface": {"config": config}},
@@ -51,7 +51,7 @@ def test_estimated_parameters_match_the_real_model(name: str) -> None:
     the real model transformers builds from the config (on the meta device: no memory)."""
     from adaptis.api.job import load_job
     from adaptis.planner.hf_estimate import estimate_model_layers
-    from adaptis.worker.hf_stages import _skeleton
+    from adaptis.worker.models.hf.stages import _skeleton
 
     spec = load_job(REPO / "examples" / f"{name}.yaml").spec
     estimated = sum(layer.param_bytes for layer in estimate_model_layers(spec.model,
@@ -66,8 +66,8 @@ def test_measured_profile_times_the_real_modules_in_the_precision_the_ranks_run(
     bf16 (half the bytes) and a decoder layer saves less for backward; fp32: no autocast.
     128 tokens a microbatch: fewer, and the bf16 copies of the weights autocast saves for
     backward (measured: 74 kB a layer of this config) outweigh the halved activations."""
-    from adaptis.worker import hf_profile
-    from adaptis.worker.problem import measure_problem
+    from adaptis.worker.profiling import hf_profile
+    from adaptis.worker.profiling.job_problem import measure_problem
 
     seen: list[tuple[bool, torch.dtype]] = []
     build = hf_profile.build_hf_stages
@@ -99,7 +99,7 @@ def test_measured_profile_has_the_step_after_the_pipeline_and_the_gradient_bytes
     """Each layer's optimizer step (the post-pipeline step the planner predicts) and its
     gradient bytes (what replicas all-reduce) are measured on the real modules, as the zoo's
     profiler does: without them `adaptis run` predicted 0 ms of post-pipeline step."""
-    from adaptis.worker.hf_profile import measure_hf_problem
+    from adaptis.worker.profiling.hf_profile import measure_hf_problem
 
     config = json.loads((REPO / "examples" / "models" / "tiny-llama.json").read_text())
     spec = JobSpec.model_validate({"model": {"huggingface": {"config": config}},

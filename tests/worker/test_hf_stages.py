@@ -13,7 +13,7 @@ import torch
 
 from adaptis.api.errors import SpecError
 from adaptis.api.job import ModelSpec
-from adaptis.worker.models import token_loss
+from adaptis.worker.models.zoo import token_loss
 
 pytest.importorskip("transformers")
 
@@ -37,7 +37,7 @@ def test_every_supported_family_has_a_tiny_config() -> None:
 def test_partitioned_stages_equal_the_model(name: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    from adaptis.worker.hf_stages import build_hf_model, build_hf_stages, hf_config
+    from adaptis.worker.models.hf.stages import build_hf_model, build_hf_stages, hf_config
 
     torch.set_num_threads(1)
     model = _model(name)
@@ -67,7 +67,7 @@ def test_partitioned_stages_equal_the_model(name: str) -> None:
 
 
 def test_weights_do_not_depend_on_the_partition() -> None:
-    from adaptis.worker.hf_stages import build_hf_stages
+    from adaptis.worker.models.hf.stages import build_hf_stages
 
     model = _model("tiny-qwen2-moe")
     one = build_hf_stages(model, stages=[(0, 6)], seed=2)[0].global_parameters()
@@ -83,7 +83,7 @@ def test_weights_do_not_depend_on_the_partition() -> None:
 
 
 def test_an_unsupported_model_type_is_refused_before_any_module_is_built() -> None:
-    from adaptis.worker.hf_stages import build_hf_stages
+    from adaptis.worker.models.hf.stages import build_hf_stages
 
     model = ModelSpec.model_validate({"huggingface": {"config": {"model_type": "gpt2"}}})
     with pytest.raises(SpecError, match="config.model_type: 'gpt2' is not supported"):

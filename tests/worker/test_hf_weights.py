@@ -12,7 +12,7 @@ from hf_harness import HF_TRAINING, hf_checkpoint_ranks, hf_model, hf_reference,
 from worker_harness import job_spec, run_ranks
 
 from adaptis.planner.strategies import plan_strategy
-from adaptis.worker.problem import estimate_problem
+from adaptis.worker.profiling.job_problem import estimate_problem
 
 pytest.importorskip("transformers")
 
@@ -21,7 +21,7 @@ def test_trained_checkpoint_exports_loads_and_reads_back(tmp_path, monkeypatch, 
     from transformers import AutoModelForCausalLM
 
     from adaptis.cli import main
-    from adaptis.worker.hf_stages import build_hf_stages
+    from adaptis.worker.models.hf.stages import build_hf_stages
 
     torch.set_num_threads(1)
     model = hf_model("tiny-gemma")

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from adaptis.api.job import BlockSpec, ModelSpec
-from adaptis.worker.layers import AttentionBlock, BlockOptions, MambaBlock, _Attention, apply_rotary
-from adaptis.worker.models import build_layer, build_model, layer_parameters, moe_layers, token_loss
-from adaptis.worker.moe import MixtureOfExperts, load_balancing_loss
-from adaptis.worker.ssm import chunked_scan
+from adaptis.worker.models.layers import AttentionBlock, BlockOptions, MambaBlock, _Attention, apply_rotary
+from adaptis.worker.models.moe import MixtureOfExperts, load_balancing_loss
+from adaptis.worker.models.ssm import chunked_scan
+from adaptis.worker.models.zoo import build_layer, build_model, layer_parameters, moe_layers, token_loss
 
 H, HEADS = 32, 4
 
@@ -280,8 +280,8 @@ def test_estimated_weights_are_the_layers_matmul_weights(features: dict) -> None
 
 
 def test_the_profiler_measures_runs_that_differ_apart() -> None:
-    from adaptis.worker.models import model_layers
-    from adaptis.worker.profiler import _kind_key
+    from adaptis.worker.models.zoo import model_layers
+    from adaptis.worker.profiling.profiler import _kind_key
 
     m = _model(blocks=[BlockSpec(kind="dense", count=2), BlockSpec(kind="dense", ffn_hidden=8),
                        BlockSpec(kind="dense", count=3)])

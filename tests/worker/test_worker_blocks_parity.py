@@ -12,9 +12,9 @@ from worker_harness import job_spec, parity_ranks, run_ranks, topological_plan, 
 
 from adaptis.api.job import BlockSpec, ModelSpec, TrainingSpec
 from adaptis.planner.strategies import plan_strategy
-from adaptis.worker.data import SyntheticTokens
-from adaptis.worker.problem import estimate_problem
-from adaptis.worker.reference import reference_step
+from adaptis.worker.data.sources import SyntheticTokens
+from adaptis.worker.profiling.job_problem import estimate_problem
+from adaptis.worker.testing import reference_step
 
 MODEL = ModelSpec(
     vocab_size=128, hidden=32, heads=4, kv_heads=2, positions="rope", rope_theta=1000.0,

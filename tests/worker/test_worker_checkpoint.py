@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 from worker_harness import run_ranks, small_config
 
-from adaptis.worker.checkpoint import scan_checkpoints
 from adaptis.worker.errors import RankFailedError
-from adaptis.worker.launcher import LocalLauncher
+from adaptis.worker.run.launcher import LocalLauncher
+from adaptis.worker.state.checkpoint import scan_checkpoints
 
 STEPS = 8
 
@@ -105,7 +105,7 @@ def _common_step(rank: int, world: int, port: int, root: str, steps_of: dict[int
                  out: str) -> None:
     from worker_harness import init_gloo
 
-    from adaptis.worker.checkpoint import agree_resume_step
+    from adaptis.worker.state.checkpoint import agree_resume_step
 
     init_gloo(rank, world, port)
     for step in steps_of[rank]:
@@ -141,7 +141,7 @@ def test_a_checkpoint_from_before_the_block_options_still_matches(tmp_path: Path
     model as it was, so the same model still resumes, and a changed option is still refused."""
     from worker_harness import SMALL_MODEL
 
-    from adaptis.worker.checkpoint import scan_checkpoints
+    from adaptis.worker.state.checkpoint import scan_checkpoints
 
     doc = SMALL_MODEL.model_dump(mode="json", by_alias=True)
     for key in ("kvHeads", "ffnHidden", "mlp", "positions", "ropeTheta"):

@@ -15,7 +15,10 @@ from worker_harness import SMALL_MODEL, one_rank_group  # noqa: F401 (the fixtur
 
 from adaptis.api.job import TrainingSpec, WorkerConfig
 from adaptis.api.plan import Plan
-from adaptis.worker.checkpoint import (
+from adaptis.worker.data.sources import SyntheticTokens
+from adaptis.worker.errors import CheckpointError
+from adaptis.worker.runtime.executor import Executor
+from adaptis.worker.state.checkpoint import (
     Resumed,
     agree_resume_step,
     clear_checkpoints,
@@ -24,9 +27,6 @@ from adaptis.worker.checkpoint import (
     save_checkpoint,
     scan_checkpoints,
 )
-from adaptis.worker.data import SyntheticTokens
-from adaptis.worker.errors import CheckpointError
-from adaptis.worker.executor import Executor
 
 TRAIN = TrainingSpec(microbatches=2, microbatch_size=2, sequence_length=8, grad_clip=None, seed=7)
 CPU = torch.device("cpu")
@@ -193,7 +193,7 @@ def test_the_agreed_step_is_the_newest_complete_one_and_newer_ones_are_removed(
     (tmp_path / "step-00000004" / "rank-0.bak.pt").write_bytes(b"a copy")
     (tmp_path / "step-latest").mkdir()
     (tmp_path / "step-latest" / "rank-0.pt").write_bytes(b"a copy")
-    with caplog.at_level(logging.INFO, logger="adaptis.worker.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="adaptis.worker.state.checkpoint"):
         assert agree_resume_step(tmp_path) == 4
     assert f"removed the incomplete checkpoint of step 6 in {tmp_path}" in caplog.text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000004",
@@ -280,7 +280,7 @@ def test_another_optimizer_kind_or_no_state_restores_weights_and_starts_fresh(
     ex.step(_batch(0))
     save_checkpoint(tmp_path, executor=ex, step=1, position=4, tokens=32, samples=4)
     sgd = _executor(_one_stage(), optimizer="sgd")
-    with caplog.at_level(logging.WARNING, logger="adaptis.worker.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="adaptis.worker.state.checkpoint"):
         assert load_checkpoint(tmp_path, executor=sgd, step=1).exact is False
     assert ("checkpoint of step 1 holds adamw optimizer state, this job trains with sgd: weights restored, "
             "the optimizer starts fresh") in caplog.text
@@ -289,7 +289,7 @@ def test_another_optimizer_kind_or_no_state_restores_weights_and_starts_fresh(
     caplog.clear()
     early = tmp_path / "early"
     save_checkpoint(early, executor=_executor(_one_stage()), step=0, position=0, tokens=0, samples=0)
-    with caplog.at_level(logging.WARNING, logger="adaptis.worker.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="adaptis.worker.state.checkpoint"):
         assert load_checkpoint(early, executor=_executor(_one_stage()), step=0).exact is True
         assert caplog.text == ""
 
@@ -313,7 +313,7 @@ def test_a_file_of_an_older_adaptis_restores_its_position_keyed_optimizer_under_
     assert torch.equal(same.optimizer.state[p]["exp_avg"], ex.optimizer.state[ex.named_parameters()["0.weight"]]
                        ["exp_avg"])
     other = _executor(_three_stages())
-    with caplog.at_level(logging.WARNING, logger="adaptis.worker.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="adaptis.worker.state.checkpoint"):
         assert load_checkpoint(tmp_path, executor=other, step=1).exact is False
     assert ("checkpoint of step 1 predates name-keyed optimizer state and was taken under another plan: "
             "weights restored, the optimizer starts fresh") in caplog.text
@@ -347,7 +347,7 @@ def test_a_parameter_without_recorded_optimizer_state_makes_the_whole_optimizer_
     del doc["optimizer_state"]["2.norm1.weight"]
     torch.save(doc, path)
     fresh = _executor(_one_stage())
-    with caplog.at_level(logging.WARNING, logger="adaptis.worker.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="adaptis.worker.state.checkpoint"):
         assert load_checkpoint(tmp_path, executor=fresh, step=1).exact is False
     assert ("checkpoint of step 1 has no optimizer state of ['2.norm1.weight'] (in the files rank 0 sees): "
             "weights restored, the optimizer starts fresh") in caplog.text
@@ -418,7 +418,7 @@ def test_an_older_adaptis_file_of_another_rank_restores_the_weights_only(
     torch.save(doc, path.with_name("rank-1.pt"))
     path.unlink()
     fresh = _executor(_one_stage())
-    with caplog.at_level(logging.WARNING, logger="adaptis.worker.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="adaptis.worker.state.checkpoint"):
         assert load_checkpoint(tmp_path, executor=fresh, step=1).exact is False
     assert "has no optimizer state of" in caplog.text
     assert all(torch.equal(w, ex.named_parameters()[k].detach()) for k, w in _weights(fresh).items())

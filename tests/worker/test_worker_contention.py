@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, ParallelismSpec, TrainingSpec
-from adaptis.worker import module_timing
-from adaptis.worker.contention import co_runner_count, co_runners, usable_cores
 from adaptis.worker.errors import WorkerError
-from adaptis.worker.hardware import cache_bytes
-from adaptis.worker.module_timing import ProfileSettings, _time_of
+from adaptis.worker.profiling import module_timing
+from adaptis.worker.profiling.contention import co_runner_count, co_runners, usable_cores
+from adaptis.worker.profiling.hardware import cache_bytes
+from adaptis.worker.profiling.module_timing import ProfileSettings, _time_of
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -109,7 +109,8 @@ def test_negative_co_runners_are_a_worker_error() -> None:
 def test_profiling_a_job_on_cpu_runs_beside_the_hosts_other_ranks(entry: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from contextlib import contextmanager
 
-    from adaptis.worker import problem, profiler
+    from adaptis.worker.profiling import job_problem as problem
+    from adaptis.worker.profiling import profiler
 
     seen: list[int] = []
 
@@ -121,8 +122,8 @@ def test_profiling_a_job_on_cpu_runs_beside_the_hosts_other_ranks(entry: str, mo
     quick = ProfileSettings(warmup=0, repeats=1)
     monkeypatch.setattr(profiler, "co_runners", record)
     if entry == "profile_job":
-        profiler.profile_job(_spec(), settings=quick, devices=2, name="t")
-        profiler.profile_job(_spec(), settings=ProfileSettings(warmup=0, repeats=1, co_runners=0), devices=2,
+        problem.profile_job(_spec(), settings=quick, devices=2, name="t")
+        problem.profile_job(_spec(), settings=ProfileSettings(warmup=0, repeats=1, co_runners=0), devices=2,
                              name="t")
     else:
         problem.measure_problem(_spec(), devices=2, repeats=1)
@@ -131,7 +132,7 @@ def test_profiling_a_job_on_cpu_runs_beside_the_hosts_other_ranks(entry: str, mo
 
 
 def test_usable_cores_follow_a_cgroup_quota(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from adaptis.worker import contention
+    from adaptis.worker.profiling import contention
 
     real = Path
     limits = {"max 100000\n": len(os.sched_getaffinity(0)), "150000 100000\n": 2, "50000 100000\n": 1}  # ceil(quota / period)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from adaptis.api.job import DataSpec
-from adaptis.worker.data import SyntheticTokens, TokenFile, open_source
+from adaptis.worker.data.sources import SyntheticTokens, TokenFile, open_source
 from adaptis.worker.errors import DataError
 
 

@@ -26,11 +26,11 @@ from worker_harness import (
 
 from adaptis.api.plan import Plan
 from adaptis.planner.strategies import plan_strategy
-from adaptis.worker.data import SyntheticTokens, shard_position
+from adaptis.worker.data.sources import SyntheticTokens, shard_position
 from adaptis.worker.errors import PlanMismatchError
-from adaptis.worker.problem import estimate_problem
-from adaptis.worker.reference import TrainedReference, reference_train
-from adaptis.worker.replicas import Mesh
+from adaptis.worker.runtime.replicas import world_mesh
+from adaptis.worker.profiling.job_problem import estimate_problem
+from adaptis.worker.testing import TrainedReference, reference_train
 
 REPLICAS, PIPELINE, STEPS = 2, 2, 3
 PLANS = ("adaptis", "i1f1b", "zb-v")
@@ -38,16 +38,16 @@ CASES = {f"{name}-zero{zero}": (name, zero) for name in PLANS for zero in (0, 1)
 
 
 def test_mesh_ranks_pipeline_innermost() -> None:
-    mesh = Mesh.of(world_size=6, data_parallel=2)
+    mesh = world_mesh(world_size=6, data_parallel=2)
     assert (mesh.replicas, mesh.pipeline) == (2, 3)
     assert mesh.pipeline_ranks(1) == [3, 4, 5]
     assert mesh.replica_ranks(1) == [1, 4]
-    assert [(mesh.replica_of(r), mesh.pipeline_rank_of(r)) for r in range(6)] == [
+    assert [(mesh.replica(r), mesh.pipeline_rank(r)) for r in range(6)] == [
         (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
-    assert all(mesh.global_rank(replica=mesh.replica_of(r), pipeline_rank=mesh.pipeline_rank_of(r)) == r
+    assert all(mesh.rank(replica=mesh.replica(r), pipeline_rank=mesh.pipeline_rank(r)) == r
                for r in range(6))
     with pytest.raises(PlanMismatchError, match="data_parallel 4 does not divide the world size 6"):
-        Mesh.of(world_size=6, data_parallel=4)
+        world_mesh(world_size=6, data_parallel=4)
 
 
 def test_shards_tile_the_stream() -> None:

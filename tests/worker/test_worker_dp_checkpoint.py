@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from worker_harness import small_config
 
-from adaptis.worker.launcher import LocalLauncher
+from adaptis.worker.run.launcher import LocalLauncher
 
 STEPS, REPLICAS = 4, 2
 

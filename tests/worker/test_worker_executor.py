@@ -12,18 +12,18 @@ from worker_harness import SMALL_MODEL, one_rank_group  # noqa: F401 (the fixtur
 
 from adaptis.api.job import TrainingSpec, WorkerConfig
 from adaptis.api.plan import Plan
-from adaptis.worker import slowdown
-from adaptis.worker.data import SyntheticTokens
+from adaptis.worker.data.sources import SyntheticTokens
 from adaptis.worker.errors import PlanMismatchError
-from adaptis.worker.executor import (
+from adaptis.worker.runtime import slowdown
+from adaptis.worker.runtime.executor import (
     Executor,
     _action_timer,
     activation_bytes,
     parse_plan,
     transfer_bytes,
 )
-from adaptis.worker.pipelining import CudaActionTimer, WallActionTimer
-from adaptis.worker.reference import reference_step
+from adaptis.worker.runtime.pipelining import CudaActionTimer, WallActionTimer
+from adaptis.worker.testing import reference_step
 
 TRAIN = TrainingSpec(microbatches=3, microbatch_size=2, sequence_length=8, grad_clip=None, seed=5)
 N_LAYERS = 5
@@ -150,7 +150,7 @@ def test_transfer_bytes_count_cross_rank_boundaries_only() -> None:
 ])
 def test_bubble_ratios_from_known_timings(busy: tuple[float, ...], iteration: float, rank: int,
                                           pipeline: float, own: float) -> None:
-    from adaptis.worker.executor import StepStats
+    from adaptis.worker.runtime.executor import StepStats
 
     stats = StepStats(rank=rank, loss=0.0, iteration_seconds=iteration, step_seconds=iteration,
                       busy_seconds=busy, busy_by_kind={}, grad_norm=0.0, sent_bytes=0,
@@ -298,7 +298,7 @@ def test_only_the_stages_the_plan_recomputes_run_their_forward_twice(recompute: 
 
 
 def test_the_slowdown_knob_slows_the_rank_it_names_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    from adaptis.worker.slowdown import Slowdown, SlowedTimer
+    from adaptis.worker.runtime.slowdown import Slowdown, SlowedTimer
 
     monkeypatch.setenv("ADAPTIS_SLOWDOWN", "0:3@2")
     ex = Executor(_config(_three_stages_split()), rank=0, world_size=1, device=torch.device("cpu"))
@@ -309,7 +309,7 @@ def test_the_slowdown_knob_slows_the_rank_it_names_only(monkeypatch: pytest.Monk
 
 
 def test_the_action_trace_goes_to_this_ranks_file(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    from adaptis.worker.trace import rank_trace_path
+    from adaptis.worker.runtime.trace import rank_trace_path
 
     monkeypatch.setenv("ADAPTIS_TRACE", str(tmp_path))
     ex = Executor(_config(_three_stages_split()), rank=0, world_size=1, device=torch.device("cpu"))

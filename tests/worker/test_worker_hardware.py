@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaptis.api.hardware import parse_measured_hardware
+from adaptis.api.measured_hardware import parse_measured_hardware
 from adaptis.worker.errors import WorkerError
-from adaptis.worker.hardware import REFERENCE_TFLOPS, fit_link, load_hardware, measure_hardware
-from adaptis.worker.launcher import free_port
+from adaptis.worker.profiling.hardware import REFERENCE_TFLOPS, fit_link, load_hardware, measure_hardware
+from adaptis.worker.run.launcher import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 from worker_harness import (
-    parity_reference,
     DP_TRAINING,
     PARITY_MODEL,
     dp_parity_ranks,
     parity_ranks,
+    parity_reference,
     run_ranks,
     selected_cases,
     topological_plan,
@@ -25,8 +25,8 @@ from worker_harness import (
 from adaptis.api.plan import Plan
 from adaptis.api.rules import layer_count
 from adaptis.planner.drift import idle_devices
-from adaptis.worker.data import SyntheticTokens
-from adaptis.worker.reference import reference_train
+from adaptis.worker.data.sources import SyntheticTokens
+from adaptis.worker.testing import reference_train
 
 N_LAYERS = 10  # embedding + 8 blocks + head
 STAGES = [(0, 3), (3, 7), (7, 10)]

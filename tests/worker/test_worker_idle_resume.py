@@ -20,7 +20,7 @@ from worker_harness import SMALL_MODEL, topological_plan
 from adaptis.api.job import BlockSpec, TrainingSpec, WorkerConfig
 from adaptis.planner.drift import idle_devices
 from adaptis.worker.errors import PreemptedError
-from adaptis.worker.launcher import LocalLauncher
+from adaptis.worker.run.launcher import LocalLauncher
 
 TOLERANCE = 1e-5
 # Smooth (no top-1 routing): two plans' summation orders must not flip an expert choice.

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from adaptis.api.job import BlockSpec, ModelSpec, TrainingSpec
 from adaptis.planner.estimate import MAMBA_CHUNK
 from adaptis.planner.kernels import block_kernels, embedding_kernels, head_kernels
-from adaptis.worker.models import build_layer, token_loss
+from adaptis.worker.models.zoo import build_layer, token_loss
 
 
 class _Count(TorchDispatchMode):

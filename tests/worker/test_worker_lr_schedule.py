@@ -8,7 +8,7 @@ import math
 import pytest
 
 from adaptis.api.job import OptimizerSpec
-from adaptis.worker.lr_schedule import learning_rate
+from adaptis.worker.runtime.lr_schedule import learning_rate
 
 
 def _curve(spec: OptimizerSpec, steps: int) -> list[float]:

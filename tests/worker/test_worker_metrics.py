@@ -15,8 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from worker_harness import small_config
 
-from adaptis.worker.launcher import LocalLauncher
-from adaptis.worker.metrics import METRIC_NAMES, WorkerMetrics
+from adaptis.worker.run.launcher import LocalLauncher
+from adaptis.worker.run.metrics import METRIC_NAMES, WorkerMetrics
 
 STEPS = 3
 

@@ -8,7 +8,7 @@ import torch
 
 from adaptis.api.job import BlockSpec, ModelSpec
 from adaptis.worker.errors import WorkerError
-from adaptis.worker.models import (
+from adaptis.worker.models.zoo import (
     build_layer,
     build_model,
     build_stages,

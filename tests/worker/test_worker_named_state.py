@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from worker_harness import SMALL_MODEL
 
-from adaptis.worker.checkpoint import _complete, _recorded_savers, scan_checkpoints
-from adaptis.worker.named_state import export_state, held_names, held_optimizer, import_state
+from adaptis.worker.state.checkpoint import _complete, _recorded_savers, scan_checkpoints
+from adaptis.worker.state.named_state import export_state, held_names, held_optimizer, import_state
 
 NAMES = ("0.weight", "1.weight", "2.weight")
 
@@ -88,12 +88,13 @@ def test_a_parameter_without_a_gradient_yet_has_no_state_and_the_others_still_do
 
 
 def test_a_zero_1_rank_holds_only_its_share() -> None:
-    from adaptis.worker.replicas import Mesh, ZeroOptimizer
+    from adaptis.api.mesh import Mesh
+    from adaptis.worker.runtime.replicas import ZeroOptimizer
 
     params = _params()
     # Two replicas of one pipeline rank: shares by size, in order (no collective until step()).
     zero = ZeroOptimizer(list(params.values()), make=lambda ps: torch.optim.AdamW(ps, lr=0.05),
-                         mesh=Mesh(replicas=2, pipeline=1), rank=1, group=None)
+                         mesh=Mesh(pods=2, per_pod=1, replicas=2), rank=1, group=None)
     assert held_optimizer(zero) is zero.local
     assert held_names(held_optimizer(zero), named=params) == ["1.weight"]
     plain = torch.optim.AdamW(list(params.values()), lr=0.05)

@@ -1,5 +1,5 @@
 """Which rank exchanges the tied gradient and which stage starts each parameter's replica
-all-reduce (adaptis.worker.ownership), for every rank of a plan, in one process, with the
+all-reduce (adaptis.worker.runtime.ownership), for every rank of a plan, in one process, with the
 zoo's real stage modules. The exchanges themselves run in test_worker_parity.py and
 test_worker_data_parallel.py."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 from worker_harness import SMALL_MODEL
 
 from adaptis.api.plan import Plan
-from adaptis.worker.models import build_stages
-from adaptis.worker.ownership import TiePeer, reducing_stage, tie_peer, tied_ranks
+from adaptis.worker.models.zoo import build_stages
+from adaptis.worker.runtime.ownership import TiePeer, reducing_stage, tie_peer, tied_ranks
 
 N_LAYERS = 5  # SMALL_MODEL: embedding, three blocks, head
 

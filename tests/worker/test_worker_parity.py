@@ -8,7 +8,6 @@ rtol 1e-4 / atol 1e-6 (the only differences are summation order), grad norm with
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from worker_harness import (
@@ -23,7 +22,7 @@ from worker_harness import (
 
 from adaptis.api.plan import Plan
 from adaptis.planner.strategies import plan_strategy
-from adaptis.worker.problem import estimate_problem
+from adaptis.worker.profiling.job_problem import estimate_problem
 
 STRATEGIES = ("gpipe", "1f1b", "i1f1b", "zb-h1", "zb-v", "balanced", "adaptis")
 N_LAYERS = 10  # embedding + 8 blocks + head

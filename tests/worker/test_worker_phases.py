@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from worker_harness import run_ranks, small_config
 
-from adaptis.worker.executor import StepStats
+from adaptis.worker.runtime.executor import StepStats
 
 STEPS = 3
 # Delays far above a tiny model's pipeline part (tens of ms; a few hundred on 2 cores shared by
@@ -26,10 +26,10 @@ SKEW_S = 0.25  # how much later than the sleeper a waiting rank may enter the ph
 def _phase_ranks(rank: int, world: int, port: int, config_json: str, out_dir: str) -> None:
     import torch
 
-    import adaptis.worker.executor as executor_mod
-    import adaptis.worker.runner as runner_mod
+    import adaptis.worker.run.runner as runner_mod
+    import adaptis.worker.runtime.executor as executor_mod
     from adaptis.api.job import WorkerConfig
-    from adaptis.worker.runner import RankEnv, run_worker
+    from adaptis.worker.run.runner import RankEnv, run_worker
 
     torch.set_num_threads(1)
     open_source, make_optimizer = runner_mod.open_source, executor_mod._optimizer

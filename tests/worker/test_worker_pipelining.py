@@ -15,7 +15,7 @@ import torch
 from torch.distributed.pipelining import PipelineStage
 
 from adaptis.worker.errors import TorchApiError, WorkerError
-from adaptis.worker.pipelining import backward_kind_of
+from adaptis.worker.runtime.pipelining import backward_kind_of
 
 
 def test_installed_torch_backward_one_chunk_has_the_names_the_adapter_reads() -> None:

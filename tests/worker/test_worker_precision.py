@@ -18,9 +18,9 @@ from worker_harness import SMALL_MODEL, free_port
 
 from adaptis.api.job import TrainingSpec, WorkerConfig
 from adaptis.api.plan import Plan
-from adaptis.worker.data import Batch, SyntheticTokens
+from adaptis.worker.data.sources import Batch, SyntheticTokens
 from adaptis.worker.errors import PlanMismatchError
-from adaptis.worker.executor import Executor
+from adaptis.worker.runtime.executor import Executor
 
 M = 3
 TRAIN = TrainingSpec(microbatches=M, microbatch_size=2, sequence_length=8, grad_clip=None, seed=5)
@@ -137,8 +137,8 @@ def test_recompute_gives_the_same_gradients_and_saves_far_fewer_bytes_for_backwa
 def test_the_profiler_times_layers_in_the_precision_the_ranks_run(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from adaptis.api.job import JobSpec
-    from adaptis.worker import profiler
-    from adaptis.worker.problem import measure_problem
+    from adaptis.worker.profiling import profiler
+    from adaptis.worker.profiling.job_problem import measure_problem
 
     seen: list[bool] = []
     build = profiler.build_layer

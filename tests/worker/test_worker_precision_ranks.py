@@ -26,8 +26,8 @@ import torch
 from worker_harness import SMALL_MODEL, parity_ranks, run_ranks, small_config, topological_plan
 
 from adaptis.api.job import WorkerConfig
-from adaptis.worker.launcher import LocalLauncher
-from adaptis.worker.lr_schedule import learning_rate
+from adaptis.worker.run.launcher import LocalLauncher
+from adaptis.worker.runtime.lr_schedule import learning_rate
 
 STEPS = 8
 

@@ -19,20 +19,20 @@ from torch import nn
 from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, OptimizerSpec, ParallelismSpec, TrainingSpec
 from adaptis.api.problem import load_problem, parse_problem
 from adaptis.worker.errors import WorkerError
-from adaptis.worker.hardware import DeviceProfile, HardwareProfile, LinkProfile, configure_host
-from adaptis.worker.layers import AttentionBlock
-from adaptis.worker.pipelining import weight_pass_graph
-from adaptis.worker.models import model_layers
-from adaptis.worker.profiler import (
+from adaptis.worker.models.layers import AttentionBlock
+from adaptis.worker.models.zoo import model_layers
+from adaptis.worker.profiling.hardware import DeviceProfile, HardwareProfile, LinkProfile, configure_host
+from adaptis.worker.profiling.job_problem import profile_job
+from adaptis.worker.profiling.profiler import (
     ProfileSettings,
     bytes_per_param,
     measure_action_overhead,
     measure_graph_visit,
-    profile_job,
-    profile_layers,
     problem_from_profiles,
+    profile_layers,
     profile_module,
 )
+from adaptis.worker.runtime.pipelining import weight_pass_graph
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = ProfileSettings(warmup=1, repeats=3)
@@ -262,7 +262,7 @@ def test_optimizer_step_and_gradient_bytes_are_measured_per_layer() -> None:
 
 def test_the_optimizer_step_grows_with_the_parameters() -> None:
     from adaptis.api.job import OptimizerSpec as Opt
-    from adaptis.worker.optimizer_timing import time_optimizer_step
+    from adaptis.worker.profiling.optimizer_timing import time_optimizer_step
 
     settings = ProfileSettings(warmup=1, repeats=3, estimator="min")
     small = time_optimizer_step(torch.nn.Linear(32, 32), optimizer=Opt(), settings=settings)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from worker_harness import SMALL_MODEL
 
 from adaptis.api.job import TrainingSpec, WorkerConfig
-from adaptis.worker.runner import RankEnv, metrics_port
+from adaptis.worker.run.runner import RankEnv, metrics_port
 
 
 def _config(port: int | None) -> WorkerConfig:

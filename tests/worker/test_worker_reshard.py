@@ -26,7 +26,7 @@ from worker_harness import SMALL_MODEL
 
 from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, TrainingSpec, WorkerConfig
 from adaptis.worker.errors import PreemptedError
-from adaptis.worker.launcher import LocalLauncher
+from adaptis.worker.run.launcher import LocalLauncher
 
 TOLERANCE = 1e-5  # the data-parallel parity tolerance (docs/parallelism.md)
 # Without the mixture of experts: top-1 routing is discontinuous, and two plans' different
@@ -39,7 +39,7 @@ SMOOTH_MODEL = SMALL_MODEL.model_copy(update={"blocks": [BlockSpec(kind="mamba")
 def _config(*, pipeline: int, strategy: str, steps: int, microbatches: int = 4, replicas: int = 1, zero: int = 0,
             checkpoint_dir: Path | None = None, every: int = 0, model: ModelSpec = SMALL_MODEL) -> WorkerConfig:
     from adaptis.planner.strategies import plan_strategy
-    from adaptis.worker.problem import estimate_problem
+    from adaptis.worker.profiling.job_problem import estimate_problem
 
     training = TrainingSpec(steps=steps, microbatches=microbatches, microbatch_size=1, sequence_length=16, seed=1,
                             optimizer={"name": "adamw", "lr": 0.01, "weight_decay": 0.01})

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from adaptis.cli.worker import _write_termination_message
-from adaptis.operator.status import _bubble_ratio
+from adaptis.operator.resources.status import _bubble_ratio
 
 
 def test_termination_message_round_trips_to_the_operator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

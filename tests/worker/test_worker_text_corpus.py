@@ -16,8 +16,8 @@ from tokenizers import Tokenizer
 
 from adaptis.api.hf_model import HuggingFaceSpec
 from adaptis.api.job import DataSpec
-from adaptis.worker.corpus import tokenized
-from adaptis.worker.data import TextCorpus, open_source, shard_position
+from adaptis.worker.data.corpus import tokenized
+from adaptis.worker.data.sources import TextCorpus, open_source, shard_position
 from adaptis.worker.errors import DataError
 
 REPO = Path(__file__).resolve().parents[2]

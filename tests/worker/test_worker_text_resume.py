@@ -13,7 +13,7 @@ import pytest
 from worker_harness import small_config
 
 from adaptis.api.job import DataSpec
-from adaptis.worker.launcher import LocalLauncher
+from adaptis.worker.run.launcher import LocalLauncher
 
 pytestmark = pytest.mark.slow  # three 4-rank runs: about a minute on 2 cores
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from worker_harness import free_port, small_config
 
-from adaptis.operator.manifests import JobRef, worker_command
-from adaptis.worker.runner import EVENT_PREFIX
+from adaptis.operator.core.records import JobRef
+from adaptis.operator.resources.manifests import worker_command
+from adaptis.worker.run.runner import EVENT_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
 

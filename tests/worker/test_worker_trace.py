@@ -15,8 +15,8 @@ import yaml
 from adaptis.api.plan import Plan
 from adaptis.api.problem import parse_problem
 from adaptis.cli.trace_report import TraceMismatch, trace_report
-from adaptis.worker.pipelining import WallActionTimer
-from adaptis.worker.trace import ENV, TracedTimer, rank_trace_path, traced
+from adaptis.worker.runtime.pipelining import WallActionTimer
+from adaptis.worker.runtime.trace import ENV, TracedTimer, rank_trace_path, traced
 
 REPO = Path(__file__).resolve().parents[2]
 MS = 1e-3

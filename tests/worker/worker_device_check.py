@@ -39,9 +39,9 @@ def check_gloo_parity() -> dict:
     import worker_harness as h
 
     from adaptis.planner.strategies import plan_strategy
-    from adaptis.worker.data import SyntheticTokens
-    from adaptis.worker.problem import estimate_problem
-    from adaptis.worker.reference import reference_step
+    from adaptis.worker.data.sources import SyntheticTokens
+    from adaptis.worker.profiling.job_problem import estimate_problem
+    from adaptis.worker.testing import reference_step
 
     t = h.PARITY_TRAINING
     plans = {n: plan_strategy(estimate_problem(h.job_spec(), devices=2), n).plan for n in ("1f1b", "zb-h1", "zb-v")}
@@ -65,19 +65,19 @@ def check_gloo_parity() -> dict:
 
 def check_cuda_step() -> dict:
     import socket
+    from datetime import timedelta
 
+    import torch.distributed as dist
     from worker_harness import PARITY_MODEL, PARITY_TRAINING
 
     from adaptis.api.job import WorkerConfig
     from adaptis.api.plan import Plan
-    from adaptis.worker.data import SyntheticTokens
-    from adaptis.worker.models import build_model, layer_parameters, token_loss
-    import torch.distributed as dist
-    from datetime import timedelta
+    from adaptis.worker.data.sources import SyntheticTokens
+    from adaptis.worker.models.zoo import build_model, layer_parameters, token_loss
 
     if not torch.cuda.is_available():
         return {"check": "cuda-step", "ok": False, "reason": "no CUDA"}
-    from adaptis.worker.executor import Executor
+    from adaptis.worker.runtime.executor import Executor
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -116,9 +116,8 @@ def check_cuda_blocks(device: str = "cuda") -> dict:
     from test_worker_blocks_parity import MODEL, TRAINING
 
     from adaptis.api.job import BlockSpec, ModelSpec
-    from adaptis.worker.data import SyntheticTokens
-    from adaptis.worker.models import build_layer, build_model, layer_parameters, set_aux_loss_scale
-    from adaptis.worker.models import token_loss
+    from adaptis.worker.data.sources import SyntheticTokens
+    from adaptis.worker.models.zoo import build_layer, build_model, layer_parameters, set_aux_loss_scale, token_loss
 
     if device == "cuda" and not torch.cuda.is_available():
         return {"check": "cuda-blocks", "ok": False, "reason": "no CUDA"}

@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 
 from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, TrainingSpec, WorkerConfig
 from adaptis.api.plan import Plan
-from adaptis.worker.launcher import caused_by_peer
+from adaptis.worker.run.launcher import caused_by_peer
 
 PARITY_MODEL = ModelSpec(
     vocab_size=512, hidden=32, heads=4, tie_embeddings=True,
@@ -38,8 +38,8 @@ PARITY_LAYERS = 10  # embedding + 8 blocks + head
 def parity_reference() -> tuple[float, dict[str, torch.Tensor], float]:
     """One step of PARITY_MODEL in one process: loss, gradients by name, gradient norm. The tied
     weight appears under both layer names; its gradient counts once in the norm."""
-    from adaptis.worker.data import SyntheticTokens
-    from adaptis.worker.reference import reference_step
+    from adaptis.worker.data.sources import SyntheticTokens
+    from adaptis.worker.testing import reference_step
 
     torch.set_num_threads(1)
     t = PARITY_TRAINING
@@ -137,8 +137,8 @@ def _rank_failure(error_files: list[str | None]) -> str | None:
 
 def parity_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: str) -> None:
     """Every case of ``cases_file`` through the executor: one step, grads dumped per rank."""
-    from adaptis.worker.data import SyntheticTokens
-    from adaptis.worker.executor import Executor
+    from adaptis.worker.data.sources import SyntheticTokens
+    from adaptis.worker.runtime.executor import Executor
 
     init_gloo(rank, world, port)
     for case in json.loads(Path(cases_file).read_text()):
@@ -206,7 +206,7 @@ def small_config(*, steps: int, strategy: str = "1f1b", world: int = 2, checkpoi
                  checkpoint_every: int = 0, metrics_port: int | None = None, job: str = "test") -> WorkerConfig:
     """A tiny model, planned by the planner for ``world`` ranks: steps take tens of ms."""
     from adaptis.planner.strategies import plan_strategy
-    from adaptis.worker.problem import estimate_problem
+    from adaptis.worker.profiling.job_problem import estimate_problem
 
     training = TrainingSpec(steps=steps, microbatches=4, microbatch_size=1, sequence_length=16, seed=1)
     outcome = plan_strategy(estimate_problem(JobSpec(model=SMALL_MODEL, training=training), devices=world),
@@ -227,8 +227,8 @@ def dp_parity_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: 
     config's steps, each replica reading its shard; dumps per-step losses and norms, the last
     step's gradients (after the replica average, before clipping is irrelevant: clipping
     scales them after) and the final weights, per rank."""
-    from adaptis.worker.data import SyntheticTokens, shard_position
-    from adaptis.worker.executor import Executor
+    from adaptis.worker.data.sources import SyntheticTokens, shard_position
+    from adaptis.worker.runtime.executor import Executor
 
     init_gloo(rank, world, port)
     for case in json.loads(Path(cases_file).read_text()):

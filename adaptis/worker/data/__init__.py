@@ -1,0 +1,1 @@
+"""Training data: synthetic tokens, token files and local text corpora, by position."""

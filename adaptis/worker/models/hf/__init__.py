@@ -1,0 +1,1 @@
+"""Hugging Face transformers models as pipeline stages, and their local weights."""
