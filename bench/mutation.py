@@ -141,7 +141,6 @@ MODULES: dict[str, tuple[str, ...]] = {
     # their own, which mutmut's mutants never reach (and would cost a minute a mutant).
     "adaptis/worker/state/checkpoint.py": (
         "tests/worker/test_worker_checkpoint_files.py", "tests/worker/test_worker_named_state.py",
-        "tests/worker/test_worker_checkpoint.py::test_a_checkpoint_from_before_the_block_options_still_matches",
     ),
     "adaptis/worker/state/named_state.py": ("tests/worker/test_worker_named_state.py",),
     # The scraping tests' ranks are processes of their own, which mutmut's mutants never reach:

@@ -72,7 +72,7 @@ class ParallelismSpec(_Spec):
         description="Worker pods; each runs max(1, gpusPerWorker) ranks, and with dataParallel 1 "
         "every rank is a pipeline rank. At most 128: every pipeline rank adds a hop per "
         "microbatch, and the plan (ranks x microbatches x F/B/W) grows past what the planner "
-        "can search and store; 64 ranks x 4096 microbatches plan in 0.84 GiB "
+        "can search and store within the operator's planning budget "
         "(docs/planning-budget.md).")
     gpus_per_worker: int = Field(
         default=1, ge=0, le=16,

@@ -182,7 +182,3 @@ class ModelSpec(Spec):
         if block.kind == "moe":
             return 2 * self.hidden
         return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
-
-    @property
-    def block_kinds(self) -> list[str]:
-        return [b.kind for b in self.blocks or [] for _ in range(b.count)]

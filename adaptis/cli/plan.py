@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 # Exit statuses scripts can branch on (also in the --help epilog): 0 the requested strategy
 # (default adaptis, also under --compare) has a plan that fits; 1 it has none (the table or
 # JSON is still printed, stderr says how much memory it would need); 2 bad usage or input,
-# including a strategy that cannot apply to the problem at all (too few layers).
-EXIT_OK, EXIT_INFEASIBLE, EXIT_USAGE = 0, 1, 2
+# including a strategy that cannot apply to the problem at all (too few layers): a CLIError,
+# which adaptis.cli.main turns into 2 as for every verb.
+EXIT_OK, EXIT_INFEASIBLE = 0, 1
 _EPILOG = ("exit status: 0 the requested strategy (default adaptis; with --compare too) has a "
            "plan that fits; 1 it is infeasible (the report is still printed; stderr says the "
            "memory it needs per device); 2 bad usage or input")

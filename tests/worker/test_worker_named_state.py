@@ -169,11 +169,9 @@ def test_a_step_is_complete_when_its_recorded_savers_are_seen_together() -> None
              {4: ([1], [0, 1]), 8: ([1], None)}]
     assert _complete(views) == [4]
     assert _complete([{2: ([0], None)}]) == []
-    # Files of an older adaptis: the savers follow from the topology they record.
-    assert _recorded_savers({"world_size": 4, "data_parallel": 2, "zero_stage": 0}) == [0, 1]
-    assert _recorded_savers({"world_size": 4, "data_parallel": 2}) == [0, 1]  # before ZeRO: none
-    assert _recorded_savers({"world_size": 4, "data_parallel": 2, "zero_stage": 1}) == [0, 1, 2, 3]
-    assert _recorded_savers({"model_spec": {}}) is None
+    # The savers are what the file records, never guessed from its topology.
+    assert _recorded_savers({"savers": [0, 1], "world_size": 4}) == [0, 1]
+    assert _recorded_savers({"world_size": 4, "data_parallel": 2, "zero_stage": 0}) is None
 
 
 def test_scan_resumes_any_plan_and_names_what_is_missing(tmp_path: Path) -> None:

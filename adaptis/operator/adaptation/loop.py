@@ -192,7 +192,8 @@ class Adapter:
         try:
             window = self._window(p, g, spec=spec, record=record)
         except (PlannerError, Unsatisfiable, ValueError) as err:
-            # The running plan cannot be replayed on its problem (an old operator's record):
+            # The running plan cannot be replayed on its problem (a record this operator's
+            # planner would not make):
             # say so once per poll, never fail the pass over it.
             p.condition("ReplanSuggested", "False", reason="ReplanFailed",
                         message=f"the running plan's prediction cannot be rebuilt: {err}")

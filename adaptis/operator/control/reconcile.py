@@ -311,7 +311,7 @@ class Reconciler:
         p.condition("Restarting", "True", reason=reason, event="Warning",
                     message=f"gang restart {p.status.restarts}/{spec.backoff_limit}: {detail}")
         p.condition("Running", "False", reason="Restarting")
-        self._write_now(p)
+        self._write(p)  # the status first: what follows is destructive
         self._delete_pods(p, pods)
         p.requeue.append(_RETRY_TERMINATING_S)
 
@@ -331,7 +331,7 @@ class Reconciler:
         p.condition("Restarting", "True", reason="Unschedulable", event="Warning",
                     message=f"unschedulable for {waited:.0f}s on {', '.join(sorted(nodes))}: "
                     "re-planning on the GPUs free now, without those nodes for a while")
-        self._write_now(p)
+        self._write(p)  # the status first: what follows is destructive
         self._delete_pods(p, pods)  # the next pass's plan leaves the avoided nodes out
         p.requeue.append(_RETRY_TERMINATING_S)
         return True
@@ -387,10 +387,6 @@ class Reconciler:
             lost = bool(node) and p.live_nodes is not None and node not in p.live_nodes
             if lost or not meta.get("deletionTimestamp"):
                 self._cluster.delete_pod(meta["namespace"], meta["name"], force=lost)
-
-    def _write_now(self, p: PassState) -> None:
-        """Publish the status mid-pass (before a slow or destructive step)."""
-        self._write(p)
 
     def _write(self, p: PassState) -> None:
         """Patch what changed since the last write (a null removes a key) and post events."""

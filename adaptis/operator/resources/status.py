@@ -31,7 +31,7 @@ __all__ = [
 
 
 def parse_status(raw: Mapping[str, Any] | None) -> JobStatus:
-    """The job's current status; anything unreadable (an old operator's) starts afresh."""
+    """The job's current status; anything unreadable (edited by hand, say) starts afresh."""
     try:
         return JobStatus.model_validate(dict(raw or {}))
     except ValueError:

@@ -22,9 +22,9 @@ share) holds. A job restored under another partition, placement, stage count, ra
 data-parallel R or ZeRO stage therefore continues exactly: same weights, moments, step (the
 learning rate is a function of the step), data position. Reading other ranks' files needs
 them visible (a shared volume); a rank that cannot find a parameter fails naming it.
-:class:`Resumed` ``exact`` says the optimizer state was restored too; it is False only for a
-file of an older adaptis (position-keyed optimizer state) under another plan, or an optimizer
-of another kind, and then the optimizer starts fresh with a warning.
+:class:`Resumed` ``exact`` says the optimizer state was restored too; it is False only for an
+optimizer of another kind or a parameter without recorded state, and then the optimizer starts
+fresh with a warning.
 
 Why our own format, not ``torch.distributed.checkpoint`` (DCP): DCP reshards DTensors and
 deduplicates replicated tensors, but our stages are plain per-rank modules with no FQN tree
@@ -44,8 +44,6 @@ is resumable by any job of the same model spec, whatever its plan.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import shutil
@@ -58,13 +56,12 @@ import torch.distributed as dist
 
 from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import ModelSpec
-from adaptis.api.plan import Plan
 from adaptis.worker.errors import CheckpointError
 from adaptis.worker.runtime.executor import Executor
 from adaptis.worker.runtime.replicas import ZeroOptimizer
 from adaptis.worker.state.named_state import export_state, held_names, held_optimizer, import_state
 
-__all__ = ["Resumed", "Scan", "agree_resume_step", "clear_checkpoints", "load_checkpoint", "plan_fingerprint",
+__all__ = ["Resumed", "Scan", "agree_resume_step", "clear_checkpoints", "load_checkpoint",
            "save_checkpoint", "savers", "scan_checkpoints"]
 
 log = logging.getLogger(__name__)
@@ -81,11 +78,6 @@ class Resumed:
     tokens: int
     samples: int
     exact: bool  # optimizer state restored too (see the module docstring for when it is not)
-
-
-def plan_fingerprint(plan: Plan) -> str:
-    doc = json.dumps({"stages": plan.stages, "placement": plan.placement}, sort_keys=True)
-    return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
 
 def savers(executor: Executor) -> list[int]:
@@ -113,7 +105,7 @@ def save_checkpoint(directory: str | Path, *, executor: Executor, step: int, pos
     writers = savers(executor)
     state: dict[str, Any] = {
         "format": 2, "step": step, "position": position, "tokens": tokens, "samples": samples,
-        "fingerprint": plan_fingerprint(executor.plan), "world_size": executor.world_size,
+        "world_size": executor.world_size,
         "data_parallel": executor.mesh.replicas, "zero_stage": executor.config.zero_stage,
         "savers": writers, "model_spec": _model_doc(executor.config.model),
         "model": {k: p.detach().cpu() for k, p in named.items()},
@@ -161,15 +153,8 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def _recorded_savers(doc: dict[str, Any]) -> list[int] | None:
-    """The ranks that wrote a step, as its file records them (or, for a file of an older
-    adaptis, as its topology implies)."""
-    if "savers" in doc:
-        return [int(r) for r in doc["savers"]]
-    world = doc.get("world_size")
-    if world is None:
-        return None
-    replicas, zero = int(doc.get("data_parallel", 1)), int(doc.get("zero_stage", 0))
-    return list(range(world)) if zero == 1 and replicas > 1 else list(range(world // replicas))
+    """The ranks that wrote a step, as its file records them (None: not one of ours)."""
+    return [int(r) for r in doc["savers"]] if "savers" in doc else None
 
 
 def _view(root: Path) -> dict[int, tuple[list[int], list[int] | None]]:
@@ -239,7 +224,6 @@ def load_checkpoint(directory: str | Path, *, executor: Executor, step: int) -> 
     states: dict[str, dict[str, Any] | None] = {}
     kinds: set[str] = set()
     header: dict[str, Any] | None = None
-    legacy: dict[str, Any] | None = None  # an older adaptis' own file: position-keyed optimizer state
     for path in _read_order(step_dir, executor):
         doc = _read(path)
         if doc is None:
@@ -259,8 +243,6 @@ def load_checkpoint(directory: str | Path, *, executor: Executor, step: int) -> 
                 source = name if name in covers else alias.get(name)
                 if source in covers:
                     states[name] = doc["optimizer_state"].get(source)
-        elif path.name == f"rank-{executor.checkpoint_rank}.pt":
-            legacy = doc
         if len(weights) == len(named) and want_opt <= states.keys():
             break  # the remaining files hold nothing this rank needs
     if header is None:
@@ -274,7 +256,7 @@ def load_checkpoint(directory: str | Path, *, executor: Executor, step: int) -> 
     with torch.no_grad():
         for name, p in named.items():
             p.copy_(weights[name].to(p.device))
-    exact = _restore_optimizer(executor, states=states, kinds=kinds, legacy=legacy, step=step)
+    exact = _restore_optimizer(executor, states=states, kinds=kinds, step=step)
     return Resumed(step=int(header["step"]), position=int(header["position"]), tokens=int(header["tokens"]),
                    samples=int(header["samples"]), exact=exact)
 
@@ -291,21 +273,11 @@ def _tied_alias(executor: Executor) -> dict[str, str]:
 
 
 def _restore_optimizer(executor: Executor, *, states: dict[str, dict[str, Any] | None], kinds: set[str],
-                       legacy: dict[str, Any] | None, step: int) -> bool:
+                       step: int) -> bool:
     """Whether the optimizer state was restored (else it starts fresh, with a warning)."""
     named = executor.named_parameters()
     held = held_optimizer(executor.optimizer)
     kind = executor.config.training.optimizer.name
-    if not kinds and legacy is not None:
-        same = (legacy.get("fingerprint") == plan_fingerprint(executor.plan)
-                and legacy.get("data_parallel", 1) == executor.mesh.replicas
-                and legacy.get("zero_stage", 0) == executor.config.zero_stage)
-        if same:
-            executor.optimizer.load_state_dict(legacy["optimizer"])
-            return True
-        log.warning("checkpoint of step %d predates name-keyed optimizer state and was taken under "
-                    "another plan: weights restored, the optimizer starts fresh", step)
-        return False
     if kinds and kinds != {kind}:
         log.warning("checkpoint of step %d holds %s optimizer state, this job trains with %s: weights "
                     "restored, the optimizer starts fresh", step, "/".join(sorted(kinds)), kind)
@@ -320,7 +292,9 @@ def _restore_optimizer(executor: Executor, *, states: dict[str, dict[str, Any] |
 
 def _check_model(doc: dict[str, Any], *, executor: Executor, step: int, root: Path) -> None:
     recorded = doc.get("model_spec")
-    if recorded is not None and _recorded_doc(recorded) != _model_doc(executor.config.model):
+    if recorded is None:
+        raise CheckpointError(f"checkpoint of step {step} in {root} does not record its model")
+    if recorded != _model_doc(executor.config.model):
         raise CheckpointError(f"checkpoint of step {step} in {root} is of another model "
                               f"({_model_difference(recorded, executor.config.model)})")
 
@@ -340,18 +314,7 @@ def _model_doc(model: ModelSpec) -> dict[str, Any]:
     return model.model_dump(mode="json", by_alias=True)
 
 
-def _recorded_doc(recorded: dict[str, Any]) -> dict[str, Any]:
-    """A recorded model spec read through today's ModelSpec: fields added since it was written
-    take their defaults (which keep the model as it was, e.g. kvHeads, ffnHidden), so an older
-    checkpoint of the same model still matches. An unreadable one is compared as written."""
-    try:
-        return _model_doc(ModelSpec.model_validate(recorded))
-    except ValueError:  # pydantic's ValidationError
-        return recorded
-
-
 def _model_difference(recorded: dict[str, Any], model: ModelSpec) -> str:
-    recorded = _recorded_doc(recorded)
     now = _model_doc(model)
     diffs = [f"model.{k}: {recorded.get(k)!r} there, {now.get(k)!r} in this job"
              for k in sorted(set(recorded) | set(now)) if recorded.get(k) != now.get(k)]
@@ -392,8 +355,8 @@ def scan_checkpoints(directory: str | Path, *, model: ModelSpec) -> Scan:
     state = _read(_rank_file(root, step=step, rank=view[step][0][0]))
     recorded = state.get("model_spec") if state is not None else None
     if recorded is None:
-        why = f"step {step}'s checkpoint does not record its model (written by an older adaptis)"
-    elif _recorded_doc(recorded) != _model_doc(model):
+        why = f"step {step}'s checkpoint does not record its model"
+    elif recorded != _model_doc(model):
         why = f"step {step}'s checkpoint is of another model ({_model_difference(recorded, model)})"
     else:
         why = None
