@@ -20,6 +20,7 @@ from pydantic import (
 from pydantic.alias_generators import to_snake
 
 from adaptis.api.adaptation import AdaptationSpec, AdaptationStatus
+from adaptis.api.conditions import ConditionType
 from adaptis.api.errors import from_validation_error, read_document
 from adaptis.api.model import MAX_BLOCKS, BlockSpec, ModelSpec  # re-exported
 from adaptis.api.model import Spec as _Spec
@@ -287,16 +288,12 @@ Phase = Literal[
     "Pending", "Queued", "Profiling", "Planned", "Running", "Restarting", "Suspended",
     "Succeeded", "Failed",
 ]
-ConditionType = Literal[
-    "Queued", "Profiling", "Planned", "Running", "Restarting", "Suspended", "Succeeded", "Failed",
-    "Replanned", "ReplanSuggested",
-]
 
 
 class Condition(_Spec):
     """One observation of the job, as every Kubernetes condition."""
 
-    type: str = Field(description="Queued, Profiling, Planned, Running, Restarting, ...")
+    type: str = Field(description=f"One of {', '.join(ConditionType)} (the operator writes no other).")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="CamelCase reason of the last transition.")
     message: str = Field(default="", description="Human-readable detail; names the field at fault.")

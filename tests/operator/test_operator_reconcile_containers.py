@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from adaptis.api.conditions import ConditionType
 from adaptis.api.job import JobSpec
-from adaptis.operator.control.reconcile import CONTAINERS_CREATED, Reconciler
+from adaptis.operator.control.reconcile import Reconciler
 from adaptis.operator.resources.hf_config import RETRY_MAX_S
 from adaptis.operator.resources.status import MAX_WAITING_MESSAGE
 from adaptis.operator.resources.validation import absent_config_maps
@@ -72,7 +73,7 @@ def test_a_container_the_kubelet_cannot_start_is_a_condition_and_one_warning(
     for _ in range(3):  # every pass sees it; the Event is posted once
         rec.reconcile("ns", "demo")
     job = cluster.job()
-    cond = _cond(job, CONTAINERS_CREATED)
+    cond = _cond(job, ConditionType.CONTAINERS_CREATED)
     assert cond is not None
     assert (cond["status"], cond["reason"]) == ("False", reason)
     assert cond["message"] == f"demo-worker-1: worker: {kubelet}: {message}"
@@ -94,7 +95,7 @@ def test_an_init_container_waiting_on_its_secret_is_reported_too(
     _wait(cluster, "demo-worker-0", "CreateContainerConfigError", SECRET_MISSING, init=True,
           container="fetch-data")
     rec.reconcile("ns", "demo")
-    cond = _cond(cluster.job(), CONTAINERS_CREATED)
+    cond = _cond(cluster.job(), ConditionType.CONTAINERS_CREATED)
     assert cond is not None and cond["reason"] == "ContainerConfigError"
     assert cond["message"] == f"demo-worker-0: fetch-data: CreateContainerConfigError: {SECRET_MISSING}"
 
@@ -108,13 +109,13 @@ def test_the_condition_clears_once_the_secret_is_there_and_the_gang_runs(
     _wait(cluster, "demo-worker-0", "ContainerCreating", "")
     rec.reconcile("ns", "demo")
     job = cluster.job()
-    cond = _cond(job, CONTAINERS_CREATED)
+    cond = _cond(job, ConditionType.CONTAINERS_CREATED)
     assert cond is not None and (cond["status"], cond["reason"]) == ("False", "ContainerCreating")
     assert "cannot start" not in job["status"].get("message", "")
     _run_all(cluster)
     rec.reconcile("ns", "demo")
     job = cluster.job()
-    cond = _cond(job, CONTAINERS_CREATED)
+    cond = _cond(job, ConditionType.CONTAINERS_CREATED)
     assert cond is not None and (cond["status"], cond["reason"]) == ("True", "ContainersStarted")
     assert job["status"]["phase"] == "Running" and "message" not in job["status"]
     assert [e[1:3] for e in cluster.events if e[2] in {"ContainerConfigError",
@@ -123,7 +124,7 @@ def test_the_condition_clears_once_the_secret_is_there_and_the_gang_runs(
     # A job never stuck carries no such condition at all.
     cluster.add_job(make_job("plain"))
     Reconciler(cluster, clock=clock).reconcile("ns", "plain")
-    assert _cond(cluster.job("plain"), CONTAINERS_CREATED) is None
+    assert _cond(cluster.job("plain"), ConditionType.CONTAINERS_CREATED) is None
 
 
 def test_a_restarting_gang_says_its_containers_cannot_start_and_stops_saying_it(
@@ -156,7 +157,7 @@ def test_a_job_that_finishes_straight_from_stuck_clears_the_condition(
     rec.reconcile("ns", "demo")
     job = cluster.job()
     assert job["status"]["phase"] == "Succeeded"
-    cond = _cond(job, CONTAINERS_CREATED)
+    cond = _cond(job, ConditionType.CONTAINERS_CREATED)
     assert cond is not None and cond["status"] == "True"
 
 
@@ -169,7 +170,7 @@ def test_image_pull_retries_do_not_repeat_the_warning(
         kubelet = "ErrImagePull" if i % 2 == 0 else "ImagePullBackOff"
         _wait(cluster, "demo-worker-0", kubelet, f"attempt {i}: not found")
         rec.reconcile("ns", "demo")
-    cond = _cond(cluster.job(), CONTAINERS_CREATED)
+    cond = _cond(cluster.job(), ConditionType.CONTAINERS_CREATED)
     assert cond is not None and cond["message"].endswith("ImagePullBackOff: attempt 3: not found")
     assert [e[2] for e in cluster.events if e[1] == "Warning"] == ["ImagePullBackOff"]
 
@@ -182,7 +183,7 @@ def test_the_message_stays_bounded_however_many_pods_and_however_long_their_mess
         _wait(cluster, f"demo-worker-{rank}", "CreateContainerConfigError", long)
     rec.reconcile("ns", "demo")
     job = cluster.job()
-    cond = _cond(job, CONTAINERS_CREATED)
+    cond = _cond(job, ConditionType.CONTAINERS_CREATED)
     assert cond is not None
     message = cond["message"]
     assert message.endswith("; and 1 more")
@@ -211,7 +212,7 @@ def test_a_missing_config_map_of_the_env_keeps_the_pods_back_until_it_exists(
     first = rec.reconcile("ns", "demo")
     job = cluster.job()
     assert not cluster.pods()
-    cond = _cond(job, CONTAINERS_CREATED)
+    cond = _cond(job, ConditionType.CONTAINERS_CREATED)
     assert cond is not None and (cond["status"], cond["reason"]) == ("False", "ConfigMapNotFound")
     assert cond["message"].startswith("spec.worker.env[0].valueFrom.configMapKeyRef.name: "
                                       "ConfigMap ns/data does not exist")
@@ -227,7 +228,7 @@ def test_a_missing_config_map_of_the_env_keeps_the_pods_back_until_it_exists(
 
     cluster.create(_config_map("data", {"other": "x"}))  # there now, but without the key
     rec.reconcile("ns", "demo")
-    cond = _cond(cluster.job(), CONTAINERS_CREATED)
+    cond = _cond(cluster.job(), ConditionType.CONTAINERS_CREATED)
     assert cond is not None and cond["message"].startswith(
         "spec.worker.env[0].valueFrom.configMapKeyRef.key: ConfigMap ns/data has no key 'url' "
         "(its keys: other)")
@@ -236,11 +237,11 @@ def test_a_missing_config_map_of_the_env_keeps_the_pods_back_until_it_exists(
     cluster.objects[("ConfigMap", "ns", "data")]["data"]["url"] = "s3://bucket/set"
     rec.reconcile("ns", "demo")
     assert len(cluster.pods()) == 4
-    cond = _cond(cluster.job(), CONTAINERS_CREATED)
+    cond = _cond(cluster.job(), ConditionType.CONTAINERS_CREATED)
     assert cond is not None and (cond["status"], cond["reason"]) == ("False", "ContainerCreating")
     _run_all(cluster)
     rec.reconcile("ns", "demo")
-    cond = _cond(cluster.job(), CONTAINERS_CREATED)
+    cond = _cond(cluster.job(), ConditionType.CONTAINERS_CREATED)
     assert cond is not None and cond["status"] == "True"
 
 
@@ -253,7 +254,7 @@ def test_a_config_map_deleted_under_a_running_gang_leaves_it_alone(
     del cluster.objects[("ConfigMap", "ns", "data")]
     rec.reconcile("ns", "demo")
     job = cluster.job()
-    assert job["status"]["phase"] == "Running" and _cond(job, CONTAINERS_CREATED) is None
+    assert job["status"]["phase"] == "Running" and _cond(job, ConditionType.CONTAINERS_CREATED) is None
 
 
 def _spec(**worker: Any) -> JobSpec:

@@ -35,6 +35,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from adaptis.api.adaptation import AdaptationStatus, ReplanRecord
+from adaptis.api.conditions import ConditionType, Reason
 from adaptis.api.job import JobSpec
 from adaptis.api.problem import Link
 from adaptis.operator.adaptation.measurements import MeasurementError, Sample, query_job
@@ -132,10 +133,12 @@ class Adapter:
                               time_limit_s=min(float(spec.planner.time_limit_seconds),
                                                self._settings.decide_time_limit_s))
         except PlannerError as err:
-            p.condition("ReplanSuggested", "False", reason="ReplanFailed", message=str(err))
+            p.condition(ConditionType.REPLAN_SUGGESTED, "False", reason=Reason.REPLAN_FAILED,
+                        message=str(err))
             return record
         if not decision.replan or decision.plan is None:
-            p.condition("ReplanSuggested", "False", reason="NotWorthIt", message=decision.reason)
+            p.condition(ConditionType.REPLAN_SUGGESTED, "False", reason=Reason.NOT_WORTH_IT,
+                        message=decision.reason)
             return record
         factors = _factors(decision.problem, problem, record.device_speed)
         rec = ReplanRecord(
@@ -164,7 +167,7 @@ class Adapter:
             self._jobs.pop(key, None)
             return None
         if not self._settings.prometheus_url:
-            p.condition("ReplanSuggested", "False", reason="NoMeasurementSource",
+            p.condition(ConditionType.REPLAN_SUGGESTED, "False", reason=Reason.NO_MEASUREMENT_SOURCE,
                         message=f"spec.adaptation.policy is {policy}, but the operator reads no "
                         "measurements: start it with --prometheus-url (chart value "
                         "operator.adaptation.prometheusUrl); the job runs its plan unchanged")
@@ -195,7 +198,7 @@ class Adapter:
             # The running plan cannot be replayed on its problem (a record this operator's
             # planner would not make):
             # say so once per poll, never fail the pass over it.
-            p.condition("ReplanSuggested", "False", reason="ReplanFailed",
+            p.condition(ConditionType.REPLAN_SUGGESTED, "False", reason=Reason.REPLAN_FAILED,
                         message=f"the running plan's prediction cannot be rebuilt: {err}")
             return None
         if window is None:
@@ -204,7 +207,7 @@ class Adapter:
             sample = self._fetch(self._settings.prometheus_url, namespace=key[0], job=key[1],
                                  timeout_s=self._settings.query_timeout_s)
         except MeasurementError as err:
-            p.condition("ReplanSuggested", "False", reason=err.reason, message=str(err))
+            p.condition(ConditionType.REPLAN_SUGGESTED, "False", reason=err.reason, message=str(err))
             return None
         if sample is None:
             return None
@@ -254,8 +257,8 @@ class Adapter:
         note = (f"; not applied: {spec.adaptation.max_replans} re-plans done "
                 "(spec.adaptation.maxReplans)" if capped else "")
         self._set_adaptation(p, suggestion=rec)
-        p.condition("ReplanSuggested", "True", reason="MaxReplansReached" if capped
-                    else "BetterPlan", message=rec.reason + note, event="Normal")
+        p.condition(ConditionType.REPLAN_SUGGESTED, "True", reason=Reason.MAX_REPLANS_REACHED if capped
+                    else Reason.BETTER_PLAN, message=rec.reason + note, event="Normal")
         if self._observer is not None:
             self._observer.replanned(key, action="suggested")
         log.info("%s/%s: suggested a re-plan: %s%s", *key, rec.reason, note)
@@ -285,12 +288,13 @@ class Adapter:
         history = [*(p.status.adaptation.history if p.status.adaptation else []), rec]
         self._set_adaptation(p, suggestion=None, history=history)
         p.update(replans=p.status.replans + 1, phase="Restarting", **plan_summary(new, job=p.job.name))
-        p.condition("Replanned", "True", reason="Drift", message=rec.reason, event="Normal")
-        p.condition("ReplanSuggested", "False", reason="Applied",
+        p.condition(ConditionType.REPLANNED, "True", reason=Reason.DRIFT, message=rec.reason,
+                    event="Normal")
+        p.condition(ConditionType.REPLAN_SUGGESTED, "False", reason=Reason.APPLIED,
                     message="the better plan was applied (policy auto)")
-        p.condition("Restarting", "True", reason="Replanned",
+        p.condition(ConditionType.RESTARTING, "True", reason=Reason.REPLANNED,
                     message="restarting the gang with the re-planned partition from its checkpoint")
-        p.condition("Running", "False", reason="Restarting")
+        p.condition(ConditionType.RUNNING, "False", reason=Reason.RESTARTING)
         self._publish(p)
         # The restart is measured from now: the old pods' checkpoint and exit are part of it.
         self._jobs.setdefault(key, _JobState()).gang = _Gang(

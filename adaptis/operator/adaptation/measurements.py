@@ -24,6 +24,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from adaptis.api.conditions import Reason
 from adaptis.operator.core.errors import OperatorError
 
 __all__ = ["BUSY", "STEPS", "MeasurementError", "Sample", "parse_sample", "query_job"]
@@ -37,7 +38,7 @@ STEPS = "adaptis_steps_total"
 class MeasurementError(OperatorError):
     """Prometheus could not be asked, or answered something that is not a vector."""
 
-    reason = "MeasurementUnavailable"
+    reason = Reason.MEASUREMENT_UNAVAILABLE
 
 
 @dataclass(frozen=True, slots=True)

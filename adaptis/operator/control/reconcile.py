@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from adaptis.api.conditions import ConditionType, Reason
 from adaptis.api.job import JobSpec
 from adaptis.operator.adaptation.loop import AdaptationObserver, Adapter, Fetch
 from adaptis.operator.adaptation.measurements import query_job
@@ -128,7 +129,7 @@ class Reconciler:
             self._step(p, spec_raw=body.get("spec") or {}, generation=generation)
         except children.ChildRefused as err:  # the job's content, not an API failure: no retry
             if err.refusal.invalid:
-                self._fail(p, reason="InvalidSpec", message=str(err),
+                self._fail(p, reason=Reason.INVALID_SPEC, message=str(err),
                            pods=self._cluster.list_pods(namespace, name))
             else:
                 children.wait_on(p, err.refusal)
@@ -143,7 +144,7 @@ class Reconciler:
         st = p.status
         # A spec fixed after an InvalidSpec failure is a new start; other failures are final.
         retry_invalid = (st.phase == "Failed" and generation != st.observed_generation
-                         and any(c.type == "Failed" and c.reason == "InvalidSpec"
+                         and any(c.type == ConditionType.FAILED and c.reason == Reason.INVALID_SPEC
                                  for c in st.conditions))
         if st.phase in _TERMINAL and not retry_invalid:
             self._finished(p, spec_raw=spec_raw)
@@ -156,7 +157,7 @@ class Reconciler:
             self._wait_for_config_map(p, err)
             return
         except InvalidJob as err:  # a broken update stops the pods too (a bad name had none)
-            self._fail(p, reason="InvalidSpec", message=str(err), pods=[] if "metadata.name"
+            self._fail(p, reason=Reason.INVALID_SPEC, message=str(err), pods=[] if "metadata.name"
                        in err.fields else self._cluster.list_pods(p.job.namespace, p.job.name))
             return
         if retry_invalid:
@@ -164,7 +165,7 @@ class Reconciler:
             # (a restart counted against spec.backoffLimit), nor does the deadline run on.
             p.update(phase="Pending", completion_time=None, message=None, launched=None,
                      start_time=None)
-            p.condition("Failed", "False", reason="SpecChanged",
+            p.condition(ConditionType.FAILED, "False", reason=Reason.SPEC_CHANGED,
                         message="the spec was corrected")
         pods = self._cluster.list_pods(p.job.namespace, p.job.name)
         profilers = job_profilers(self._cluster, p.job, settings=self._settings)
@@ -175,8 +176,8 @@ class Reconciler:
         if spec.suspend:
             self._suspend(p, spec=spec, pods=[*workers, *profilers])
             return
-        if any(c.type == "Suspended" and c.status == "True" for c in st.conditions):
-            p.condition("Suspended", "False", reason="Resumed",
+        if any(c.type == ConditionType.SUSPENDED and c.status == "True" for c in st.conditions):
+            p.condition(ConditionType.SUSPENDED, "False", reason=Reason.RESUMED,
                         message="worker pods recreated", event="Normal")
 
         if self._past_deadline(p, spec=spec, pods=pods):
@@ -197,8 +198,9 @@ class Reconciler:
         self._delete_pods(p, pods)
         p.update(phase="Suspended", start_time=None, message="spec.suspend is true", launched=None,
                  workers_ready=f"0/{spec.parallelism.workers}")
-        p.condition("Suspended", "True", reason="Suspended", message="worker pods removed", event="Normal")
-        p.condition("Running", "False", reason="Suspended")
+        p.condition(ConditionType.SUSPENDED, "True", reason=Reason.SUSPENDED,
+                    message="worker pods removed", event="Normal")
+        p.condition(ConditionType.RUNNING, "False", reason=Reason.SUSPENDED)
 
     def _past_deadline(self, p: PassState, *, spec: JobSpec, pods: Sequence[Mapping[str, Any]]) -> bool:
         """Fail the job once spec.activeDeadlineSeconds has run out since its start (True);
@@ -210,7 +212,7 @@ class Reconciler:
             return False
         left = deadline - (p.now - started).total_seconds()
         if left <= 0:
-            self._fail(p, reason="DeadlineExceeded", pods=pods,
+            self._fail(p, reason=Reason.DEADLINE_EXCEEDED, pods=pods,
                        message=f"spec.activeDeadlineSeconds: ran longer than {deadline}s")
             return True
         p.requeue.append(left)
@@ -238,8 +240,8 @@ class Reconciler:
         lost = [f"rank {r} ({pod_name(p.job.name, r)}): pod deleted or evicted"
                 for r in missing] if p.status.launched == gang else []
         if c.failed or lost:
-            self._restart_gang(p, spec=spec, pods=current, reason="PodFailed" if c.failed
-                               else "PodLost", failures=[*c.failures, *lost])
+            self._restart_gang(p, spec=spec, pods=current, reason=Reason.POD_FAILED if c.failed
+                               else Reason.POD_LOST, failures=[*c.failures, *lost])
             return
         if c.unschedulable and self._replan_unschedulable(p, pods=current):
             return
@@ -264,8 +266,8 @@ class Reconciler:
     def _succeed(self, p: PassState, *, spec: JobSpec, workers: int) -> None:
         self._ledger.release((p.job.namespace, p.job.name))
         p.update(phase="Succeeded", completion_time=p.stamp, message=None)
-        p.condition("Running", "False", reason="Completed")
-        p.condition("Succeeded", "True", reason="Completed",
+        p.condition(ConditionType.RUNNING, "False", reason=Reason.COMPLETED)
+        p.condition(ConditionType.SUCCEEDED, "True", reason=Reason.COMPLETED,
                     message=f"all {workers} ranks finished", event="Normal")
         self._schedule_ttl(p, spec.ttl_seconds_after_finished)
 
@@ -292,7 +294,7 @@ class Reconciler:
             if spec.active_deadline_seconds:
                 p.requeue.append(float(spec.active_deadline_seconds))
         if created:
-            p.events.append(("Normal", "CreatedPods", f"created {created} worker pod(s)"))
+            p.events.append(("Normal", Reason.CREATED_PODS, f"created {created} worker pod(s)"))
         if refused:  # invalid pods raise ChildRefused; a policy's refusal waits for the admin
             children.wait_on(p, children.first_refusal(refused, pods_to_create))
             return None
@@ -303,14 +305,14 @@ class Reconciler:
         """A new attempt of every rank, counted against spec.backoffLimit, or the end."""
         detail = "; ".join(failures[:3])
         if p.status.restarts >= spec.backoff_limit:
-            self._fail(p, reason="BackoffLimitExceeded", pods=pods,
+            self._fail(p, reason=Reason.BACKOFF_LIMIT_EXCEEDED, pods=pods,
                        message=f"spec.backoffLimit: {spec.backoff_limit} restart(s) used; {detail}")
             return
         # Count the restart before deleting: a crash in between never loses it.
         p.update(restarts=p.status.restarts + 1, phase="Restarting", message=detail)
-        p.condition("Restarting", "True", reason=reason, event="Warning",
+        p.condition(ConditionType.RESTARTING, "True", reason=reason, event="Warning",
                     message=f"gang restart {p.status.restarts}/{spec.backoff_limit}: {detail}")
-        p.condition("Running", "False", reason="Restarting")
+        p.condition(ConditionType.RUNNING, "False", reason=Reason.RESTARTING)
         self._write(p)  # the status first: what follows is destructive
         self._delete_pods(p, pods)
         p.requeue.append(_RETRY_TERMINATING_S)
@@ -328,7 +330,7 @@ class Reconciler:
         self._placer.avoid((p.job.namespace, p.job.name), sorted(nodes),
                            until=p.now + timedelta(seconds=_AVOID_FACTOR * limit))
         p.update(phase="Restarting")
-        p.condition("Restarting", "True", reason="Unschedulable", event="Warning",
+        p.condition(ConditionType.RESTARTING, "True", reason=Reason.UNSCHEDULABLE, event="Warning",
                     message=f"unschedulable for {waited:.0f}s on {', '.join(sorted(nodes))}: "
                     "re-planning on the GPUs free now, without those nodes for a while")
         self._write(p)  # the status first: what follows is destructive
@@ -340,12 +342,12 @@ class Reconciler:
         """The Hugging Face config's ConfigMap or key is missing: wait for it, saying which,
         and look again after about as long as the job has waited (nothing watches
         ConfigMaps). Pods a plan already runs are left alone: their volume was mounted."""
-        before = next((c for c in p.status.conditions if c.type == "Planned"), None)
+        before = next((c for c in p.status.conditions if c.type == ConditionType.PLANNED), None)
         since = (parse_time(before.last_transition_time)
                  if before is not None and before.reason == ConfigMapMissing.reason else None)
         if p.status.phase == "Pending":  # a running gang keeps its phase; the condition says
             p.update(message=str(err))
-        p.condition("Planned", "False", reason=ConfigMapMissing.reason, message=str(err),
+        p.condition(ConditionType.PLANNED, "False", reason=ConfigMapMissing.reason, message=str(err),
                     event="Warning")
         waited = (p.now - since).total_seconds() if since is not None else 0.0
         p.requeue.append(retry_after(waited))
@@ -357,8 +359,8 @@ class Reconciler:
         self._delete_pods(p, [pod for pod in pods
                            if (pod.get("status") or {}).get("phase") not in _TERMINAL])
         p.update(phase="Failed", message=message, completion_time=p.stamp)
-        p.condition("Running", "False", reason=reason)
-        p.condition("Failed", "True", reason=reason, message=message, event="Warning")
+        p.condition(ConditionType.RUNNING, "False", reason=reason)
+        p.condition(ConditionType.FAILED, "True", reason=reason, message=message, event="Warning")
         log.info("%s/%s failed: %s: %s", p.job.namespace, p.job.name, reason, message)
 
     def _finished(self, p: PassState, *, spec_raw: Mapping[str, Any]) -> None:
@@ -405,24 +407,25 @@ def _report_start(p: PassState, *, c: PodCensus, workers: int, created: int) -> 
     held by an admission controller, or starting."""
     if c.running + c.succeeded == workers:
         p.update(phase="Running", message=None)
-        p.condition("Running", "True", reason="AllRanksRunning",
+        p.condition(ConditionType.RUNNING, "True", reason=Reason.ALL_RANKS_RUNNING,
                     message=f"{c.running} running, {c.succeeded} finished", event="Normal")
-        if any(x.type == "Restarting" and x.status == "True" for x in p.status.conditions):
-            p.condition("Restarting", "False", reason="Recovered",
+        if any(x.type == ConditionType.RESTARTING and x.status == "True" for x in p.status.conditions):
+            p.condition(ConditionType.RESTARTING, "False", reason=Reason.RECOVERED,
                         message="the gang runs again")
     elif c.unschedulable:
         msg = "; ".join(c.unschedulable[:3])
         p.update(message=f"unschedulable: {msg}")
-        p.condition("Running", "False", reason="Unschedulable", message=msg, event="Warning")
+        p.condition(ConditionType.RUNNING, "False", reason=Reason.UNSCHEDULABLE, message=msg,
+                    event="Warning")
     elif c.gated:
         # Kueue (or another admission controller) holds the gang until it fits a quota.
         p.update(phase="Planned", message=None)
-        p.condition("Running", "False", reason="WaitingForAdmission",
+        p.condition(ConditionType.RUNNING, "False", reason=Reason.WAITING_FOR_ADMISSION,
                     message="; ".join(c.gated[:3]), event="Normal")
     elif p.status.phase not in {"Restarting"}:
         # Starting clears what held the gang back before (a policy's refusal, unschedulable).
         p.update(phase="Planned", message=None)
-        p.condition("Running", "False", reason="Starting",
+        p.condition(ConditionType.RUNNING, "False", reason=Reason.STARTING,
                     message=f"{c.running}/{workers} ranks running, "
                     f"{c.pending + created} pending")
     if c.stuck and p.status.phase != "Running":  # the ContainersCreated condition says more
@@ -434,16 +437,15 @@ def _report_start(p: PassState, *, c: PodCensus, workers: int, created: int) -> 
 _CANNOT_START = "worker containers cannot start: "
 
 
-#: The condition of the worker containers the kubelet cannot start, and its reasons by the
+#: The reasons of ContainersCreated (the worker containers the kubelet cannot start) by the
 #: kubelet's (docs/tenancy.md, "When worker containers cannot start").
-CONTAINERS_CREATED = "ContainersCreated"
-_STUCK_REASON = {
-    "CreateContainerConfigError": "ContainerConfigError",  # a Secret or ConfigMap (key) missing
-    "CreateContainerError": "CreateContainerError",
-    "ErrImagePull": "ImagePullBackOff",  # the kubelet alternates the two while it retries
-    "ImagePullBackOff": "ImagePullBackOff",
-    "ErrImageNeverPull": "ImagePullBackOff",
-    "InvalidImageName": "InvalidImageName",
+_STUCK_REASON: dict[str, str] = {
+    "CreateContainerConfigError": Reason.CONTAINER_CONFIG_ERROR,  # a Secret or ConfigMap (key) missing
+    "CreateContainerError": Reason.CREATE_CONTAINER_ERROR,
+    "ErrImagePull": Reason.IMAGE_PULL_BACK_OFF,  # the kubelet alternates the two while it retries
+    "ImagePullBackOff": Reason.IMAGE_PULL_BACK_OFF,
+    "ErrImageNeverPull": Reason.IMAGE_PULL_BACK_OFF,
+    "InvalidImageName": Reason.INVALID_IMAGE_NAME,
 }
 
 
@@ -454,7 +456,8 @@ def _report_containers(p: PassState, *, c: PodCensus, workers: int,
     Event when that starts or its reason changes (not on each new kubelet message); True
     once every rank runs again. A job never stuck has no such condition. The job waits: the
     user may still create the Secret or push the image."""
-    before = next((x for x in p.status.conditions if x.type == CONTAINERS_CREATED), None)
+    before = next((x for x in p.status.conditions if x.type == ConditionType.CONTAINERS_CREATED), None)
+    reason: str
     if absent:
         reason, message = ConfigMapMissing.reason, summarize(absent)
     elif c.stuck:
@@ -463,16 +466,17 @@ def _report_containers(p: PassState, *, c: PodCensus, workers: int,
     elif before is None or before.status == "True":
         return
     elif c.running + c.succeeded == workers:
-        p.condition(CONTAINERS_CREATED, "True", reason="ContainersStarted", event="Normal",
+        p.condition(ConditionType.CONTAINERS_CREATED, "True", reason=Reason.CONTAINERS_STARTED,
+                    event="Normal",
                     message=f"every worker container started ({workers} ranks)")
         return
     else:  # what was missing is there now; the kubelet has yet to start the containers
-        p.condition(CONTAINERS_CREATED, "False", reason="ContainerCreating",
+        p.condition(ConditionType.CONTAINERS_CREATED, "False", reason=Reason.CONTAINER_CREATING,
                     message="nothing the workers reference is missing now; waiting for their "
                     "containers to start")
         return
     again = before is not None and (before.status, before.reason) == ("False", reason)
-    p.condition(CONTAINERS_CREATED, "False", reason=reason, message=message,
+    p.condition(ConditionType.CONTAINERS_CREATED, "False", reason=reason, message=message,
                 event=None if again else "Warning")
 
 
@@ -481,6 +485,6 @@ def _wait_for_worker_config_maps(p: PassState, *, absent: Sequence[str]) -> None
     look again after about as long as it has waited, as for the Hugging Face config."""
     if p.status.phase in {"Pending", "Planned"}:
         p.update(message=f"waiting for ConfigMaps: {summarize(absent, limit=1)}")
-    cond = next((x for x in p.status.conditions if x.type == CONTAINERS_CREATED), None)
+    cond = next((x for x in p.status.conditions if x.type == ConditionType.CONTAINERS_CREATED), None)
     since = parse_time(cond.last_transition_time) if cond is not None else None
     p.requeue.append(retry_after((p.now - since).total_seconds() if since is not None else 0.0))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
+from adaptis.api.conditions import ConditionType
 from adaptis.api.job import Condition
 
 __all__ = ["condition_true", "now_rfc3339", "parse_time", "set_condition"]
@@ -59,5 +60,5 @@ def set_condition(
     return out
 
 
-def condition_true(conditions: Iterable[Condition], type_: str) -> bool:
+def condition_true(conditions: Iterable[Condition], type_: ConditionType) -> bool:
     return any(c.type == type_ and c.status == "True" for c in conditions)

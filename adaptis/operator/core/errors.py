@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from adaptis.api.conditions import Reason
+
 __all__ = ["InvalidJob", "OperatorError", "PlanTooLarge", "Unsatisfiable"]
 
 
@@ -30,7 +32,7 @@ class InvalidJob(OperatorError):
 class Unsatisfiable(OperatorError):
     """No placement exists on the candidate nodes (too few GPUs, no node matches, no memory)."""
 
-    reason = "Unsatisfiable"  # the Planned condition's reason; subclasses say more
+    reason = Reason.UNSATISFIABLE  # the Planned condition's reason; subclasses say more
 
 class PlanTooLarge(OperatorError):
     """A plan whose ConfigMap, packed, still exceeds the API server's size limit: the message

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from adaptis.api.conditions import ConditionType
 from adaptis.api.job import JobStatus
 from adaptis.operator.core.conditions import now_rfc3339, set_condition
 from adaptis.operator.core.records import JobRef, NodeProfile
@@ -50,7 +51,7 @@ class PassState:
     def update(self, **changes: Any) -> None:
         self.status = self.status.model_copy(update=changes)
 
-    def condition(self, type_: str, status: str, *, reason: str, message: str = "",
+    def condition(self, type_: ConditionType, status: str, *, reason: str, message: str = "",
                   event: str | None = None) -> None:
         """Set a condition; post an Event of type ``event`` if it really changed."""
         before = next((c for c in self.status.conditions if c.type == type_), None)

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from adaptis.api.conditions import ConditionType, Reason
 from adaptis.operator.core.errors import OperatorError
 from adaptis.operator.core.passes import PassState
 from adaptis.operator.kube.cluster import REFUSED_STATUSES, ApiError, Cluster
@@ -94,6 +95,10 @@ _POLICY = re.compile(r"ValidatingAdmissionPolicy|admission webhook|denied (the )
                      re.IGNORECASE)
 
 
+_REJECTED = {"Pod": Reason.PODS_REJECTED, "Service": Reason.SERVICE_REJECTED,
+             "ConfigMap": Reason.CONFIG_MAP_REJECTED}
+
+
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """Why the API server would not create one child of the job."""
@@ -106,8 +111,8 @@ class Refusal:
     @property
     def reason(self) -> str:
         if self.invalid:
-            return "InvalidSpec"
-        return "PodsRejected" if self.kind == "Pod" else f"{self.kind}Rejected"
+            return Reason.INVALID_SPEC
+        return _REJECTED.get(self.kind, f"{self.kind}Rejected")
 
 
 class ChildRefused(OperatorError):
@@ -232,5 +237,5 @@ def first_refusal(refused: Mapping[str, ApiError],
 def wait_on(p: PassState, why: Refusal, *, retry_s: float = POLICY_RETRY_S) -> None:
     """A policy's refusal: the job waits, says why, and is looked at again in ``retry_s``."""
     p.update(message=why.message)
-    p.condition("Running", "False", reason=why.reason, message=why.message, event="Warning")
+    p.condition(ConditionType.RUNNING, "False", reason=why.reason, message=why.message, event="Warning")
     p.requeue.append(retry_s)

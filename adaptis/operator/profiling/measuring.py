@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
+from adaptis.api.conditions import ConditionType, Reason
 from adaptis.api.job import JobSpec
 from adaptis.operator.core.passes import PassState
 from adaptis.operator.core.records import JobRef, NodeProfile
@@ -113,12 +114,12 @@ def measure_candidates(
             # Stored at once, before planning: a crash in between loses no measurement.
             measured[node.name] = _store(cluster, settings=settings, raw=raw_nodes[node.name],
                                          document=outcome.profile)
-            p.events.append(("Normal", "NodeProfiled", f"node {node.name}: measured hardware "
+            p.events.append(("Normal", Reason.NODE_PROFILED, f"node {node.name}: measured hardware "
                              f"profile stored in ConfigMap {settings.profile_namespace}/"
                              f"{profile_config_map_name(node.name)}"))
         elif outcome.state == "failed":
             given_up[node.name] = outcome.reason
-            p.events.append(("Warning", "ProfilingFailed", f"node {node.name}: "
+            p.events.append(("Warning", Reason.PROFILING_FAILED, f"node {node.name}: "
                              f"{outcome.reason}; using the label-based estimate"))
         else:
             waiting.append(node.name)
@@ -127,12 +128,12 @@ def measure_candidates(
     for node_name in _give_up_refused(p, pods=to_create, refused=refused, given_up=given_up):
         waiting.remove(node_name)
     if created:
-        p.events.append(("Normal", "CreatedProfilerPods",
+        p.events.append(("Normal", Reason.CREATED_PROFILER_PODS,
                          f"created {created} profiler pod(s) (spec.planner.profile: measure)"))
     if waiting:
         shown = ", ".join(waiting[:5]) + (", ..." if len(waiting) > 5 else "")
         p.update(phase="Profiling")
-        p.condition("Profiling", "True", reason="MeasuringNodes",
+        p.condition(ConditionType.PROFILING, "True", reason=Reason.MEASURING_NODES,
                     message=f"waiting for {len(waiting)} profiler pod(s) on node(s) {shown} "
                     f"(timeout {timeout:g}s)")
         return None
@@ -165,7 +166,7 @@ def _give_up_refused(p: PassState, *, pods: Sequence[Mapping[str, Any]], refused
             continue
         node_name = str(pod["metadata"]["annotations"][NODE_ANNOTATION])
         given_up[node_name] = f"profiler pod refused by the API server ({why})"
-        p.events.append(("Warning", "ProfilingFailed", f"node {node_name}: "
+        p.events.append(("Warning", Reason.PROFILING_FAILED, f"node {node_name}: "
                          f"{given_up[node_name]}; using the label-based estimate"))
         names.append(node_name)
     return names

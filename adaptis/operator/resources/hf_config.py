@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from adaptis.api.conditions import Reason
 from adaptis.api.errors import SpecError
 from adaptis.api.hf_model import (
     CONFIG_MAP_FILE,
@@ -52,7 +53,7 @@ class ConfigMapMissing(OperatorError):
     """The ConfigMap ``spec.model.huggingface.configMap`` names, or its key, is not there
     (yet): the job waits for it."""
 
-    reason = "ConfigMapNotFound"
+    reason = Reason.CONFIG_MAP_NOT_FOUND
 
     def __init__(self, message: str, *, field: str) -> None:
         super().__init__(message)

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from adaptis.api.conditions import Reason
 from adaptis.api.job import JobSpec
 from adaptis.operator.core.records import NodeProfile, PlanRecord
 from adaptis.operator.kube.cluster import Cluster
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 class Waiting:
     """Not admitted: why, in words for the status and Event."""
 
-    reason: str  # WaitingForCapacity | BehindStarvedJob
+    reason: Reason  # WaitingForCapacity | BehindStarvedJob
     message: str
 
 
@@ -106,12 +107,12 @@ def admit(ledger: CapacityLedger, cluster: Cluster, *, key: JobKey, spec: JobSpe
     need = f"{workers * gpw} GPUs ({workers} workers x {gpw})"
     if blocker is not None:
         (ns, name), gpus, waited = blocker
-        return Waiting(reason="BehindStarvedJob",
+        return Waiting(reason=Reason.BEHIND_STARVED_JOB,
                        message=f"needs {need}; queued behind {ns}/{name}, which needs {gpus} "
                        f"GPUs and has waited {waited:.0f}s, longer than the operator's "
                        f"--queue-strict-after-seconds: nothing behind it starts first")
     usable = sum(free.get(c.name, 0) // gpw for c in candidates) * gpw
-    return Waiting(reason="WaitingForCapacity",
+    return Waiting(reason=Reason.WAITING_FOR_CAPACITY,
                    message=f"needs {need}; {usable} free on {len(candidates)} candidate "
                    f"node(s) in whole workers; {place} of {waiting} waiting (priority, then "
                    f"creation time)")

@@ -25,9 +25,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from adaptis.api.conditions import ConditionType, Reason
 from adaptis.api.job import JobSpec
 from adaptis.operator.core.conditions import condition_true
-from adaptis.operator.core.errors import OperatorError, PlanTooLarge, Unsatisfiable
+from adaptis.operator.core.errors import PlanTooLarge, Unsatisfiable
 from adaptis.operator.core.passes import PassState
 from adaptis.operator.core.records import NodeProfile, PlanRecord
 from adaptis.operator.core.settings import ReconcileSettings
@@ -68,7 +69,7 @@ class Placer:
         self._publish = publish  # write the status mid-pass, before a slow step
         # key -> (planning inputs, reason, message) of the last failed plan, so that retries on
         # unchanged inputs (every resync) do not search again.
-        self._failed: dict[JobKey, tuple[str, str, str]] = {}
+        self._failed: dict[JobKey, tuple[str, Reason, str]] = {}
         # key -> {node: why its profiler pod gave no profile}: those nodes keep the label-based
         # estimate instead of getting a new profiler pod on every pass.
         self._given_up: dict[JobKey, dict[str, str]] = {}
@@ -133,17 +134,17 @@ class Placer:
         profile_msg = _profile_message(candidates, nodes=scene.nodes, notes=notes, avoided=scene.avoided,
                                        measuring=spec.planner.profile == "measure")
         slots: list[Slot] | None = None
-        failure: tuple[str, str] | None = None
+        failure: tuple[Reason, str] | None = None
         if spec.parallelism.gpus_per_worker > 0:
             try:
                 admitted = admit(self._ledger, self._cluster, key=key, spec=spec,
                                  candidates=candidates, created=p.created, own=profilers)
             except Unsatisfiable as err:
-                failure = ("Unsatisfiable", str(err))
+                failure = (Reason.UNSATISFIABLE, str(err))
             else:
                 if isinstance(admitted, Waiting):
                     p.update(phase="Queued", message=admitted.message)
-                    p.condition("Queued", "True", reason=admitted.reason,
+                    p.condition(ConditionType.QUEUED, "True", reason=admitted.reason,
                                 message=admitted.message, event="Normal")
                     p.requeue.append(_RETRY_QUEUED_S)
                     return None
@@ -154,7 +155,7 @@ class Placer:
         if made is None:
             return None
         record, rendered = made
-        p.condition("Profiling", "False", reason="Profiled", message=profile_msg)
+        p.condition(ConditionType.PROFILING, "False", reason=Reason.PROFILED, message=profile_msg)
         children.probe_then_store(self._cluster, overwriting(rendered, current=scene.config_map),
                                   replace=scene.config_map is not None,
                                   probe=render_pod(p.job, spec, record, rank=0, attempt=0,
@@ -202,7 +203,7 @@ class Placer:
         return True
 
     def _plan(self, p: PassState, *, spec: JobSpec, key: JobKey, scene: _Scene,
-              candidates: list[NodeProfile], slots: list[Slot] | None, failure: tuple[str, str] | None,
+              candidates: list[NodeProfile], slots: list[Slot] | None, failure: tuple[Reason, str] | None,
               profile_msg: str) -> tuple[PlanRecord, dict[str, Any]] | None:
         """A new plan and its ConfigMap, or None: planning in the background, or it failed (now,
         or before on the same inputs: not searched again), which the job's status says."""
@@ -216,7 +217,8 @@ class Placer:
         failed = (inputs, *failure) if failure is not None else self._failed.get(key)
         if failed is None or failed[0] != inputs:
             p.update(phase="Profiling")
-            p.condition("Profiling", "True", reason="ProfilingNodes", message=profile_msg)
+            p.condition(ConditionType.PROFILING, "True", reason=Reason.PROFILING_NODES,
+                        message=profile_msg)
             self._publish(p)
             try:
                 made = self._planner.request(key, inputs=inputs, request=PlanRequest(
@@ -224,23 +226,25 @@ class Placer:
                     inter_node=self._settings.inter_node,
                     slots=None if slots is None else tuple(slots), speed_correction=correction))
                 if isinstance(made, Planning):  # the planner wakes the job when it is done
-                    p.condition("Planned", "False", reason="Planning", message=made.message,
+                    p.condition(ConditionType.PLANNED, "False", reason=Reason.PLANNING,
+                                message=made.message,
                                 event="Normal")
                     return None  # the reservation is held while it plans
                 rendered = render_config_map(p.job, spec, made)
             except (Unsatisfiable, PlanTooLarge, PlannerError, ValidationError) as err:
                 reason = (err.reason if isinstance(err, Unsatisfiable)
-                          else type(err).__name__ if isinstance(err, OperatorError)
-                          else "PlannerError")
-                message = f"planner: {err}" if reason == "PlannerError" else str(err)
+                          else Reason.PLAN_TOO_LARGE if isinstance(err, PlanTooLarge)
+                          else Reason.PLANNER_ERROR)
+                message = f"planner: {err}" if reason == Reason.PLANNER_ERROR else str(err)
                 failed = self._failed[key] = (inputs, reason, message)
             else:
                 self._failed.pop(key, None)
                 return made, rendered
         self._ledger.release(key)
         p.update(phase="Pending", message=failed[2])
-        p.condition("Profiling", "False", reason="Profiled", message=profile_msg)
-        p.condition("Planned", "False", reason=failed[1], message=failed[2], event="Warning")
+        p.condition(ConditionType.PROFILING, "False", reason=Reason.PROFILED, message=profile_msg)
+        p.condition(ConditionType.PLANNED, "False", reason=failed[1], message=failed[2],
+                    event="Warning")
         p.requeue.append(_RETRY_UNSATISFIABLE_S)
         return None
 
@@ -254,20 +258,20 @@ class Placer:
                           if n not in by_name or by_name[n].fingerprint() != fp)
             p.update(replans=p.status.replans + 1)
             if lost and set(lost) <= scene.avoided:
-                reason, why = "Unschedulable", (f"re-planned without node(s) {', '.join(lost)}, "
-                                                "where its ranks stayed unschedulable")
+                reason = Reason.UNSCHEDULABLE
+                why = f"re-planned without node(s) {', '.join(lost)}, where its ranks stayed unschedulable"
             elif lost:
-                reason = "NodesChanged"
+                reason = Reason.NODES_CHANGED
                 why = f"re-planned without or around node(s) {', '.join(lost)}"
             else:
-                reason, why = "CapacityLost", ("re-planned: GPUs of the cached placement are held "
-                                               "by others now")
-            p.condition("Restarting", "True", reason=reason, message=why, event="Warning")
+                reason = Reason.CAPACITY_LOST
+                why = "re-planned: GPUs of the cached placement are held by others now"
+            p.condition(ConditionType.RESTARTING, "True", reason=reason, message=why, event="Warning")
         summary = plan_summary(record, job=p.job.name)
         p.update(**summary)
         speedup = record.predicted_speedup_over_i1f1b
-        reason, note, event = planned_reason(record)
-        p.condition("Planned", "True", reason=reason,
+        planned, note, event = planned_reason(record)
+        p.condition(ConditionType.PLANNED, "True", reason=planned,
                     message=f"{record.strategy}: {summary['stages']} stages on "
                     f"{_ranks(record)} over {len(set(record.nodes))} node(s); "
                     f"predicted bubble {record.predicted_bubble_ratio:.3f}, speedup over i1f1b "
@@ -277,8 +281,8 @@ class Placer:
 
     @staticmethod
     def _admitted(p: PassState, *, workers: int) -> None:
-        if condition_true(p.status.conditions, "Queued"):
-            p.condition("Queued", "False", reason="Admitted", event="Normal",
+        if condition_true(p.status.conditions, ConditionType.QUEUED):
+            p.condition(ConditionType.QUEUED, "False", reason=Reason.ADMITTED, event="Normal",
                         message=f"{workers} worker(s) admitted onto free GPUs")
             if p.status.phase == "Queued":
                 p.update(phase="Planned", message=None)

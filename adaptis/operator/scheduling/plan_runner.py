@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
+from adaptis.api.conditions import Reason
 from adaptis.api.job import JobSpec
 from adaptis.api.problem import Link
 from adaptis.api.rules import layer_count
@@ -69,7 +70,7 @@ _MIB = 1 << 20
 class PlanningStopped(Unsatisfiable):
     """The planner process was stopped (time or memory) and no fallback plan could be made."""
 
-    reason = "PlanningBudgetExceeded"
+    reason = Reason.PLANNING_BUDGET_EXCEEDED
 
 
 @dataclass(frozen=True)
@@ -159,8 +160,8 @@ def plan_size(spec: JobSpec) -> int:
 def planned_reason(record: PlanRecord) -> tuple[str, str, str]:
     """(reason, message suffix, event type) of the Planned=True condition of ``record``."""
     if record.budget_reason is None:
-        return "Planned", "", "Normal"
-    event = "Warning" if record.budget_reason == "BaselineFallback" else "Normal"
+        return Reason.PLANNED, "", "Normal"
+    event = "Warning" if record.budget_reason == Reason.BASELINE_FALLBACK else "Normal"
     return record.budget_reason, f"; {record.budget_note}", event
 
 
@@ -260,7 +261,7 @@ class PlanRunner:
         fallback = self._execute(request, strategy=FALLBACK_STRATEGY)
         if isinstance(fallback, PlanRecord):
             return fallback.model_copy(update={
-                "budget_reason": "BaselineFallback",
+                "budget_reason": Reason.BASELINE_FALLBACK.value,
                 "budget_note": f"the planner was stopped ({stopped}); running the "
                                f"{FALLBACK_STRATEGY} baseline instead"})
         raise PlanningStopped(

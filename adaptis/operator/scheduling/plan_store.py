@@ -35,6 +35,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from adaptis.api.conditions import Reason
 from adaptis.api.job import JobSpec
 from adaptis.api.mesh import Mesh
 from adaptis.api.model import MAX_BLOCKS
@@ -168,7 +169,7 @@ class PlanStore:
             why = str(err).splitlines()[0][:300]
             log.warning("%s/%s: ignoring its plan record %s/%s: %s", p.job.namespace, p.job.name,
                         self._namespace, name, why)
-            p.events.append(("Warning", "PlanRecordRejected",
+            p.events.append(("Warning", Reason.PLAN_RECORD_REJECTED,
                              f"ConfigMap {self._namespace}/{name} failed its checks ({why}); "
                              "re-planning from the spec"))
             return None
@@ -190,12 +191,12 @@ class PlanStore:
         rendered = render_config_map(p.job, spec, stored.record)
         if current is None:
             self._cluster.create(rendered)
-            p.events.append(("Warning", "ConfigMapRestored",
+            p.events.append(("Warning", Reason.CONFIG_MAP_RESTORED,
                              f"ConfigMap {p.job.namespace}/{name} was deleted; written again "
                              "from the operator's plan record"))
         elif data_digest(current.get("data")) != data_digest(rendered["data"]):
             self._cluster.replace_config_map(overwriting(rendered, current=current))
-            p.events.append(("Warning", "ConfigMapRestored",
+            p.events.append(("Warning", Reason.CONFIG_MAP_RESTORED,
                              f"ConfigMap {p.job.namespace}/{name} was changed since the "
                              "operator wrote it; written again from the operator's plan record "
                              "(pods read it when they start)"))

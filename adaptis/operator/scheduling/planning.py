@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from adaptis.api.conditions import Reason
 from adaptis.api.job import JobSpec, resolve_precision
 from adaptis.api.mesh import Mesh, pipeline_devices, replicas_share_nodes
 from adaptis.api.problem import DeviceList, Link, Network, Problem
@@ -277,7 +278,7 @@ def plan_job(
         predicted_step_seconds=None if step is None else step / 1e3,
         predicted_speedup_over_i1f1b=speedup,
         device_speed=list(factors),
-        budget_reason=None if outcome.result.cut_short is None else "TimeLimitReached",
+        budget_reason=None if outcome.result.cut_short is None else Reason.TIME_LIMIT_REACHED.value,
         budget_note=None if outcome.result.cut_short is None else
         f"spec.planner.timeLimitSeconds ({time_limit_s:g} s) ran out: {outcome.result.cut_short}",
     )
