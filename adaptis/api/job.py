@@ -24,6 +24,7 @@ from adaptis.api.conditions import ConditionType
 from adaptis.api.errors import from_validation_error, read_document
 from adaptis.api.model import MAX_BLOCKS, BlockSpec, ModelSpec  # re-exported
 from adaptis.api.model import Spec as _Spec
+from adaptis.api.plan import StrategyName
 from adaptis.api.pod_fields import (
     MAX_ENV,
     MAX_VOLUMES,
@@ -105,7 +106,7 @@ class ParallelismSpec(_Spec):
 class PlannerSpec(_Spec):
     """How the operator chooses partition, placement and schedule."""
 
-    strategy: Literal["adaptis", "gpipe", "1f1b", "i1f1b", "zb-h1", "zb-v", "balanced"] = Field(
+    strategy: StrategyName = Field(
         default="adaptis",
         description="adaptis: joint search; the others are the fixed baselines it is compared with.",
     )
@@ -194,7 +195,7 @@ class MetricsSpec(_Spec):
 
 
 # Schedules that give every rank CHUNKS_PER_RANK model chunks, hence need that many layers.
-CHUNKED_STRATEGIES: tuple[str, ...] = ("i1f1b", "zb-v")
+CHUNKED_STRATEGIES: tuple[StrategyName, ...] = ("i1f1b", "zb-v")
 CHUNKS_PER_RANK = 2
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Annotated, Any, Literal, NewType
+from typing import Annotated, Any, Literal, NewType, TypeGuard, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
@@ -32,6 +32,7 @@ __all__ = [
     "StrategyName",
     "StrategyResult",
     "STRATEGY_NAMES",
+    "is_strategy_name",
     "load_plan",
     "predicted_seconds",
 ]
@@ -43,11 +44,19 @@ ActionKind = Literal["F", "B", "W", "BW"]
 #: ``(kind, stage, microbatch)``; serialised as a JSON list ``["F", 0, 3]``.
 Action = tuple[ActionKind, Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]]
 
+#: The strategies, the one list of their names: spec.planner.strategy, the CLI's --strategy, the
+#: planner (adaptis and the keys of planner.baselines.BASELINES, in this order) and the docs'
+#: table (api.reference.STRATEGIES) are typed by it or checked against it.
 StrategyName = Literal["adaptis", "gpipe", "1f1b", "i1f1b", "zb-h1", "zb-v", "balanced"]
 #: The key of a plan document that carries the actions packed instead of as ``actions``.
 PACKED_ACTIONS = "actionsPacked"
 
-STRATEGY_NAMES: tuple[str, ...] = ("adaptis", "gpipe", "1f1b", "i1f1b", "zb-h1", "zb-v", "balanced")
+STRATEGY_NAMES: tuple[StrategyName, ...] = get_args(StrategyName)
+
+
+def is_strategy_name(name: str) -> TypeGuard[StrategyName]:
+    """Whether ``name`` is one of :data:`STRATEGY_NAMES`."""
+    return name in STRATEGY_NAMES
 
 
 class Predicted(BaseModel):

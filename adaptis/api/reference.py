@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel
 
 from adaptis.api.job import JobSpec, JobStatus, parse_job
-from adaptis.api.plan import STRATEGY_NAMES, Comparison, Plan
+from adaptis.api.plan import STRATEGY_NAMES, Comparison, Plan, StrategyName
 from adaptis.api.problem import Problem, parse_problem
 from adaptis.api.rules import JOB_CEL_RULES, check_job
 
@@ -311,7 +311,7 @@ print as a table.
 
 #: What each strategy name means (partition, placement, schedule); checked against the api's
 #: STRATEGY_NAMES while rendering.
-STRATEGIES: dict[str, tuple[str, str, str]] = {
+STRATEGIES: dict[StrategyName, tuple[str, str, str]] = {
     "adaptis": ("joint search", "joint search", "joint search (F, B, W or fused BW per action)"),
     "gpipe": ("Megatron's default: the layers other than `embedding` and `head` split evenly "
               "by count, one stage per device; `embedding` joins the first stage, `head` the "

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Protocol
 
-from adaptis.api.plan import Action, Plan
+from adaptis.api.plan import Action, Plan, StrategyName
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import OutOfTime, PlannerError
 from adaptis.planner.partition import balanced_partition, megatron_partition
@@ -72,7 +72,7 @@ class Baseline(Protocol):
 _MAX_CHUNKS = 16
 
 
-def _pipeline_devices(costs: Costs, *, chunks: int, strategy: str) -> int:
+def _pipeline_devices(costs: Costs, *, chunks: int, strategy: StrategyName) -> int:
     """Devices a strategy can use: one ``chunks``-stage share per device, each stage >= 1 layer."""
     p = min(costs.devices, costs.layers // chunks)
     if p < 1:
@@ -91,7 +91,7 @@ def _placement(costs: Costs, owned: list[list[int]]) -> list[list[int]]:
 
 
 def _plan(
-    costs: Costs, *, stages: list[tuple[int, int]], owned: list[list[int]], actions: Actions, strategy: str
+    costs: Costs, *, stages: list[tuple[int, int]], owned: list[list[int]], actions: Actions, strategy: StrategyName
 ) -> Plan:
     # Generated here, checked by the simulator: skip pydantic's per-action validation.
     return Plan.model_construct(
@@ -282,7 +282,7 @@ def _greedy_orders(
 
 
 def _plan_of(costs: Costs, *, stages: list[tuple[int, int]], owned: list[list[int]],
-             order: Callable[[], Actions], strategy: str) -> Plan:
+             order: Callable[[], Actions], strategy: StrategyName) -> Plan:
     return _plan(costs, stages=stages, owned=owned, actions=order(), strategy=strategy)
 
 
@@ -388,7 +388,7 @@ def interleaved_1f1b(costs: Costs, *, deadline: float | None = None) -> Plan:
                     deadline=deadline)
 
 
-BASELINES: dict[str, Baseline] = {
+BASELINES: dict[StrategyName, Baseline] = {
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
     "i1f1b": interleaved_1f1b,

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from adaptis.api.plan import STRATEGY_NAMES, Comparison, Plan, Predicted, StrategyResult
+from adaptis.api.plan import STRATEGY_NAMES, Comparison, Plan, Predicted, StrategyName, StrategyResult, is_strategy_name
 from adaptis.api.problem import Problem
 from adaptis.planner.baselines import BASELINES
 from adaptis.planner.bounds import assignment_bound, pipeline_bound
@@ -130,15 +130,15 @@ class _Limit:
 
 
 #: The baselines ``plan_strategy(..., "adaptis")`` starts from: one order and one simulation each.
-SEEDS = ("1f1b", "balanced")
+SEEDS: tuple[StrategyName, ...] = ("1f1b", "balanced")
 
 # The order baselines run in under a time limit: one-order ones first (1F1B and balanced are
 # also the strongest of those), then those that try several orders or chunk counts.
-_CHEAPEST_FIRST = ("1f1b", "balanced", "gpipe", "zb-h1", "zb-v", "i1f1b")
+_CHEAPEST_FIRST: tuple[StrategyName, ...] = ("1f1b", "balanced", "gpipe", "zb-h1", "zb-v", "i1f1b")
 
 
 def _baselines(costs: Costs, limit: _Limit = _Limit(None, None, None), *,
-               names: tuple[str, ...] | None = None) -> dict[str, Outcome]:
+               names: tuple[StrategyName, ...] | None = None) -> dict[str, Outcome]:
     """The baselines (``names``: only those; default all), cheapest first, in the contract's order."""
     out: dict[str, Outcome] = {}
     wanted = [n for n in BASELINES if names is None or n in names]
@@ -268,7 +268,7 @@ def plan_strategy(problem: Problem, name: str, *, on_progress: Progress | None =
                   time_limit_s: float | None = None) -> Outcome:
     """Plan ``problem`` with strategy ``name`` (one of the contract's names), within
     ``time_limit_s`` seconds if given (see the module's docstring)."""
-    if name not in STRATEGY_NAMES:
+    if not is_strategy_name(name):
         raise PlannerError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGY_NAMES)}")
     limit = _Limit.start(time_limit_s)
     costs = Costs.from_problem(problem)

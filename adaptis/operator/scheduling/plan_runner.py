@@ -40,6 +40,7 @@ from pydantic import ValidationError
 
 from adaptis.api.conditions import Reason
 from adaptis.api.job import JobSpec
+from adaptis.api.plan import StrategyName
 from adaptis.api.problem import Link
 from adaptis.api.rules import layer_count
 from adaptis.operator.core.errors import Unsatisfiable
@@ -63,7 +64,7 @@ log = logging.getLogger(__name__)
 
 Key = Hashable
 #: The baseline a stopped planner falls back to: one fixed order and one simulation.
-FALLBACK_STRATEGY = "1f1b"
+FALLBACK_STRATEGY: StrategyName = "1f1b"
 _MIB = 1 << 20
 
 
