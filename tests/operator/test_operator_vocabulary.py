@@ -28,19 +28,18 @@ def _spelled(tree: ast.AST) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             func = node.func
-            if isinstance(func, ast.Attribute) and func.attr == "condition" and node.args:
-                if (s := _literal(node.args[0])) is not None:
-                    found.append((node.lineno, s))
+            if (isinstance(func, ast.Attribute) and func.attr == "condition" and node.args
+                    and (s := _literal(node.args[0])) is not None):
+                found.append((node.lineno, s))
             found += [(k.value.lineno, s) for k in node.keywords
                       if k.arg == "reason" and (s := _literal(k.value)) is not None]
         elif isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == "reason" for t in node.targets):
             if (s := _literal(node.value)) is not None:
                 found.append((node.lineno, s))
-        elif isinstance(node, ast.Tuple) and len(node.elts) == 3 \
-                and _literal(node.elts[0]) in _EVENT_TYPES:
-            if (s := _literal(node.elts[1])) is not None:
-                found.append((node.lineno, s))
+        elif (isinstance(node, ast.Tuple) and len(node.elts) == 3
+                and _literal(node.elts[0]) in _EVENT_TYPES and (s := _literal(node.elts[1])) is not None):
+            found.append((node.lineno, s))
     return found
 
 
