@@ -24,6 +24,7 @@ from adaptis.operator.control.handlers import JobKey, build_registry
 from adaptis.operator.control.metrics import OperatorMetrics
 from adaptis.operator.control.reconcile import Reconciler, ReconcileSettings
 from adaptis.operator.control.workqueue import WorkQueue
+from adaptis.operator.core.settings import OPERATOR_DEFAULTS
 from adaptis.operator.kube.client import KubeCluster
 from adaptis.operator.scheduling.capacity import CapacityLedger
 from adaptis.operator.scheduling.plan_runner import PlannerLimits, PlanRunner
@@ -41,9 +42,9 @@ class OperatorOptions:
     all_namespaces: bool = False
     liveness_endpoint: str | None = None
     metrics_port: int | None = None  # serve /metrics here (None: no metrics server)
-    reconcile_workers: int = 2
-    resync_seconds: float = 30.0
-    queue_strict_after_s: float = 120.0  # see capacity.CapacityLedger
+    reconcile_workers: int = OPERATOR_DEFAULTS.reconcile_workers
+    resync_seconds: float = OPERATOR_DEFAULTS.resync_seconds
+    queue_strict_after_s: float = OPERATOR_DEFAULTS.queue_strict_after_seconds  # see capacity.CapacityLedger
     reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
     planner: PlannerLimits = field(default_factory=PlannerLimits)
 

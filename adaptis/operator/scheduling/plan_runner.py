@@ -45,6 +45,7 @@ from adaptis.api.problem import Link
 from adaptis.api.rules import layer_count
 from adaptis.operator.core.errors import Unsatisfiable
 from adaptis.operator.core.records import NodeProfile, PlanRecord
+from adaptis.operator.core.settings import OPERATOR_DEFAULTS
 from adaptis.operator.scheduling.planning import Slot, plan_job
 from adaptis.planner.errors import PlannerError
 
@@ -99,15 +100,15 @@ class Planning:
 class PlannerLimits:
     """Operator-wide planning budget, from the ``adaptis operator`` command line."""
 
-    max_concurrent: int = 1
+    max_concurrent: int = OPERATOR_DEFAULTS.max_concurrent_plans
     # Address space of one planner process; None: no cap. RLIMIT_AS counts mapped libraries
     # too, about 50 MiB before the first plan; the largest allowed spec peaks near 840 MiB
     # (docs/planning-budget.md).
-    memory_bytes: int | None = 1536 * _MIB
+    memory_bytes: int | None = OPERATOR_DEFAULTS.planner_memory_mib * _MIB
     # After spec.planner.timeLimitSeconds the planner returns its best plan by itself; this is
     # how much longer it may take before it is killed: it overruns by up to one simulation,
     # about 8 s at the largest allowed spec on an idle core (docs/planning-budget.md).
-    kill_grace_s: float = 20.0
+    kill_grace_s: float = OPERATOR_DEFAULTS.planner_kill_grace_seconds
     # False: plan in a thread of this process (no memory cap, no kill; tests and `adaptis run`).
     isolate: bool = True
     # Jobs smaller than this (workers x layers x microbatches) are planned in the pass itself:
