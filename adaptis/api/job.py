@@ -93,9 +93,14 @@ class ParallelismSpec(_Spec):
         "it and broadcasts the weights it updates (docs/parallelism.md). No effect with one replica.")
 
     @property
+    def ranks_per_worker(self) -> int:
+        """Processes of one worker pod: one per GPU; a CPU worker runs one."""
+        return max(1, self.gpus_per_worker)
+
+    @property
     def ranks(self) -> int:
-        """Processes of the job: one per GPU, or one per CPU worker."""
-        return self.workers * max(1, self.gpus_per_worker)
+        """Processes of the job (the mesh's world, :class:`adaptis.api.mesh.Mesh`)."""
+        return self.workers * self.ranks_per_worker
 
     @property
     def pipeline_ranks(self) -> int:

@@ -50,7 +50,7 @@ class Mesh:
     @classmethod
     def of(cls, spec: JobSpec) -> Mesh:
         par = spec.parallelism
-        return cls(pods=par.workers, per_pod=max(1, par.gpus_per_worker),
+        return cls(pods=par.workers, per_pod=par.ranks_per_worker,
                    replicas=par.data_parallel)
 
     @property

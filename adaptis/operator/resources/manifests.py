@@ -180,7 +180,7 @@ def _resources(spec: JobSpec) -> dict[str, Any]:
 
 def ranks_per_pod(spec: JobSpec) -> int:
     """N: one rank per GPU of the pod; a CPU pod runs one."""
-    return max(1, spec.parallelism.gpus_per_worker)
+    return spec.parallelism.ranks_per_worker
 
 
 def metrics_ports(spec: JobSpec) -> list[tuple[str, int]]:

@@ -192,7 +192,7 @@ class Placer:
         stored, gpw = scene.stored, spec.parallelism.gpus_per_worker
         if stored is None or not stored.record.still_valid(
                 spec_hash_now=scene.spec_hash, candidates={c.name: c for c in scene.candidates},
-                ranks_per_pod=max(1, gpw)):
+                ranks_per_pod=spec.parallelism.ranks_per_worker):
             return False
         if gpw > 0 and not hold_placement(self._ledger, self._cluster, key=key, record=stored.record,
                                           candidates=scene.candidates, gpus_per_worker=gpw,
