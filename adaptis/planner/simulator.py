@@ -31,10 +31,9 @@ from adaptis.api.plan import Plan
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import DeadlockError, PlannerError
 from adaptis.planner.post_pipeline import PostPipeline, post_pipeline
+from adaptis.planner.reasons import blocked_devices, over_memory
 
 __all__ = ["Simulation", "TimedAction", "simulate"]
-
-_EPS = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +149,7 @@ def simulate(costs: Costs, plan: Plan) -> Simulation:
     stuck = [d for d in range(n_dev) if pos[d] < len(lists[d])]
     if stuck:
         waiting = tuple(lists[d][pos[d]] if pos[d] < len(lists[d]) else None for d in range(n_dev))
-        blocked = ", ".join(f"device {d} waits on {tuple(waiting[d])}" for d in stuck)
+        blocked = blocked_devices(stuck, [None if w is None else tuple(w) for w in waiting])
         raise DeadlockError(f"plan deadlocks: {blocked}", waiting=waiting)
     return _summarise(costs=costs, plan=plan, timeline=done, act=sc.activation_bytes, params=sc.param_bytes)
 
@@ -182,7 +181,6 @@ def _summarise(
     if end <= 0:
         raise PlannerError("plan has no work")
     busy, bubble, warm, steady, cool, peaks = [], [], [], [], [], []
-    reasons: list[str] = []
     for d in range(n_dev):
         acts = timeline[d]
         b = sum(a.end - a.start for a in acts)
@@ -203,9 +201,8 @@ def _summarise(
             elif a.kind in ("W", "BW"):
                 cur -= act[a.stage]
         peaks.append(base + peak)
-        cap = costs.memory[d]
-        if base + peak > cap * (1 + _EPS):
-            reasons.append(f"device {d} needs {base + peak:.4g} bytes, has {cap:.4g}")
+    # One clause for the worst device and the count, not one per device (issue 32 item 4).
+    reason = over_memory(peaks, costs.memory[:n_dev])
     ratio = 1.0 - sum(busy) / (n_dev * end)
     return Simulation(
         iteration_time=end,
@@ -216,8 +213,8 @@ def _summarise(
         steady_bubble=tuple(steady),
         cooldown_bubble=tuple(cool),
         peak_memory=tuple(peaks),
-        feasible=not reasons,
-        reason="; ".join(reasons) or None,
+        feasible=reason is None,
+        reason=reason,
         timeline=tuple(tuple(t) for t in timeline),
         post=post_pipeline(costs=costs, plan=plan, timeline=timeline),
     )

@@ -49,6 +49,7 @@ from adaptis.planner.bounds import assignment_bound, pipeline_bound
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import DeadlockError, OutOfTime, PlannerError
 from adaptis.planner.feasibility import memory_cuts, memory_fallback
+from adaptis.planner.reasons import memory_lever, over_memory
 from adaptis.planner.recompute import recompute_variants, tight_devices
 from adaptis.planner.search import joint_search
 from adaptis.planner.simulator import Simulation, simulate
@@ -241,27 +242,25 @@ def _recomputed(costs: Costs, *, tried: list, limit: _Limit, beat: float) -> lis
 
 
 def _least_memory_reason(costs: Costs, seen: dict[str, Outcome]) -> str:
-    """Why adaptis found nothing: the memory the leanest simulated plan needs, per device.
+    """Why adaptis found nothing: the leanest simulated plan's worst device, how many devices
+    are over, and the lever that would help (:mod:`adaptis.planner.reasons`), in one bounded
+    sentence whatever the device count.
 
     The search starts from the baselines and only keeps plans that fit; when none does, the
-    baseline whose worst device overshoots least says how far off the cluster is (in the
-    simulator's wording, as the baselines' notes are), so the user can size memory.
+    baseline whose worst device overshoots least says how far off the cluster is, so the user
+    can size memory.
     """
     peaks = {name: o.simulation.peak_memory for name, o in seen.items() if o.simulation is not None}
     if not peaks:
-        return "no partition fits in device memory"
+        return f"no partition fits in device memory; {memory_lever(costs)}"
 
-    def worst(name: str) -> tuple[float, int]:
-        ratios = [p / c if c > 0 else math.inf for p, c in zip(peaks[name], costs.memory)]
-        return max(ratios), ratios.index(max(ratios))
+    def worst(name: str) -> float:
+        return max(p / c if c > 0 else math.inf for p, c in zip(peaks[name], costs.memory))
 
     lean = min(peaks, key=worst)
-    ratio, dev = worst(lean)
-    every = "; ".join(f"device {d} needs {p:.4g} bytes, has {c:.4g}"
-                      for d, (p, c) in enumerate(zip(peaks[lean], costs.memory)))
-    return (f"no partition fits in device memory: the leanest plan seen ({lean}) needs "
-            f"{peaks[lean][dev]:.4g} bytes on device {dev}, which has {costs.memory[dev]:.4g} "
-            f"({ratio:.2f}x); {every}")
+    over = over_memory(peaks[lean], costs.memory) or "every device fits"  # not reached: none fit
+    return (f"no partition fits in device memory: in the leanest plan seen ({lean}) {over}; "
+            f"{memory_lever(costs)}")
 
 
 def plan_strategy(problem: Problem, name: str, *, on_progress: Progress | None = None,

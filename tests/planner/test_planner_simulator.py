@@ -110,8 +110,10 @@ def test_peak_memory_is_parameters_plus_the_activations_held_at_once() -> None:
     assert sim.feasible and sim.reason is None
 
 
-def test_a_plan_over_any_devices_memory_is_infeasible_with_every_device_named() -> None:
+def test_a_plan_over_any_devices_memory_is_infeasible_naming_the_worst_and_the_count() -> None:
     sim = simulate(*_memory_case((1199.0, 2199.0)))
     assert not sim.feasible
-    assert sim.reason == ("device 0 needs 1200 bytes, has 1199; "
-                          "device 1 needs 2200 bytes, has 2199")
+    # Device 0 is over by 1/1199, device 1 by 1/2199: the worst is by ratio, not by bytes.
+    assert sim.reason == "device 0 needs 1200 bytes, has 1199 bytes (1.00x), the worst of all 2 devices, each over memory"
+    sim = simulate(*_memory_case((1200.0, 2199.0)))
+    assert sim.reason == "device 1 needs 2200 bytes, has 2199 bytes (1.00x), the only device over memory"

@@ -77,29 +77,32 @@ def test_adaptis_alone_may_fit_where_most_baselines_do_not() -> None:
     # 230 bytes: parameters (200) and 3 microbatches' activations of one layer, or 1 of two.
     comparison, outcomes = compare(_problem(memory_bytes=230))
     assert not comparison.strategies["1f1b"].feasible
-    assert comparison.strategies["1f1b"].reason == "device 0 needs 240 bytes, has 230"
+    assert comparison.strategies["1f1b"].reason == (
+        "device 0 needs 240 bytes, has 230 bytes (1.04x), the only device over memory")
     adaptis = comparison.strategies["adaptis"]
     assert adaptis.feasible and max(adaptis.peak_memory_bytes or [math.inf]) <= 230
     fitting = [r.iteration_time or math.inf for n, r in comparison.strategies.items() if n != "adaptis" and r.feasible]
     assert (adaptis.iteration_time or math.inf) <= min(fitting, default=math.inf)
 
 
-def test_nothing_fits_names_the_leanest_plan_and_every_device() -> None:
+def test_nothing_fits_names_the_leanest_plan_its_worst_device_and_the_lever() -> None:
     comparison, outcomes = compare(_problem(memory_bytes=205))
     adaptis = outcomes["adaptis"]
     assert adaptis.name == "adaptis"  # a caller reading the outcome alone knows what failed
     assert adaptis.plan is None and adaptis.simulation is None and not adaptis.result.feasible
     # 1F1B and balanced both need 240 bytes on device 0; the first in the contract's order wins.
     assert adaptis.result.reason == (
-        "no partition fits in device memory: the leanest plan seen (1f1b) needs 240 bytes on "
-        "device 0, which has 205 (1.17x); device 0 needs 240 bytes, has 205; device 1 needs 220 "
-        "bytes, has 205")
+        "no partition fits in device memory: in the leanest plan seen (1f1b) device 0 needs 240 "
+        "bytes, has 205 bytes (1.17x), the worst of all 2 devices, each over memory; add devices "
+        "or memory per device, or shorten the sequence (fewer activations)")
     assert adaptis.result.cut_short is None and adaptis.result.search_seconds is not None
     assert not any(r.feasible for r in comparison.strategies.values())
 
 
 def test_nothing_fits_and_nothing_simulated() -> None:
-    assert strategies._least_memory_reason(Costs.from_problem(_problem()), {}) == "no partition fits in device memory"
+    assert strategies._least_memory_reason(Costs.from_problem(_problem()), {}) == (
+        "no partition fits in device memory; add devices or memory per device, or shorten the "
+        "sequence (fewer activations)")
 
 
 @pytest.mark.parametrize("seconds", [0, -1.0, math.nan, math.inf])
@@ -171,8 +174,9 @@ def test_the_leanest_plan_is_the_one_whose_worst_device_overshoots_least() -> No
     assert comparison.lower_bound == 0.0
     assert comparison.strategies["1f1b"].peak_memory_bytes == [15.0, 2.0]
     assert comparison.strategies["adaptis"].reason == (
-        "no partition fits in device memory: the leanest plan seen (balanced) needs 12 bytes on "
-        "device 0, which has 1 (12.00x); device 0 needs 12 bytes, has 1; device 1 needs 4 bytes, has 1")
+        "no partition fits in device memory: in the leanest plan seen (balanced) device 0 needs 12 "
+        "bytes, has 1 bytes (12.00x), the worst of all 2 devices, each over memory; the parameters "
+        "alone need 12 bytes, all devices together have 2 bytes: add devices or memory")
 
 
 def test_adaptis_by_name_is_the_comparisons_adaptis_and_reports_its_progress() -> None:
@@ -268,9 +272,10 @@ def test_nothing_fits_within_the_time_limit_says_both() -> None:
     adaptis = outcomes["adaptis"].result
     assert not adaptis.feasible and adaptis.cut_short == "no plan: the time limit ran out first"
     assert adaptis.reason == (
-        "the time limit (1e-09 s) ran out before any plan fit; no partition fits in device memory: the "
-        "leanest plan seen (1f1b) needs 240 bytes on device 0, which has 205 (1.17x); device 0 needs 240 "
-        "bytes, has 205; device 1 needs 220 bytes, has 205")
+        "the time limit (1e-09 s) ran out before any plan fit; no partition fits in device memory: "
+        "in the leanest plan seen (1f1b) device 0 needs 240 bytes, has 205 bytes (1.17x), the worst "
+        "of all 2 devices, each over memory; add devices or memory per device, or shorten the "
+        "sequence (fewer activations)")
     assert adaptis.search_seconds is not None and 0 <= adaptis.search_seconds < 60
 
 
