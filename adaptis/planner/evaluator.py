@@ -49,7 +49,7 @@ class Evaluator:
     far, whichever phase made it: what a deadline returns). Every phase gets it explicitly."""
 
     __slots__ = ("costs", "budget", "deadline", "clock", "on_progress", "evals", "champion", "screen",
-                 "pre")
+                 "pre", "prune_at")
 
     def __init__(self, costs: Costs, *, budget: int, deadline: float | None = None,
                  clock: Callable[[], float] = time.monotonic,
@@ -63,6 +63,7 @@ class Evaluator:
         self.champion: Candidate | None = None
         self.screen = Screen.of(costs)  # None: every candidate is scheduled in full
         self.pre = prefix_work(costs)
+        self.prune_at = math.inf  # a plan the caller has: what cannot beat it is not scheduled
 
     @property
     def spent(self) -> bool:

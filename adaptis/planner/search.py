@@ -106,6 +106,7 @@ def joint_search(
     costs: Costs,
     *,
     incumbent: float = math.inf,
+    prune_at: float = math.inf,
     max_evaluations: int | None = None,
     on_progress: Callable[[int, int, float], None] | None = None,
     deadline: float | None = None,
@@ -115,12 +116,15 @@ def joint_search(
     (or none was scheduled before ``deadline``, a :func:`time.monotonic` value).
 
     ``incumbent`` is the best baseline's iteration time: only logged against, the caller keeps
-    whichever is better. ``clock`` reads the time the deadline is checked against between
-    candidates (inside a list schedule it is :func:`time.monotonic`).
+    whichever is better. ``prune_at``: the time of a plan the caller already has; structures
+    whose busiest device alone cannot beat it are not scheduled (default: none are pruned so).
+    ``clock`` reads the time the deadline is checked against between candidates (inside a list
+    schedule it is :func:`time.monotonic`).
     """
     tried = patterns(costs)
     ev = Evaluator(costs, budget=max_evaluations or (len(tried) + 27), deadline=deadline,
                     clock=clock, on_progress=on_progress)
+    ev.prune_at = prune_at
     try:
         best = _phases(costs, ev=ev, structures=tried)
     except OutOfTime:
@@ -185,13 +189,13 @@ def _structures(costs: Costs, *, ev: Evaluator, structures: list[tuple[str, list
             cut_sets = balanced_cuts(costs, owner)
         # Busiest device's own work is a bound on the iteration: skip hopeless structures.
         first = _busiest(costs, owner=owner, stages=cut_sets[0], pre=pre)
-        if best is not None and first >= best.time:
+        if first >= min(ev.prune_at, math.inf if best is None else best.time):
             stalled.add(family)
             continue
         # Each set of cuts is a different schedule, so each is simulated unless its busiest
         # device alone cannot beat the first; the ones after the first cost no other
         # candidate its turn.
-        beat = math.inf if best is None else best.time
+        beat = min(ev.prune_at, math.inf if best is None else best.time)
         cand = _scheduled(costs, ev=ev, name=name, owner=owner, stages=cut_sets[0], beat=beat)
         for stages in cut_sets[1:]:
             if _busiest(costs, owner=owner, stages=stages, pre=pre) >= cand.time:
@@ -220,7 +224,7 @@ def _structures(costs: Costs, *, ev: Evaluator, structures: list[tuple[str, list
         stages = balanced_partition(costs, stages_count=k * costs.devices)
         owner = pack(costs, stages=stages, pre=pre)
         cand = ev.score(f"packed-v{k}", owner, stages, POLICIES[0],
-                        beat=math.inf if best is None else best.time)
+                        beat=min(ev.prune_at, math.inf if best is None else best.time))
         ranked.append(cand)
         if best is None or cand.time < best.time:
             best = cand
@@ -241,7 +245,7 @@ def _policies(*, ev: Evaluator, ranked: list[Candidate], best: Candidate | None
             if ev.spent:
                 break
             trial = ev.score(cand.pattern, cand.owner, cand.stages, policy,
-                             beat=math.inf if best is None else best.time)
+                             beat=min(ev.prune_at, math.inf if best is None else best.time))
             tuned.append(trial)
             if best is None or trial.time < best.time:
                 best = trial

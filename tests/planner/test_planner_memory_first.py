@@ -1,0 +1,51 @@
+"""The memory-first plan (adaptis.planner.memory_first, issue 32): where no seed fits, a cut
+priced with the recomputation each stage needs gives a feasible plan before the search, and
+only the devices that need it recompute."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from adaptis.api.problem import parse_problem
+from adaptis.planner.costs import Costs
+from adaptis.planner.memory_first import memory_first, recompute_cut
+from adaptis.planner.simulator import simulate
+from adaptis.planner.strategies import compare, plan_strategy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench import workloads  # noqa: E402
+
+
+def _bound(devices: int = 16) -> Costs:
+    """Nemotron-H-like at 8K sequence, 6 blocks a device, 80 GB: 1F1B's device 0 is over memory."""
+    doc = workloads.problem("nemotron-h", "M", seq=8192, devices=devices, blocks=6 * devices,
+                            microbatches_per_device=8)
+    return Costs.from_problem(parse_problem(doc))
+
+
+def test_the_cut_recomputes_only_where_the_pipeline_depth_does_not_fit() -> None:
+    costs = _bound(64)  # 64 stages deep: the first devices cannot hold 64 microbatches
+    stages, owner, flags = recompute_cut(costs) or ([], [], ())
+    assert owner == list(range(64)) and stages[0][0] == 0 and stages[-1][1] == costs.layers
+    # The early devices hold the pipeline's depth; the last ones (the head's) keep activations.
+    assert flags[0] and not flags[-1], flags
+
+
+def test_memory_first_plans_fit_and_replay_where_no_seed_fits() -> None:
+    costs = _bound(32)
+    found = memory_first(costs)
+    assert found
+    for stages, _owner, sched, _flags in found:
+        assert sched.feasible and len(stages) == 32
+
+
+def test_compare_and_plan_give_the_same_plan() -> None:
+    doc = workloads.problem("nemotron-h", "M", seq=8192, devices=16, blocks=96, microbatches_per_device=8)
+    problem = parse_problem(doc)
+    alone = plan_strategy(problem, "adaptis", time_limit_s=60)
+    _, outcomes = compare(problem, time_limit_s=60, bound=False)
+    assert alone.result.feasible and alone.plan is not None
+    assert alone.result.iteration_time == outcomes["adaptis"].result.iteration_time
+    sim = simulate(Costs.from_problem(problem), alone.plan)
+    assert sim.feasible and sim.iteration_time == alone.result.iteration_time
