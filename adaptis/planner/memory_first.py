@@ -106,7 +106,7 @@ def recompute_cut(costs: Costs) -> tuple[Stages, list[int], tuple[bool, ...]] | 
     if found is None:
         return None
     lo, hi = 0.0, max(_price(costs, pre, lo=a, hi=b, device=d, inflight=min(costs.devices - d, costs.microbatches))[0]
-                      for (a, b), d in zip(found[0], found[1]))
+                      for (a, b), d in zip(found[0], found[1], strict=True))
     while hi - lo > _REL_TOL * hi:
         mid = (lo + hi) / 2
         trial = _walk(costs, pre, limit=mid)

@@ -36,7 +36,7 @@ def show_bytes(x: float) -> str:
 def over_memory(peaks: Sequence[float], memory: Sequence[float]) -> str | None:
     """The worst device over its memory (by need / capacity) and how many are over; None if
     every device fits."""
-    over = [d for d, (p, c) in enumerate(zip(peaks, memory)) if p > c * (1 + _EPS)]
+    over = [d for d, (p, c) in enumerate(zip(peaks, memory, strict=True)) if p > c * (1 + _EPS)]
     if not over:
         return None
 
@@ -61,7 +61,7 @@ def memory_lever(costs: Costs) -> str:
                 f"{show_bytes(room)}: add devices or memory")
     # A layer's parameters and one microbatch's activations: even recomputing, its backward
     # rebuilds them all at once (the working set Costs.stage_costs counts for recomputation).
-    alone = [p + a for p, a in zip(costs.param_bytes, costs.activation_bytes)]
+    alone = [p + a for p, a in zip(costs.param_bytes, costs.activation_bytes, strict=True)]
     big = max(range(costs.layers), key=lambda i: alone[i])
     if alone[big] > max(costs.memory):
         return (f"layer {big} alone needs {show_bytes(alone[big])}, more than any device has: "

@@ -361,8 +361,8 @@ def compare(
     rest = _Limit(limit.seconds, limit.deadline, limit.deadline)
     others = _baselines(costs, rest, names=tuple(n for n in BASELINES if n not in SEEDS),
                         first_always=False)
-    baselines = {name: seeds.get(name) or others[name] for name in BASELINES}
-    outcomes = {"adaptis": _never_slower(adaptis, others, limit=limit), **baselines}
+    baselines: dict[str, Outcome] = {name: seeds.get(name) or others[name] for name in BASELINES}
+    outcomes: dict[str, Outcome] = {"adaptis": _never_slower(adaptis, others, limit=limit), **baselines}
     comparison = Comparison(
         name=problem.name,
         time_unit=problem.time_unit,

@@ -311,4 +311,6 @@ def test_feasible_problem_exits_0_and_requested_baseline_decides(
     code, _, err = _cli(["plan", str(short), "--compare"], capsys)
     assert code == 0, err
     code, _, err = _cli(["plan", str(short), "--compare", "--strategy", "gpipe"], capsys)
-    assert code == 1 and "strategy gpipe is infeasible: device 7 needs 44.7 GB, has 12.0 GB (3.73x), the worst of 3 of the 8 devices over memory" in err, err
+    assert code == 1, err
+    assert ("strategy gpipe is infeasible: device 7 needs 44.7 GB, has 12.0 GB (3.73x), "
+            "the worst of 3 of the 8 devices over memory") in err, err

@@ -14,7 +14,7 @@ from adaptis.planner.simulator import simulate
 from adaptis.planner.strategies import compare, plan_strategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench import workloads  # noqa: E402
+from bench import workloads
 
 
 def _bound(devices: int = 16) -> Costs:

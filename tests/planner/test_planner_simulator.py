@@ -114,6 +114,7 @@ def test_a_plan_over_any_devices_memory_is_infeasible_naming_the_worst_and_the_c
     sim = simulate(*_memory_case((1199.0, 2199.0)))
     assert not sim.feasible
     # Device 0 is over by 1/1199, device 1 by 1/2199: the worst is by ratio, not by bytes.
-    assert sim.reason == "device 0 needs 1200 bytes, has 1199 bytes (1.00x), the worst of all 2 devices, each over memory"
+    assert sim.reason == ("device 0 needs 1200 bytes, has 1199 bytes (1.00x), "
+                          "the worst of all 2 devices, each over memory")
     sim = simulate(*_memory_case((1200.0, 2199.0)))
     assert sim.reason == "device 1 needs 2200 bytes, has 2199 bytes (1.00x), the only device over memory"
