@@ -4,12 +4,19 @@ only the devices that need it recompute."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from adaptis.api.problem import parse_problem
 from adaptis.planner.costs import Costs
+from adaptis.planner.evaluator import Candidate, Evaluator
 from adaptis.planner.memory_first import memory_first, recompute_cut
+from adaptis.planner.scheduler import Policy
+from adaptis.planner.search import joint_search
 from adaptis.planner.simulator import simulate
 from adaptis.planner.strategies import compare, plan_strategy
 
@@ -49,3 +56,37 @@ def test_compare_and_plan_give_the_same_plan() -> None:
     assert alone.result.iteration_time == outcomes["adaptis"].result.iteration_time
     sim = simulate(Costs.from_problem(problem), alone.plan)
     assert sim.feasible and sim.iteration_time == alone.result.iteration_time
+
+
+def test_a_screened_search_schedules_nothing_in_full_that_cannot_beat_the_plan_in_hand(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    costs = _bound(32)  # 32 x 256: screened
+    full: list[float] = []
+    run = Evaluator.run
+
+    def counted(self: Evaluator, *args: Any) -> Candidate:
+        cand = run(self, *args)
+        full.append(cand.time)
+        return cand
+
+    monkeypatch.setattr(Evaluator, "run", counted)
+    # Just under the search's best here (11,902 ms): every estimate reaches it, so no
+    # candidate is confirmed (each a full schedule) and none is refined.
+    assert joint_search(costs, prune_at=11_800.0) is None
+    assert full == []
+    # Within reach, the search still runs, confirms and refines as before.
+    found = joint_search(costs, prune_at=11_950.0)
+    assert found is not None and found.schedule.iteration_time < 11_950.0 and full
+
+
+def test_confirm_skips_estimates_at_or_past_the_plan_in_hand() -> None:
+    costs = _bound(32)
+    ev = Evaluator(costs, budget=10)
+    assert ev.screen is not None
+    ev.prune_at = 10_000.0
+    stages = [(i * 6, (i + 1) * 6) for i in range(32)]
+    stages[-1] = (stages[-1][0], costs.layers)
+    cand = Candidate("contiguous", list(range(32)), stages, None, Policy(), estimate=10_000.0)
+    assert ev.confirm([cand]) is None and ev.evals == 0
+    ev.prune_at = math.inf
+    assert ev.confirm([cand]) is not None and ev.evals == 1
