@@ -13,12 +13,12 @@ them on the paper's 36 workloads (bench/search_quality.py: the search alone is t
 baselines run cheapest first within the first half of it (the first always runs; later ones
 are skipped once the half has passed), the joint search returns the best candidate it
 scheduled by the end, and the adaptis result says so in ``cut_short``; past the limit,
-``compare``'s lower bound is the pipeline terms (1-4) only. The search keeps at least half
+``compare``'s lower bound is the pipeline and memory terms (1-4 and 6) only. The search keeps at least half
 the time because where no baseline fits in memory it alone can find a plan. The limit is
 checked between steps and every few thousand scheduler steps, so a call overruns it by at
 most one baseline's simulation.
 
-The lower bound (``lower_bound``) is the largest of five limits no plan can beat:
+The lower bound (``lower_bound``) is the largest of six limits no plan can beat:
 1. all work spread perfectly: sum of F+B+W over layers x microbatches / sum of device speeds;
 2. the heaviest layer on the fastest device: its F+B+W x microbatches / max speed (a layer
    cannot be split, so its device does at least that);
@@ -31,6 +31,8 @@ The lower bound (``lower_bound``) is the largest of five limits no plan can beat
 5. granularity: layers are indivisible, so some device runs at least the least possible
    max per-device work over every layer -> device assignment (bounded from below in
    :func:`adaptis.planner.bounds.assignment_bound`; placements need not be contiguous).
+6. memory: the work plus the recomputation the cluster's memory forces on it
+   (:func:`adaptis.planner.memory_bound.memory_bound`; issue 32).
 The first four are :func:`adaptis.planner.bounds.pipeline_bound`, the bound before 5.
 """
 
@@ -49,6 +51,7 @@ from adaptis.planner.bounds import assignment_bound, pipeline_bound
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import DeadlockError, OutOfTime, PlannerError
 from adaptis.planner.feasibility import memory_cuts, memory_fallback
+from adaptis.planner.memory_bound import memory_bound
 from adaptis.planner.memory_first import memory_first
 from adaptis.planner.reasons import memory_lever, over_memory
 from adaptis.planner.recompute import Recomputed, recompute_variants, tight_devices
@@ -71,9 +74,10 @@ class Outcome:
 
 
 def lower_bound(costs: Costs, *, deadline: float | None = None) -> float:
-    """The largest of the pipeline terms and the granularity term (:mod:`adaptis.planner.bounds`);
-    past ``deadline`` the granularity term is the loosest it has found so far."""
-    return max(pipeline_bound(costs), assignment_bound(costs, deadline=deadline))
+    """The largest of the pipeline terms, the granularity term (:mod:`adaptis.planner.bounds`)
+    and the memory term (:mod:`adaptis.planner.memory_bound`); past ``deadline`` the
+    granularity term is the loosest it has found so far."""
+    return max(pipeline_bound(costs), memory_bound(costs), assignment_bound(costs, deadline=deadline))
 
 
 def _outcome(name: str, costs: Costs, plan: Plan, seconds: float) -> Outcome:
@@ -368,7 +372,7 @@ def compare(
         time_unit=problem.time_unit,
         # Past the limit, the granularity term (seconds on thousands of layers) is left out:
         # the pipeline terms alone are still a lower bound, only a looser one.
-        lower_bound=0.0 if not bound else pipeline_bound(costs) if limit.passed()
+        lower_bound=0.0 if not bound else max(pipeline_bound(costs), memory_bound(costs)) if limit.passed()
         else lower_bound(costs, deadline=limit.deadline),
         strategies={name: o.result for name, o in outcomes.items()},
     )
