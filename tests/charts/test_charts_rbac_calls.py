@@ -20,7 +20,8 @@ runs the operator with these grants against a real API server.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from adaptis.operator.core.records import JobRef
 from adaptis.operator.kube import client as kube
 from adaptis.operator.kube.client import KubeCluster
 from adaptis.operator.kube.cluster import Cluster
+from adaptis.operator.scheduling.inventory import WatchedInventory
 
 Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 
@@ -124,6 +126,16 @@ def client_calls() -> dict[tuple[str, str, str], bool]:
     assert not missing, f"add a sample call of Cluster.{missing} to _SAMPLES"
     for name in _protocol_methods():
         _SAMPLES[name](client)
+
+    def watch(path: str, *, query: Mapping[str, str], **_: Any) -> Iterator[dict[str, Any]]:
+        record("GET", path, query={**query, "watch": "true"})
+        return iter(())
+
+    client.watch_collection = watch  # type: ignore[method-assign]
+    # The operator's inventory: each informer lists, then watches, its collection.
+    for informer in WatchedInventory(client, profile_namespace="release").informers:
+        informer.relist()
+        informer.follow("1", stop=threading.Event(), timeout_s=1.0)
     # The children carry the job's owner reference (manifests._meta), which blocks deletion.
     record("POST", "/api/v1/namespaces/ns/pods", body={"metadata": {
         "ownerReferences": [_JOB.owner_reference()]}})
@@ -239,9 +251,9 @@ def test_namespaced_install_has_no_cluster_wide_rights_on_namespaced_resources(
     _cluster, namespaced = operator_calls()
     namespaced_resources = {(g, r.partition("/")[0]) for g, r, _v in namespaced}
     roles = _roles(objects)
-    # The one exception, read-only: listing every pod is how the allocation ledger sees which
-    # GPUs other teams' pods hold (docs/shared-cluster.md).
-    ledger_read = {("", "pods", "list")}
+    # The one exception, read-only: listing and watching every pod is how the allocation ledger
+    # sees which GPUs other teams' pods hold (docs/shared-cluster.md).
+    ledger_read = {("", "pods", "list"), ("", "pods", "watch")}
     for binding in by_kind(objects, "ClusterRoleBinding"):
         role = roles[binding["roleRef"]["name"]]
         wide = {(g, r, v) for g, r, v in grants(role)

@@ -404,6 +404,7 @@ def test_a_record_that_cannot_be_replayed_is_a_condition_not_a_failed_pass(
     doc = json.loads(cm["data"][RECORD_KEY])
     doc["device_speed"] = [0.5]  # one speed for four devices: an inconsistent record
     cm["data"][RECORD_KEY] = json.dumps(doc)
+    cm["metadata"]["resourceVersion"] += "-edited"  # as the API server does on any write
     _poll(rec, clock, 2)
     job = cluster.job()
     cond = _cond(job, "ReplanSuggested")

@@ -11,6 +11,7 @@ from typing import Any
 from adaptis.operator.control.reconcile import Reconciler
 from adaptis.operator.core.settings import ReconcileSettings
 from adaptis.operator.scheduling.capacity import CapacityLedger
+from adaptis.operator.scheduling.inventory import ListedInventory
 
 
 def _cond(job: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -211,7 +212,9 @@ def test_a_job_kueue_holds_back_holds_no_gpus(cluster: Any, make_job: Any) -> No
     body["spec"]["queueName"] = "team-a"
     cluster.add_job(body)
     cluster.add_job(_job(make_job, "direct", workers=6, created="2026-01-01T00:01:00Z"))
-    rec = Reconciler(cluster, ledger=CapacityLedger(snapshot_ttl_s=0))  # every pass lists pods
+    inventory = ListedInventory(cluster, profile_namespace=ReconcileSettings().profile_namespace,
+                                snapshot_ttl_s=0)  # every pass lists pods
+    rec = Reconciler(cluster, inventory=inventory)
     rec.reconcile("ns", "kueued")
     for pod in cluster.pods():  # what Kueue's webhook does to them at creation
         pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]

@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 
-from adaptis.operator.scheduling.capacity import CapacityLedger, QueueOrder, pod_gpus, unschedulable_since
+from adaptis.operator.scheduling.capacity import (
+    CapacityLedger,
+    GpuHolds,
+    QueueOrder,
+    pod_gpus,
+    unschedulable_since,
+)
 
 A = ("ns", "a")
 B = ("ns", "b")
@@ -79,9 +85,9 @@ def test_free_gpus_subtracts_every_other_pod_and_reservation_summed_per_node() -
     ledger.reserve(C, {"n1": 2})
     pods = [_pod("x", node="n0", gpus=1), _pod("y", node="n0", gpus=2),
             _pod("unbound", node=None)]  # someone else's pod, not bound: holds nothing yet
-    assert ledger.free_gpus(allocatable=ALLOCATABLE, pods=pods, job=A) == {"n0": 1, "n1": 1}
+    assert ledger.free_gpus(allocatable=ALLOCATABLE, holds=GpuHolds.of_pods(pods), job=A) == {"n0": 1, "n1": 1}
     # The asker's own reservation is not subtracted from what it may use.
-    assert ledger.free_gpus(allocatable=ALLOCATABLE, pods=[], job=B) == {"n0": 4, "n1": 2}
+    assert ledger.free_gpus(allocatable=ALLOCATABLE, holds=GpuHolds.of_pods([]), job=B) == {"n0": 4, "n1": 2}
 
 
 def test_own_reserved_and_ignored_pods_are_skipped_and_the_rest_still_counted() -> None:
@@ -94,7 +100,7 @@ def test_own_reserved_and_ignored_pods_are_skipped_and_the_rest_still_counted() 
         _pod("x", node="n0", gpus=1),
         _pod("y", node="n1", gpus=1),
     ]
-    free = ledger.free_gpus(allocatable=ALLOCATABLE, pods=pods, job=A,
+    free = ledger.free_gpus(allocatable=ALLOCATABLE, holds=GpuHolds.of_pods(pods), job=A,
                             ignore=frozenset({("ns", "profiler")}))
     assert free == {"n0": 3, "n1": 1}
 
@@ -107,32 +113,14 @@ def test_only_pods_managed_by_adaptis_with_a_job_label_count_as_a_jobs_own() -> 
         # Ours but of no job (a profiler pod): anyone's.
         _pod("prof", ns="ns", managed=True, node="n1", gpus=1),
     ]
-    assert ledger.free_gpus(allocatable=ALLOCATABLE, pods=pods, job=A) == {"n0": 2, "n1": 3}
+    assert ledger.free_gpus(allocatable=ALLOCATABLE, holds=GpuHolds.of_pods(pods), job=A) == {"n0": 2, "n1": 3}
 
 
 def test_a_managed_pod_pins_its_annotated_node_before_it_is_bound() -> None:
     ledger = CapacityLedger()
     pods = [_pod("w", ns="x", job="j", managed=True, node=None, pinned="n1", gpus=3),
             _pod("nopin", ns="x", job="j", managed=True, node=None, gpus=3)]
-    assert ledger.free_gpus(allocatable=ALLOCATABLE, pods=pods, job=A) == {"n0": 4, "n1": 1}
-
-
-def test_the_pod_list_is_read_again_only_once_its_ttl_has_passed() -> None:
-    clock = Clock(100.0)
-    reads: list[int] = []
-
-    def fetch() -> list[dict[str, Any]]:
-        reads.append(1)
-        return []
-
-    ledger = CapacityLedger(snapshot_ttl_s=2.0, clock=clock)
-    ledger.active_pods(fetch)
-    clock.now = 101.9
-    ledger.active_pods(fetch)
-    assert len(reads) == 1
-    clock.now = 102.0
-    ledger.active_pods(fetch)
-    assert len(reads) == 2
+    assert ledger.free_gpus(allocatable=ALLOCATABLE, holds=GpuHolds.of_pods(pods), job=A) == {"n0": 4, "n1": 1}
 
 
 # --- reservations --------------------------------------------------------------------------------

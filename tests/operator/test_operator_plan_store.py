@@ -7,14 +7,26 @@ from __future__ import annotations
 import base64
 import json
 import zlib
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from conftest import FakeCluster
 from plan_kit import stored_record
 
+from adaptis.api.job import JobSpec
+from adaptis.api.plan_packing import PackLimits
 from adaptis.operator.control.reconcile import Reconciler
-from adaptis.operator.scheduling.plan_store import RECORD_KEY, record_name
+from adaptis.operator.core.passes import PassState
+from adaptis.operator.core.records import JobRef
+from adaptis.operator.resources.status import parse_status
+from adaptis.operator.scheduling.plan_store import (
+    RECORD_KEY,
+    PlanStore,
+    StoredPlan,
+    _Decoded,
+    record_name,
+)
 
 OPS = "adaptis-system"  # ReconcileSettings' default operator namespace
 
@@ -187,3 +199,69 @@ def test_deleting_the_job_deletes_its_record_and_a_sweep_those_of_jobs_gone_mean
     cluster.delete_job("ns", "gone")  # while no operator ran
     assert Reconciler(cluster).sweep() == 1
     assert stored_record(cluster, job="gone") is None and stored_record(cluster, job="kept")
+
+
+# --- the decoded records kept in memory ---------------------------------------------------------
+
+
+def _read_twice(store: PlanStore, cluster: FakeCluster, spec: JobSpec) -> StoredPlan | None:
+    p = PassState(job=JobRef(name="demo", namespace="ns", uid="uid-demo"),
+                  status=parse_status(None), now=datetime(2026, 1, 1, tzinfo=UTC))
+    first = store.read(p, spec=spec)
+    second = store.read(p, spec=spec)
+    assert first == second
+    return second
+
+
+def test_an_unchanged_record_is_decoded_once_and_a_changed_one_again(
+        started: tuple[FakeCluster, Reconciler, dict[str, Any]]) -> None:
+    cluster, _, _ = started
+    spec = JobSpec.model_validate(cluster.job()["spec"])
+    store = PlanStore(cluster, namespace=OPS)
+    kept = _read_twice(store, cluster, spec)
+    assert kept is not None and store.decodes == 1
+    # Written again (a new resourceVersion): decoded again, once.
+    cm = cluster.objects[("ConfigMap", OPS, record_name("uid-demo"))]
+    cluster.replace_config_map(cm)
+    assert _read_twice(store, cluster, spec) is not None and store.decodes == 2
+    assert len(store._decoded) == 1
+    # Other limits (the spec changed): decoded within the new ones.
+    smaller = spec.model_copy(update={"training": spec.training.model_copy(
+        update={"microbatches": 4})})
+    _read_twice(store, cluster, smaller)
+    assert store.decodes == 3
+    # Gone: nothing kept, nothing returned.
+    cluster.delete_config_map(OPS, record_name("uid-demo"))
+    assert _read_twice(store, cluster, spec) is None and len(store._decoded) == 0
+
+
+def test_a_decoded_record_larger_than_the_bound_is_not_kept(
+        started: tuple[FakeCluster, Reconciler, dict[str, Any]]) -> None:
+    cluster, _, _ = started
+    spec = JobSpec.model_validate(cluster.job()["spec"])
+    size = len(cluster.objects[("ConfigMap", OPS, record_name("uid-demo"))]["data"][RECORD_KEY])
+    store = PlanStore(cluster, namespace=OPS, decoded_bytes_max=size - 1)  # it cannot be kept
+    _read_twice(store, cluster, spec)
+    assert store.decodes == 2
+    roomy = PlanStore(cluster, namespace=OPS, decoded_bytes_max=size)
+    _read_twice(roomy, cluster, spec)
+    assert roomy.decodes == 1
+
+
+def test_decoded_records_past_the_bound_go_least_recently_used_first(
+        started: tuple[FakeCluster, Reconciler, dict[str, Any]]) -> None:
+    cluster, _, _ = started
+    kept = PlanStore(cluster, namespace=OPS)
+    p = PassState(job=JobRef(name="demo", namespace="ns", uid="uid-demo"),
+                  status=parse_status(None), now=datetime(2026, 1, 1, tzinfo=UTC))
+    stored = kept.read(p, spec=JobSpec.model_validate(cluster.job()["spec"]))
+    assert stored is not None
+    limits = PackLimits(max_devices=1, max_actions=1)
+    decoded = _Decoded(max_bytes=10)
+    keys = [(f"r{i}", "1", "ns", f"j{i}", "u", limits) for i in range(3)]
+    decoded.put(keys[0], stored, size=4)
+    decoded.put(keys[1], stored, size=4)
+    assert decoded.get(keys[0]) is stored  # used: now the most recent
+    decoded.put(keys[2], stored, size=4)  # 12 bytes > 10: the least recently used goes
+    assert decoded.get(keys[1]) is None
+    assert decoded.get(keys[0]) is stored and decoded.get(keys[2]) is stored

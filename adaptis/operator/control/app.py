@@ -24,14 +24,18 @@ from adaptis.operator.control.handlers import JobKey, build_registry
 from adaptis.operator.control.metrics import OperatorMetrics
 from adaptis.operator.control.reconcile import Reconciler, ReconcileSettings
 from adaptis.operator.control.workqueue import WorkQueue
+from adaptis.operator.core.errors import OperatorError
 from adaptis.operator.core.settings import OPERATOR_DEFAULTS
 from adaptis.operator.kube.client import KubeCluster
 from adaptis.operator.scheduling.capacity import CapacityLedger
+from adaptis.operator.scheduling.inventory import WatchedInventory
 from adaptis.operator.scheduling.plan_runner import PlannerLimits, PlanRunner
 
 __all__ = ["OperatorOptions", "run_operator"]
 
 log = logging.getLogger(__name__)
+
+_SYNC_TIMEOUT_S = 120.0  # the first lists of the inventory's informers
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,19 @@ def run_operator(options: OperatorOptions, *, stop_flag: threading.Event | None 
                             wake=lambda key: queue.add(key))
     planner = PlanRunner(limits=options.planner, wake=lambda key: queue.add(key))
     metrics = OperatorMetrics(queue_depth=lambda: queue.depth())
+    # Nodes, pods' GPUs, priority classes and measured profiles, kept from watches: no pass
+    # lists the cluster. The first pass waits for the first lists (an empty copy would admit
+    # onto GPUs others hold).
+    inventory = WatchedInventory(cluster, profile_namespace=options.reconcile.profile_namespace)
+    inventory.start()
+    if not inventory.wait_synced(_SYNC_TIMEOUT_S):
+        inventory.stop()
+        raise OperatorError(f"the nodes, pods and priority classes could not be listed within "
+                            f"{_SYNC_TIMEOUT_S:.0f}s: is the API server reachable, and may the "
+                            "operator's service account list and watch them (charts/adaptis "
+                            "rbac.yaml)?")
     reconciler = Reconciler(cluster, settings=options.reconcile, ledger=ledger, planner=planner,
-                            observer=metrics)
+                            inventory=inventory, observer=metrics)
 
     def process(key: JobKey) -> float | None:
         with metrics.observe_pass(key) as done:
@@ -107,6 +122,7 @@ def run_operator(options: OperatorOptions, *, stop_flag: threading.Event | None 
         asyncio.run(coroutine)
     finally:
         queue.stop()
+        inventory.stop()
         planner.shutdown()
         if server is not None:
             server.shutdown()

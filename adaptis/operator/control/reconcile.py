@@ -57,6 +57,7 @@ from adaptis.operator.resources.status import (
 )
 from adaptis.operator.resources.validation import absent_config_maps, validate_job
 from adaptis.operator.scheduling.capacity import CapacityLedger, unschedulable_since
+from adaptis.operator.scheduling.inventory import Inventory, ListedInventory
 from adaptis.operator.scheduling.placement import Placer
 from adaptis.operator.scheduling.plan_runner import InlinePlanner, Planner
 from adaptis.operator.scheduling.plan_store import PlanStore
@@ -82,6 +83,7 @@ class Reconciler:
         settings: ReconcileSettings | None = None,
         clock: Callable[[], datetime] | None = None,
         ledger: CapacityLedger | None = None,
+        inventory: Inventory | None = None,
         planner: Planner | None = None,
         observer: AdaptationObserver | None = None,
         fetch: Fetch = query_job,
@@ -96,7 +98,12 @@ class Reconciler:
         # Where plans are made: in this thread by default, off it in the operator (plan_runner).
         # Every job's plan, kept where no tenant writes (the operator's namespace).
         self._plans = PlanStore(cluster, namespace=self._settings.profile_namespace)
+        # The nodes, pods' GPUs and priorities: from watches in the operator; read when asked
+        # by default (tests, whose in-memory cluster has no watch).
+        inventory = inventory or ListedInventory(
+            cluster, profile_namespace=self._settings.profile_namespace)
         self._placer = Placer(cluster, settings=self._settings, ledger=self._ledger,
+                              inventory=inventory,
                               planner=planner or InlinePlanner(), plans=self._plans,
                               publish=self._write)
         # Re-plans a running job from its workers' measurements (spec.adaptation).

@@ -20,7 +20,7 @@ import json
 import logging
 import secrets
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -150,6 +150,44 @@ class KubeCluster:
         if 200 <= status < 300 or status in ok:
             return status, payload
         raise ApiError(f"{method} {path}: {status} {payload.get('message', '')}", status=status)
+
+    # --- WatchSource (adaptis.operator.kube.informer) -----------------------------------------
+    def list_collection(self, path: str, *, query: Mapping[str, str]
+                        ) -> tuple[list[dict[str, Any]], str]:
+        # resourceVersion=0: from the API server's watch cache, cheap at any size.
+        _, body = self.request("GET", path, query={**query, "resourceVersion": "0"})
+        version = str((body.get("metadata") or {}).get("resourceVersion", ""))
+        return list(body.get("items") or []), version
+
+    def watch_collection(self, path: str, *, query: Mapping[str, str], resource_version: str,
+                         timeout_s: float) -> Iterator[dict[str, Any]]:
+        """The events of one watch stream, one JSON document a line, as they arrive."""
+        params = {**query, "watch": "true", "allowWatchBookmarks": "true",
+                  "resourceVersion": resource_version, "timeoutSeconds": str(int(timeout_s))}
+        url = f"{self._host}{path}?{urlencode(params)}"
+        try:
+            resp = self._pool.request(
+                "GET", url, headers=self._headers(None), preload_content=False, retries=False,
+                # the server ends the stream after timeoutSeconds; a silent one is dead
+                timeout=urllib3.Timeout(connect=10.0, read=timeout_s + 30.0))
+        except urllib3.exceptions.HTTPError as err:
+            raise ApiError(f"watch {path}: {err}", status=0) from None
+        try:
+            if resp.status != 200:
+                message = resp.data[:300].decode(errors="replace")
+                raise ApiError(f"watch {path}: {resp.status} {message}", status=resp.status)
+            pending = b""
+            for chunk in resp.stream(amt=None):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        except urllib3.exceptions.HTTPError as err:
+            raise ApiError(f"watch {path}: {err}", status=0) from None
+        finally:  # a stream left mid-way cannot serve another request: close it
+            resp.close()
+            resp.release_conn()
 
     # --- Cluster ----------------------------------------------------------------------------
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:

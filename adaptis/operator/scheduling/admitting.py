@@ -17,8 +17,8 @@ from typing import Any
 from adaptis.api.conditions import Reason
 from adaptis.api.job import JobSpec
 from adaptis.operator.core.records import NodeProfile, PlanRecord
-from adaptis.operator.kube.cluster import Cluster
 from adaptis.operator.scheduling.capacity import CapacityLedger, JobKey, QueueOrder
+from adaptis.operator.scheduling.inventory import Inventory
 from adaptis.operator.scheduling.planning import Slot, choose_slots, count_slots
 
 __all__ = ["Waiting", "admit", "hold_placement"]
@@ -34,17 +34,16 @@ class Waiting:
     message: str
 
 
-def _free(ledger: CapacityLedger, cluster: Cluster, *, key: JobKey,
+def _free(ledger: CapacityLedger, inventory: Inventory, *, key: JobKey,
           candidates: Sequence[NodeProfile], own: Sequence[Mapping[str, Any]] = ()
           ) -> dict[str, int]:
-    pods = ledger.active_pods(cluster.list_active_pods)
     ignore = frozenset((str((p.get("metadata") or {}).get("namespace")),
                         str((p.get("metadata") or {}).get("name"))) for p in own)
-    return ledger.free_gpus(allocatable={c.name: c.gpus for c in candidates}, pods=pods, job=key,
-                            ignore=ignore)
+    return ledger.free_gpus(allocatable={c.name: c.gpus for c in candidates},
+                            holds=inventory.gpu_holds(), job=key, ignore=ignore)
 
 
-def hold_placement(ledger: CapacityLedger, cluster: Cluster, *, key: JobKey, record: PlanRecord,
+def hold_placement(ledger: CapacityLedger, inventory: Inventory, *, key: JobKey, record: PlanRecord,
                    candidates: Sequence[NodeProfile], gpus_per_worker: int,
                    by_kueue: bool = False) -> bool:
     """Reserve the GPUs of a cached plan if they are still free (the job's own pods count as
@@ -60,14 +59,14 @@ def hold_placement(ledger: CapacityLedger, cluster: Cluster, *, key: JobKey, rec
             # (and then the unschedulable re-plan's), not a reason to queue a running job on
             # a pod list a few seconds old.
             return True
-        free = _free(ledger, cluster, key=key, candidates=candidates)
+        free = _free(ledger, inventory, key=key, candidates=candidates)
         if any(gpus > free.get(node, 0) for node, gpus in need.items()):
             return False
         ledger.reserve(key, need)
     return True
 
 
-def admit(ledger: CapacityLedger, cluster: Cluster, *, key: JobKey, spec: JobSpec,
+def admit(ledger: CapacityLedger, inventory: Inventory, *, key: JobKey, spec: JobSpec,
           candidates: Sequence[NodeProfile], created: str,
           own: Sequence[Mapping[str, Any]] = ()) -> list[Slot] | Waiting:
     """Slots on free GPUs, reserved for the job, or why it waits (it is then queued).
@@ -85,15 +84,15 @@ def admit(ledger: CapacityLedger, cluster: Cluster, *, key: JobKey, spec: JobSpe
     gpw = spec.parallelism.gpus_per_worker
     if count_slots(candidates, spec=spec) < workers:
         choose_slots(candidates, spec=spec)  # raises Unsatisfiable with the counts
-    order = QueueOrder.of(key, priority=cluster.priority_of(spec.worker.priority_class_name),
+    order = QueueOrder.of(key, priority=inventory.priority(spec.worker.priority_class_name),
                           created=created)
     if spec.queue_name:
         with ledger.admission():
-            free = _free(ledger, cluster, key=key, candidates=candidates, own=own)
+            free = _free(ledger, inventory, key=key, candidates=candidates, own=own)
         fits = count_slots(candidates, spec=spec, free=free) >= workers
         return choose_slots(candidates, spec=spec, free=free if fits else None)
     with ledger.admission():
-        free = _free(ledger, cluster, key=key, candidates=candidates, own=own)
+        free = _free(ledger, inventory, key=key, candidates=candidates, own=own)
         blocker = ledger.blocker(key, order=order)
         if blocker is None and count_slots(candidates, spec=spec, free=free) >= workers:
             slots = choose_slots(candidates, spec=spec, free=free)

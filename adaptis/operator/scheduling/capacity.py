@@ -5,9 +5,9 @@ first and pins every rank to a node (see docs/shared-cluster.md for why), so it 
 planning which GPUs nobody else holds. A node's free GPUs are its allocatable ``nvidia.com/gpu``
 minus
 
-- the requests of every non-terminated pod on it, in any namespace, ours or not (read from one
-  cluster-wide pod list, served from the API server's watch cache, at most every
-  ``snapshot_ttl_s``), and
+- the requests of every non-terminated pod on it, in any namespace, ours or not (a
+  :class:`GpuHolds` snapshot of the pods that hold GPUs, kept from watch events by
+  :mod:`adaptis.operator.scheduling.inventory`), and
 - what this operator has *reserved* for jobs it admitted: a reservation covers a job from the
   moment its slots are chosen, through planning and pod creation, until it ends, is suspended
   or deleted. Pods of a job that holds a reservation are counted through the reservation only,
@@ -45,8 +45,13 @@ from adaptis.operator.profiling.nodes import parse_quantity
 
 __all__ = [
     "CapacityLedger",
+    "GpuHold",
+    "GpuHolds",
+    "HoldBook",
     "JobKey",
+    "PodKey",
     "QueueOrder",
+    "hold_of",
     "pod_gpus",
     "unschedulable_since",
 ]
@@ -54,6 +59,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 JobKey = tuple[str, str]  # (namespace, name)
+PodKey = tuple[str, str]  # (namespace, name)
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -116,6 +122,89 @@ def _pod_job(pod: Mapping[str, Any]) -> JobKey | None:
     return str(meta.get("namespace", "")), str(labels[LABEL_JOB])
 
 
+@dataclass(frozen=True, slots=True)
+class GpuHold:
+    """The GPUs one pod holds: on which node, and for which job (None: anyone's pod)."""
+
+    node: str
+    gpus: int
+    owner: JobKey | None
+
+
+def hold_of(pod: Mapping[str, Any]) -> GpuHold | None:
+    """What a non-terminated pod holds; None when it holds no GPU (none asked, or no node)."""
+    node = _pod_node(pod)
+    gpus = pod_gpus(pod)
+    if node is None or gpus <= 0:
+        return None
+    return GpuHold(node=node, gpus=gpus, owner=_pod_job(pod))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHolds:
+    """A snapshot of what pods hold: by pod, and summed per node for anyone's pods and per
+    job for the operator's. Never changed once made (a :class:`HoldBook` makes new ones)."""
+
+    pods: Mapping[PodKey, GpuHold]
+    unowned: Mapping[str, int]  # node -> GPUs held by pods of no job
+    owned: Mapping[JobKey, Mapping[str, int]]  # job -> node -> GPUs its pods hold
+
+    @classmethod
+    def of_pods(cls, pods: Iterable[Mapping[str, Any]]) -> GpuHolds:
+        """From a list of non-terminated pods."""
+        book = HoldBook()
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            book.put((str(meta.get("namespace", "")), str(meta.get("name", ""))), hold_of(pod))
+        return book.snapshot()
+
+
+class HoldBook:
+    """:class:`GpuHolds` kept up to date one pod at a time (from watch events); thread-safe.
+    The per-job maps are replaced, never changed in place, so a snapshot copies only the
+    outer maps."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pods: dict[PodKey, GpuHold] = {}
+        self._unowned: dict[str, int] = {}
+        self._owned: dict[JobKey, dict[str, int]] = {}
+
+    def put(self, pod: PodKey, hold: GpuHold | None) -> None:
+        """The pod now holds ``hold`` (None: nothing, or it is gone)."""
+        with self._lock:
+            before = self._pods.pop(pod, None)
+            if before is not None:
+                self._add(before, -before.gpus)
+            if hold is not None:
+                self._pods[pod] = hold
+                self._add(hold, hold.gpus)
+
+    def _add(self, hold: GpuHold, gpus: int) -> None:
+        if hold.owner is None:
+            total = self._unowned.get(hold.node, 0) + gpus
+            if total > 0:
+                self._unowned[hold.node] = total
+            else:
+                self._unowned.pop(hold.node, None)
+            return
+        nodes = dict(self._owned.get(hold.owner, {}))
+        total = nodes.get(hold.node, 0) + gpus
+        if total > 0:
+            nodes[hold.node] = total
+        else:
+            nodes.pop(hold.node, None)
+        if nodes:
+            self._owned[hold.owner] = nodes
+        else:
+            self._owned.pop(hold.owner, None)
+
+    def snapshot(self) -> GpuHolds:
+        with self._lock:
+            return GpuHolds(pods=dict(self._pods), unowned=dict(self._unowned),
+                            owned=dict(self._owned))
+
+
 def unschedulable_since(pods: Iterable[Mapping[str, Any]]) -> tuple[datetime | None, set[str]]:
     """Since when the longest-waiting unschedulable pod waits, and the nodes such pods pin."""
     oldest: datetime | None = None
@@ -143,18 +232,15 @@ class CapacityLedger:
         self,
         *,
         strict_after_s: float = 120.0,
-        snapshot_ttl_s: float = 2.0,
         wake: Callable[[JobKey], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._strict_after_s = strict_after_s
-        self._snapshot_ttl_s = snapshot_ttl_s
         self._wake = wake
         self._clock = clock
         self._lock = threading.RLock()
         self._reserved: dict[JobKey, dict[str, int]] = {}
         self._waiting: dict[JobKey, _Waiting] = {}
-        self._snapshot: tuple[float, list[dict[str, Any]]] | None = None
 
     @contextmanager
     def admission(self) -> Iterator[None]:
@@ -163,32 +249,25 @@ class CapacityLedger:
             yield
 
     # --- what is free -------------------------------------------------------------------------
-    def active_pods(self, fetch: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
-        """Every non-terminated pod of the cluster, re-read at most every ``snapshot_ttl_s``."""
-        with self._lock:
-            now = self._clock()
-            if self._snapshot is None or now - self._snapshot[0] >= self._snapshot_ttl_s:
-                self._snapshot = (now, fetch())
-            return self._snapshot[1]
-
-    def free_gpus(self, *, allocatable: Mapping[str, int], pods: Iterable[Mapping[str, Any]],
-                  job: JobKey, ignore: frozenset[tuple[str, str]] = frozenset()
-                  ) -> dict[str, int]:
+    def free_gpus(self, *, allocatable: Mapping[str, int], holds: GpuHolds, job: JobKey,
+                  ignore: frozenset[PodKey] = frozenset()) -> dict[str, int]:
         """Per node, the GPUs neither another pod nor another job's reservation holds.
         ``ignore``: (namespace, name) of pods that are the job's own but not labelled as its
         workers (its profiler pods, deleted once it is planned)."""
         used: dict[str, int] = defaultdict(int)
+        for node, gpus in holds.unowned.items():
+            used[node] += gpus
         with self._lock:
-            for pod in pods:
-                meta = pod.get("metadata") or {}
-                if (meta.get("namespace"), meta.get("name")) in ignore:
-                    continue
-                owner = _pod_job(pod)
-                if owner is not None and (owner == job or owner in self._reserved):
-                    continue  # counted through its reservation (or it is the asker's own)
-                node = _pod_node(pod)
-                if node is not None:
-                    used[node] += pod_gpus(pod)
+            # A job's pods count through its reservation (or are the asker's own).
+            counted = {owner: nodes for owner, nodes in holds.owned.items()
+                       if owner != job and owner not in self._reserved}
+            for nodes in counted.values():
+                for node, gpus in nodes.items():
+                    used[node] += gpus
+            for pod in ignore:
+                hold = holds.pods.get(pod)
+                if hold is not None and (hold.owner is None or hold.owner in counted):
+                    used[hold.node] -= hold.gpus
             for key, nodes in self._reserved.items():
                 if key != job:
                     for node, gpus in nodes.items():

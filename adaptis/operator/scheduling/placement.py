@@ -36,11 +36,12 @@ from adaptis.operator.kube import children
 from adaptis.operator.kube.cluster import Cluster, create_many
 from adaptis.operator.profiling.measuring import measure_candidates
 from adaptis.operator.profiling.nodes import candidate_nodes, profile_node
-from adaptis.operator.profiling.profile_store import measured_figures, profile_selector, read_stored_profiles
+from adaptis.operator.profiling.profile_store import measured_figures
 from adaptis.operator.resources.manifests import config_map_name, render_config_map, render_pod
 from adaptis.operator.resources.status import plan_summary
 from adaptis.operator.scheduling.admitting import Waiting, admit, hold_placement
 from adaptis.operator.scheduling.capacity import CapacityLedger, JobKey
+from adaptis.operator.scheduling.inventory import Inventory
 from adaptis.operator.scheduling.plan_runner import Planner, Planning, PlanRequest, planned_reason
 from adaptis.operator.scheduling.plan_store import PlanStore, StoredPlan, overwriting
 from adaptis.operator.scheduling.planning import Slot, spec_hash
@@ -60,8 +61,10 @@ class Placer:
     nodes given up on or avoided)."""
 
     def __init__(self, cluster: Cluster, *, settings: ReconcileSettings, ledger: CapacityLedger,
-                 planner: Planner, plans: PlanStore, publish: Callable[[PassState], None]) -> None:
+                 inventory: Inventory, planner: Planner, plans: PlanStore,
+                 publish: Callable[[PassState], None]) -> None:
         self._cluster = cluster
+        self._inventory = inventory  # the nodes, pods' GPUs and priorities: never listed here
         self._plans = plans  # the trusted copy of every job's plan
         self._settings = settings
         self._ledger = ledger
@@ -137,7 +140,7 @@ class Placer:
         failure: tuple[Reason, str] | None = None
         if spec.parallelism.gpus_per_worker > 0:
             try:
-                admitted = admit(self._ledger, self._cluster, key=key, spec=spec,
+                admitted = admit(self._ledger, self._inventory, key=key, spec=spec,
                                  candidates=candidates, created=p.created, own=profilers)
             except Unsatisfiable as err:
                 failure = (Reason.UNSATISFIABLE, str(err))
@@ -167,10 +170,8 @@ class Placer:
     def _survey(self, p: PassState, *, spec: JobSpec, key: JobKey) -> _Scene:
         """The nodes as they are now (profiled, the pass told which are alive), the job's
         candidates among them, its ConfigMap (never decoded) and its plan record."""
-        raw_nodes = {str((n.get("metadata") or {}).get("name", "")): n
-                     for n in self._cluster.list_nodes()}
-        stored = read_stored_profiles(self._cluster.list_config_maps(
-            self._settings.profile_namespace, selector=profile_selector()))
+        raw_nodes = self._inventory.nodes()
+        stored = self._inventory.stored_profiles()
         nodes = [self._profile(n, stored=stored.get(node)) for node, n in raw_nodes.items()]
         with self._profiles_lock:  # forget deleted nodes
             for gone in [n for n in self._profiles if n not in raw_nodes]:
@@ -194,7 +195,7 @@ class Placer:
                 spec_hash_now=scene.spec_hash, candidates={c.name: c for c in scene.candidates},
                 ranks_per_pod=spec.parallelism.ranks_per_worker):
             return False
-        if gpw > 0 and not hold_placement(self._ledger, self._cluster, key=key, record=stored.record,
+        if gpw > 0 and not hold_placement(self._ledger, self._inventory, key=key, record=stored.record,
                                           candidates=scene.candidates, gpus_per_worker=gpw,
                                           by_kueue=bool(spec.queue_name)):
             return False
