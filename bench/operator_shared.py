@@ -54,6 +54,8 @@ from benchkit import (  # noqa: E402
     wait_until,
 )
 
+from adaptis.operator.core.settings import ReconcileSettings  # noqa: E402
+
 NS = "bench"
 CHART_MEMORY_LIMIT_MIB = 2048  # charts/adaptis/values.yaml operator.resources.limits.memory
 
@@ -254,6 +256,8 @@ def main() -> int:
     try:
         install_crd(cp)
         cp.create_namespace(NS)
+        # The operator keeps its plan records (and measured profiles) in its own namespace.
+        cp.create_namespace(ReconcileSettings().profile_namespace)
         nodes = args.churn_nodes if args.scenario == "churn" else args.nodes
         ready_s = create_nodes(cp, [fake_node(i, gpus=8) for i in range(nodes)])
         op.start()

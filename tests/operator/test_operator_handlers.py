@@ -15,14 +15,15 @@ def test_status_echoes_do_not_requeue_but_spec_changes_do() -> None:
     assert wants_reconcile("ADDED", echo)
 
 
-def test_registry_watches_jobs_pods_and_nodes_without_finalizers() -> None:
+def test_registry_watches_jobs_and_pods_without_finalizers() -> None:
     q: WorkQueue[tuple[str, str]] = WorkQueue(lambda k: None)
     registry = build_registry(q)
     watched = sorted(
         (h.selector.group or "", h.selector.any_name or "") if h.selector else ("", "")
         for h in registry._watching.get_all_handlers()
     )
-    assert watched == [("", "nodes"), ("", "pods"), ("adaptis.io", "adaptisjobs")]
+    # Nodes are the inventory's informer's (one watch of them, not two).
+    assert watched == [("", "pods"), ("adaptis.io", "adaptisjobs")]
     # No change handlers (create/update/delete) means kopf never adds a finalizer or writes
     # its progress annotations onto the jobs.
     assert list(registry._changing.get_all_handlers()) == []

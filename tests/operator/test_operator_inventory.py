@@ -327,3 +327,19 @@ def test_gpu_holds_of_pods_matches_the_book() -> None:
     pods = [_gpu_pod("x", gpus=2), _gpu_pod("y", gpus=1), _gpu_pod("z", node=None)]
     holds = GpuHolds.of_pods(pods)
     assert holds.unowned == {"n0": 3} and set(holds.pods) == {("other", "x"), ("other", "y")}
+
+
+def test_a_node_that_comes_or_goes_after_the_first_list_wakes_the_jobs() -> None:
+    woken: list[int] = []
+    source = Source(lists=[([_obj("n0", "1"), _obj("n1", "1")], "1")], streams=[[
+        _event("MODIFIED", _obj("n0", "2")),  # a heartbeat: no wake-up
+        _event("ADDED", _obj("n2", "3")),
+        _event("DELETED", _obj("n1", "4")),
+    ]])
+    inventory = WatchedInventory(source, profile_namespace=PROFILE_NS,
+                                 on_nodes_changed=lambda: woken.append(1))
+    nodes = _informer(inventory, "/api/v1/nodes")
+    version = nodes.relist()
+    assert woken == []  # the first list: no job waits on it yet
+    nodes.follow(version, stop=threading.Event(), timeout_s=1)
+    assert len(woken) == 2 and sorted(inventory.nodes()) == ["n0", "n2"]

@@ -51,6 +51,8 @@ class _Api(BaseHTTPRequestHandler):
         if self.script.get((self.command, path)):
             status, headers = self.script[(self.command, path)].pop(0)
             self._reply(status, {"kind": "Status", "message": f"scripted {status}"}, headers)
+        elif "watch=true" in self.path:
+            self._stream()
         elif self.command == "POST" and path in self.existing:
             self._reply(409, {"kind": "Status", "reason": "AlreadyExists"})
         elif self.command == "POST" and path.endswith("/services"):
@@ -61,6 +63,22 @@ class _Api(BaseHTTPRequestHandler):
             self._reply(200, {"items": [{"metadata": {"name": "p0"}}]})
         else:
             self._reply(201 if self.command == "POST" else 200, {})
+
+    def _stream(self) -> None:
+        """A watch: chunked, one JSON event a line, lines split across chunks as TCP may."""
+        self.protocol_version = "HTTP/1.1"
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        lines = b"".join(json.dumps(e).encode() + b"\n" for e in self.watch_events)
+        for lo in range(0, len(lines), 7):
+            chunk = lines[lo:lo + 7]
+            self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        self.wfile.write(b"0\r\n\r\n")
+
+    watch_events: list[dict[str, Any]] = []
 
     do_GET = do_POST = do_PATCH = do_DELETE = _handle
 
@@ -216,3 +234,26 @@ def test_two_events_in_the_same_microsecond_both_land(monkeypatch: Any) -> None:
     client.event(job, type_="Normal", reason="CreatedPods", message="created 4 worker pod(s)")
     assert sorted(e["reason"] for e in stored.values()) == ["CreatedPods", "Planned"]
     assert all(len(name) <= 253 and name.startswith("demo.") for name in stored)
+
+
+def test_a_watch_streams_events_as_lines_whatever_the_chunks_and_a_list_its_version(
+        api: Any) -> None:
+    cluster, handler = api
+    handler.watch_events = [
+        {"type": "ADDED", "object": {"metadata": {"name": "n0", "resourceVersion": "7"}}},
+        {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}},
+    ]
+    events = list(cluster.watch_collection("/api/v1/nodes", query={"labelSelector": "a=b"},
+                                           resource_version="5", timeout_s=30))
+    assert events == handler.watch_events
+    path = handler.requests[-1][1]
+    for part in ("watch=true", "allowWatchBookmarks=true", "resourceVersion=5",
+                 "timeoutSeconds=30", "labelSelector=a%3Db"):
+        assert part in path
+    items, version = cluster.list_collection("/api/v1/namespaces/ns/pods", query={})
+    assert [i["metadata"]["name"] for i in items] == ["p0"] and version == ""
+    assert "resourceVersion=0" in handler.requests[-1][1]  # from the watch cache
+    handler.script[("GET", "/api/v1/nodes")] = [(403, {})]
+    with pytest.raises(ApiError, match="watch /api/v1/nodes: 403"):
+        list(cluster.watch_collection("/api/v1/nodes", query={}, resource_version="5",
+                                      timeout_s=30))

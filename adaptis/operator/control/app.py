@@ -80,7 +80,8 @@ def run_operator(options: OperatorOptions, *, stop_flag: threading.Event | None 
     # Nodes, pods' GPUs, priority classes and measured profiles, kept from watches: no pass
     # lists the cluster. The first pass waits for the first lists (an empty copy would admit
     # onto GPUs others hold).
-    inventory = WatchedInventory(cluster, profile_namespace=options.reconcile.profile_namespace)
+    inventory = WatchedInventory(cluster, profile_namespace=options.reconcile.profile_namespace,
+                                 on_nodes_changed=lambda: queue.add_all())
     inventory.start()
     if not inventory.wait_synced(_SYNC_TIMEOUT_S):
         inventory.stop()

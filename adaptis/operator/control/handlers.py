@@ -1,4 +1,4 @@
-"""The kopf handlers: watch AdaPtisJobs, their pods and the nodes, and queue jobs to reconcile.
+"""The kopf handlers: watch AdaPtisJobs and their pods, and queue jobs to reconcile.
 
 Sits between kopf (which owns the watch streams) and :mod:`adaptis.operator.control.workqueue`. The
 handlers decide nothing: each event only says which job may need a look, and the reconciler,
@@ -63,12 +63,6 @@ def build_registry(queue: WorkQueue[JobKey]) -> kopf.OperatorRegistry:
             # Profiler pods run in the operator's namespace and name their job's namespace.
             queue.add((labels.get(LABEL_JOB_NAMESPACE) or namespace, job))
 
-    @kopf.on.event("v1", "nodes", registry=registry)
-    def node_event(type: str | None, **_: Any) -> None:
-        # A node that comes or goes may satisfy a waiting job or break a planned one; readiness
-        # flips and label changes are caught by the periodic resync instead, because heartbeats
-        # make MODIFIED events too frequent to act on each.
-        if type in {"ADDED", "DELETED"}:
-            queue.add_all()
-
+    # Nodes are not watched here: the inventory's node informer (scheduling.inventory) already
+    # follows them, and wakes every job when one comes or goes (control.app).
     return registry

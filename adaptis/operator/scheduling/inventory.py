@@ -99,7 +99,12 @@ class WatchedInventory:
     others hold."""
 
     def __init__(self, source: WatchSource, *, profile_namespace: str,
-                 relist_s: float = 600.0) -> None:
+                 relist_s: float = 600.0,
+                 on_nodes_changed: Callable[[], None] | None = None) -> None:
+        # Called when a node comes or goes after the first list (it may let a waiting job in,
+        # or break a planned one); readiness and label changes wait for the resync, as
+        # heartbeats make a node change every few seconds.
+        self._on_nodes_changed = on_nodes_changed
         self._lock = threading.Lock()
         self._nodes: dict[str, Mapping[str, Any]] = {}
         self._profile_maps: dict[str, Mapping[str, Any]] = {}
@@ -136,9 +141,12 @@ class WatchedInventory:
     def _on_node(self, key: str, obj: Mapping[str, Any] | None) -> None:
         with self._lock:
             if obj is None:
-                self._nodes.pop(key, None)
+                came_or_went = self._nodes.pop(key, None) is not None
             else:
+                came_or_went = key not in self._nodes
                 self._nodes[key] = obj
+        if came_or_went and self._on_nodes_changed is not None and self.informers[0].wait_synced(0):
+            self._on_nodes_changed()
 
     def _on_pod(self, key: str, obj: Mapping[str, Any] | None) -> None:
         ns, _, name = key.partition("/")
