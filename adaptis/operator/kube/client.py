@@ -103,16 +103,17 @@ class KubeCluster:
                 f"kubeconfig cannot be used ({err})") from None
         self._config = config
         self._host = config.host.rstrip("/")
-        self._pool = urllib3.PoolManager(
-            num_pools=4,
-            maxsize=8,
-            cert_reqs="CERT_REQUIRED" if config.verify_ssl else "CERT_NONE",
-            ca_certs=config.ssl_ca_cert,
-            cert_file=config.cert_file,
-            key_file=config.key_file,
-            timeout=urllib3.Timeout(total=timeout_s),
-            retries=api_retry(),
-        )
+        def pool(**options: Any) -> urllib3.PoolManager:
+            return urllib3.PoolManager(
+                cert_reqs="CERT_REQUIRED" if config.verify_ssl else "CERT_NONE",
+                ca_certs=config.ssl_ca_cert, cert_file=config.cert_file,
+                key_file=config.key_file, **options)
+
+        self._pool = pool(num_pools=4, maxsize=8, timeout=urllib3.Timeout(total=timeout_s),
+                          retries=api_retry())
+        # Watches hold their connection for minutes: a pool of their own, so that they never
+        # take the connections of the reconcile workers' calls.
+        self._streams = pool(num_pools=1, maxsize=8)
         self._lock = threading.Lock()
 
     # --- transport ---------------------------------------------------------------------------
@@ -166,7 +167,7 @@ class KubeCluster:
                   "resourceVersion": resource_version, "timeoutSeconds": str(int(timeout_s))}
         url = f"{self._host}{path}?{urlencode(params)}"
         try:
-            resp = self._pool.request(
+            resp = self._streams.request(
                 "GET", url, headers=self._headers(None), preload_content=False, retries=False,
                 # the server ends the stream after timeoutSeconds; a silent one is dead
                 timeout=urllib3.Timeout(connect=10.0, read=timeout_s + 30.0))
