@@ -49,6 +49,7 @@ import yaml
 from stage_depth import report as depth_report  # bench/ is this script's directory
 from stage_depth import run as depth_run
 
+from adaptis.api.events import StepEvent
 from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, ParallelismSpec, TrainingSpec, WorkerConfig
 from adaptis.planner.strategies import plan_strategy
 from adaptis.worker.profiling.hardware import device_memory_bytes, device_name, measure_matmul_tflops
@@ -177,13 +178,13 @@ def executor_check(*, device: torch.device, dry: bool, report: dict[str, Any]) -
             plan = outcome.plan.model_copy(update={"precision": precision})
             config = WorkerConfig(job_name="gpu-check", model=spec.model, training=spec.training,
                                   plan=plan.model_dump(mode="json", exclude_none=True))
-            steps: list[dict[str, Any]] = []
+            steps: list[StepEvent] = []
             with tempfile.TemporaryDirectory() as work:
                 LocalLauncher(config, world_size=1, workdir=Path(work), device=device.type).run(
-                    lambda e: steps.append(e) if e.get("event") == "step" else None)
+                    lambda e: steps.append(e) if isinstance(e, StepEvent) else None)
             steady = steps[2:] or steps
-            measured = statistics.median(e["iteration_seconds"] for e in steady) * 1e3
-            measured_step = statistics.median(e["step_seconds"] for e in steady) * 1e3
+            measured = statistics.median(e.iteration_seconds for e in steady) * 1e3
+            measured_step = statistics.median(e.step_seconds for e in steady) * 1e3
             predicted = outcome.simulation.iteration_time
             pred = plan.predicted
             predicted_step = pred.step_time if pred is not None and pred.step_time is not None else None
@@ -191,7 +192,7 @@ def executor_check(*, device: torch.device, dry: bool, report: dict[str, Any]) -
                          "predicted_ms": round(predicted, 3), "measured_ms": round(measured, 3),
                          "error": round((predicted - measured) / measured, 4),
                          "predicted_step_ms": predicted_step, "measured_step_ms": round(measured_step, 3),
-                         "peak_memory_bytes": steady[-1].get("peak_memory_bytes")})
+                         "peak_memory_bytes": steady[-1].peak_memory_bytes})
             step_txt = f"{predicted_step:.2f}" if predicted_step is not None else "n/a"
             print(f"executor {precision} {strategy:<8} stages {len(plan.stages)}: iteration predicted "
                   f"{predicted:.2f} ms, measured {measured:.2f} ms, error "

@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from adaptis.api.adaptation import AdaptationSpec, ReplanRecord
+from adaptis.api.events import DoneEvent, PreemptedEvent, StartEvent, StepEvent
 from adaptis.api.job import WorkerConfig
 from adaptis.api.plan import Plan, predicted_seconds
 from adaptis.api.problem import Problem
@@ -53,18 +54,18 @@ class Segment:
     stop_requested_at: float | None = None
     stopped_at: float | None = None  # every rank checkpointed and exited
     resumed_step: int = 0
-    steps: list[dict[str, Any]] = field(default_factory=list)  # rank 0's step events
+    steps: list[StepEvent] = field(default_factory=list)  # rank 0's step events
     max_data_seconds: float = 0.0  # the largest data phase of those steps (kept as they come)
     rank_stages: dict[int, list[int]] = field(default_factory=dict)  # what each rank said it runs
 
     def report(self) -> dict[str, Any]:
         steady = self.steps[1:] or self.steps
-        return {"from_step": self.resumed_step, "to_step": self.steps[-1]["step"] if self.steps else None,
+        return {"from_step": self.resumed_step, "to_step": self.steps[-1].step if self.steps else None,
                 "stages": len(self.plan.stages), "placement": self.plan.placement,
                 "layers_per_device": layers_per_device(self.plan),
                 "rank_stages": [self.rank_stages.get(r) for r in sorted(self.rank_stages)],
                 "predicted_iteration_seconds": predicted_seconds(self.plan.predicted)["iteration_seconds"],
-                "measured_iteration_seconds": statistics.mean(s["iteration_seconds"] for s in steady)
+                "measured_iteration_seconds": statistics.mean(s.iteration_seconds for s in steady)
                 if steady else None,
                 "launch_to_first_step_seconds": None if self.first_step_at is None
                 else self.first_step_at - self.launched_at,
@@ -84,8 +85,8 @@ class Trained:
 
     plan: Plan  # the last plan run
     problem: Problem  # what it was planned for (after a re-plan: the speeds corrected by measurement)
-    steps: list[dict[str, Any]]  # rank 0's step events, each step once (a resume drops the re-run ones)
-    starts: dict[int, dict[str, Any]]  # each rank's first start event
+    steps: list[StepEvent]  # rank 0's step events, each step once (a resume drops the re-run ones)
+    starts: dict[int, StartEvent]  # each rank's first start event
     reduce: list[tuple[float, float]]
     segments: list[Segment]
     adaptation: dict[str, Any]
@@ -121,17 +122,17 @@ class Adapter:
         self._busy: dict[int, dict[int, float]] = {}
         self._first_step: int | None = None
 
-    def observe(self, event: dict[str, Any], *, segment: Segment, restart_seconds: float) -> bool:
+    def observe(self, event: StepEvent, *, segment: Segment, restart_seconds: float) -> bool:
         """A rank's step event; True when the ranks must stop for :attr:`pending`."""
-        if self.window is None or self.pending is not None or "busy_seconds_total" not in event:
+        if self.window is None or self.pending is not None:
             return False
-        step = event["step"]
+        step = event.step
         if self._first_step is None:
             self._first_step = step
         if step == self._first_step:  # the launch's first step pays one-off costs
             return False
         got = self._busy.setdefault(step, {})
-        got[event["rank"]] = event["busy_seconds_total"]
+        got[event.rank] = event.busy_seconds_total
         if len(got) < self.ranks:
             return False
         del self._busy[step]
@@ -146,7 +147,7 @@ class Adapter:
             self._once(f"adaptation: drift seen at step {step} ({drift.describe()}) but no re-plan: {err}")
             self.window.reset()
             return False
-        window = [s["iteration_seconds"] for s in segment.steps if s["step"] > step - drift.steps]
+        window = [s.iteration_seconds for s in segment.steps if s.step > step - drift.steps]
         record = self._record(decision, step=step, measured=statistics.mean(window) if window else None)
         self.decisions = [*self.decisions[-(_DECISIONS - 1):],
                           {"step": step, "replan": decision.replan, "reason": decision.reason}]
@@ -206,7 +207,7 @@ class Adapter:
 
 def train(*, config: WorkerConfig, problem: Problem, plan: Plan, spec: AdaptationSpec, strategy: str,
           ranks: int, replicas: int, time_limit_s: float | None, launcher: Callable[[WorkerConfig], Any],
-          on_step: Callable[[dict[str, Any]], None], say: Say) -> Trained:
+          on_step: Callable[[StepEvent], None], say: Say) -> Trained:
     """Run the ranks to the last step, relaunching them under a new plan whenever the loop
     re-plans. ``launcher(config)`` makes a :class:`~adaptis.worker.run.launcher.LocalLauncher`;
     ``on_step`` shows rank 0's step events. Raises what the launcher raises, except the stop
@@ -216,8 +217,8 @@ def train(*, config: WorkerConfig, problem: Problem, plan: Plan, spec: Adaptatio
     total = config.training.steps
     adapter = Adapter(problem=problem, plan=plan, spec=spec, strategy=strategy, total_steps=total,
                       replicas=replicas, ranks=ranks, time_limit_s=time_limit_s, say=say)
-    steps: list[dict[str, Any]] = []
-    starts: dict[int, dict[str, Any]] = {}
+    steps: list[StepEvent] = []
+    starts: dict[int, StartEvent] = {}
     reduce: list[tuple[float, float]] = []
     segments: list[Segment] = []
     while True:
@@ -225,25 +226,25 @@ def train(*, config: WorkerConfig, problem: Problem, plan: Plan, spec: Adaptatio
         segments.append(seg)
         ranks_run = launcher(config)
 
-        def on_event(event: dict[str, Any], seg: Segment = seg, ranks_run: Any = ranks_run) -> None:
-            kind = event["event"]
-            if kind == "start":
-                starts.setdefault(event["rank"], event)
-                seg.rank_stages[event["rank"]] = event.get("stages")
-                if event["rank"] == 0:
-                    seg.resumed_step = event["resumed_step"]
+        def on_event(event: StartEvent | StepEvent | DoneEvent | PreemptedEvent, seg: Segment = seg,
+                     ranks_run: Any = ranks_run) -> None:
+            if isinstance(event, StartEvent):
+                starts.setdefault(event.rank, event)
+                seg.rank_stages[event.rank] = list(event.stages)
+                if event.rank == 0:
+                    seg.resumed_step = event.resumed_step
                     # A relaunch repeats the steps after its checkpoint: keep each step once.
-                    steps[:] = [s for s in steps if s["step"] <= seg.resumed_step]
+                    steps[:] = [s for s in steps if s.step <= seg.resumed_step]
                 return
-            if kind != "step":
+            if not isinstance(event, StepEvent):
                 return
-            if event["step"] > seg.resumed_step + 1:  # a launch's first step pays one-off costs
-                reduce.append((event.get("reduce_wait_seconds", 0.0), event["step_seconds"]))
-            if event["rank"] == 0:
+            if event.step > seg.resumed_step + 1:  # a launch's first step pays one-off costs
+                reduce.append((event.reduce_wait_seconds, event.step_seconds))
+            if event.rank == 0:
                 if seg.first_step_at is None:
                     seg.first_step_at = time.perf_counter()
                 seg.steps.append(event)
-                seg.max_data_seconds = max(seg.max_data_seconds, event.get("data_seconds", 0.0))
+                seg.max_data_seconds = max(seg.max_data_seconds, event.data_seconds)
                 steps.append(event)
                 on_step(event)
             if adapter.observe(event, segment=seg, restart_seconds=_restart_seconds(segments)):
@@ -270,8 +271,8 @@ def train(*, config: WorkerConfig, problem: Problem, plan: Plan, spec: Adaptatio
     adaptation = adapter.report()
     adaptation["segments"] = [s.report() for s in segments]
     # Per step (rank 0's, each step once): the curve across re-plans, for a look or a benchmark.
-    adaptation["losses"] = [s["loss"] for s in steps]
-    adaptation["iteration_seconds"] = [s["iteration_seconds"] for s in steps]
+    adaptation["losses"] = [s.loss for s in steps]
+    adaptation["iteration_seconds"] = [s.iteration_seconds for s in steps]
     return Trained(plan=plan, problem=adapter.problem, steps=steps, starts=starts, reduce=reduce,
                    segments=segments, adaptation=adaptation)
 

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from adaptis.api.events import StepEvent
 from adaptis.api.job import AdaPtisJob, JobSpec, ModelSpec, WorkerConfig, load_job, resolve_precision
 from adaptis.api.plan import STRATEGY_NAMES, Plan, predicted_seconds
 from adaptis.api.problem import (
@@ -152,9 +153,9 @@ def run(args: argparse.Namespace) -> int:
     result = summary(job.metadata.name, strategy=spec.planner.strategy, plan=done.plan, workers=par.workers,
                      steps=done.steps, mesh=(par.data_parallel, par.pipeline_ranks, _zero(spec)),
                      reduce=done.reduce, seconds=time.perf_counter() - started, workdir=workdir,
-                     ports=[starts[r].get("metrics_port") for r in sorted(starts)],
+                     ports=[starts[r].metrics_port for r in sorted(starts)],
                      checkpoints=(ckpt_dir, spec.checkpoint.every_steps,
-                                  starts[0]["resumed_step"] if 0 in starts else 0))
+                                  starts[0].resumed_step if 0 in starts else 0))
     result["adaptation"] = done.adaptation
     report = _trace(args.trace, plan=done.plan, problem=done.problem, ranks=par.pipeline_ranks) if args.trace else None
     if report is not None:
@@ -269,10 +270,10 @@ def _train(args: argparse.Namespace, name: str, *, spec: JobSpec, device: str, p
     if args.trace is not None:
         env[TRACE_ENV] = str(args.trace.resolve())
 
-    def on_step(event: dict[str, Any]) -> None:
-        _say(args, f"step {event['step']:>4}/{training.steps}  loss {event['loss']:.4f}  "
-                   f"{event['tokens_per_second']:>8.0f} tokens/s  bubble {pct(event['bubble_ratio'])} "
-                   f"(predicted {pct(event.get('predicted_bubble_ratio'))})")
+    def on_step(event: StepEvent) -> None:
+        _say(args, f"step {event.step:>4}/{training.steps}  loss {event.loss:.4f}  "
+                   f"{event.tokens_per_second:>8.0f} tokens/s  bubble {pct(event.bubble_ratio)} "
+                   f"(predicted {pct(event.predicted_bubble_ratio)})")
 
     def launcher(cfg: WorkerConfig) -> LocalLauncher:
         # Local ranks share one host: rank r serves metrics on port + r (pods all use the port).

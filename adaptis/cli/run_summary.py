@@ -10,12 +10,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from adaptis.api.events import StepEvent
 from adaptis.api.plan import Plan, predicted_seconds
 
 __all__ = ["fmt", "pct", "print_summary", "summary"]
 
 
-def summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[dict[str, Any]],
+def summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[StepEvent],
              mesh: tuple[int, int, int], reduce: list[tuple[float, float]],
              seconds: float, workdir: Path,
              ports: list[Any], checkpoints: tuple[Path, int, int]) -> dict[str, Any]:
@@ -31,13 +32,13 @@ def summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[d
         # Share of the ranks' step time spent blocked on the replicas' gradient all-reduce.
         "reduce_wait_share": wait / total if replicas > 1 and total > 0 else None,
         "stages": len(plan.stages), "placement": plan.placement,
-        "steps": steps[-1]["step"] if steps else 0,
-        "first_loss": steps[0]["loss"] if steps else None,
-        "final_loss": steps[-1]["loss"] if steps else None,
-        "tokens_per_second": statistics.mean(s["tokens_per_second"] for s in steady) if steady else None,
-        "measured_bubble_ratio": statistics.mean(s["bubble_ratio"] for s in steady) if steady else None,
+        "steps": steps[-1].step if steps else 0,
+        "first_loss": steps[0].loss if steps else None,
+        "final_loss": steps[-1].loss if steps else None,
+        "tokens_per_second": statistics.mean(s.tokens_per_second for s in steady) if steady else None,
+        "measured_bubble_ratio": statistics.mean(s.bubble_ratio for s in steady) if steady else None,
         "predicted_bubble_ratio": predicted["bubble_ratio"],
-        "measured_iteration_seconds": statistics.mean(s["iteration_seconds"] for s in steady) if steady else None,
+        "measured_iteration_seconds": statistics.mean(s.iteration_seconds for s in steady) if steady else None,
         "predicted_iteration_seconds": predicted["iteration_seconds"],
         "train_seconds": seconds,
         "metrics_ports": ports,
@@ -49,7 +50,7 @@ def summary(name: str, *, strategy: str, plan: Plan, workers: int, steps: list[d
     }
 
 
-def _phases(steady: list[dict[str, Any]], *, predicted: dict[str, float | None]) -> dict[str, Any]:
+def _phases(steady: list[StepEvent], *, predicted: dict[str, float | None]) -> dict[str, Any]:
     """The measured step (pipeline + post-pipeline part, what the plan's step time predicts) and
     the rank's time split into phases, seconds and share, from rank 0's step events: the data
     phase, the pipeline part and the post-pipeline part are common to the ranks (each ends at a
@@ -58,15 +59,15 @@ def _phases(steady: list[dict[str, Any]], *, predicted: dict[str, float | None])
     out: dict[str, Any] = {"predicted_step_seconds": predicted["step_seconds"],
                            "predicted_post_pipeline_seconds": predicted["post_pipeline_seconds"],
                            "measured_step_seconds": None, "phases": None}
-    if not steady or "data_seconds" not in steady[0]:
+    if not steady:
         return out
-    pipeline = statistics.mean(s["iteration_seconds"] for s in steady)
-    bubble = statistics.mean(s["iteration_seconds"] * s["bubble_ratio"] for s in steady)
+    pipeline = statistics.mean(s.iteration_seconds for s in steady)
+    bubble = statistics.mean(s.iteration_seconds * s.bubble_ratio for s in steady)
     parts = {"pipeline_busy": pipeline - bubble, "bubble": bubble,
-             "post_pipeline": statistics.mean(s["post_pipeline_seconds"] for s in steady),
-             "data": statistics.mean(s["data_seconds"] for s in steady)}
+             "post_pipeline": statistics.mean(s.post_pipeline_seconds for s in steady),
+             "data": statistics.mean(s.data_seconds for s in steady)}
     total = sum(parts.values())
-    out["measured_step_seconds"] = statistics.mean(s["step_seconds"] for s in steady)
+    out["measured_step_seconds"] = statistics.mean(s.step_seconds for s in steady)
     out["phases"] = {k: {"seconds": v, "share": v / total if total > 0 else 0.0} for k, v in parts.items()}
     return out
 

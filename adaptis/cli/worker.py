@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 
 from adaptis.api.errors import SpecError
+from adaptis.api.events import DoneEvent, PreemptedEvent
 from adaptis.api.job import WorkerConfig
 
 
@@ -67,20 +68,21 @@ def run(args: argparse.Namespace) -> int:
     except WorkerError as err:
         print(f"adaptis worker: rank {env.rank}: {err}", file=sys.stderr)
         return 1
-    if done["event"] == "preempted":  # stopped by SIGTERM after checkpointing a step
+    if isinstance(done, PreemptedEvent):  # stopped by SIGTERM after checkpointing a step
         return EXIT_PREEMPTED
     _write_termination_message(done)
     return 0
 
 
-def _write_termination_message(done: dict[str, object]) -> None:
+def _write_termination_message(done: DoneEvent) -> None:
     """Kubernetes shows the file at the pod's terminationMessagePath in the pod status; the
     operator reads the observed bubble ratio from there (small JSON, well under 4 KiB)."""
     path = Path(os.environ.get("ADAPTIS_TERMINATION_LOG", "/dev/termination-log"))
     if not path.is_file() or not os.access(path, os.W_OK):
         return  # the kubelet creates the file in a pod; elsewhere there is nobody to tell
     keys = ("rank", "steps", "loss", "bubble_ratio", "tokens", "seconds")
+    doc = done.model_dump(mode="json")
     try:
-        path.write_text(json.dumps({k: done[k] for k in keys if k in done}))
+        path.write_text(json.dumps({k: doc[k] for k in keys}))
     except OSError:
         pass  # not in a pod (e.g. /dev not writable): nothing to report to

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from operator_process import OperatorProcess, install_crd
 
+from adaptis.api.events import DoneEvent, parse_event_line
 from adaptis.api.job import WorkerConfig
 
 NS = "operator-e2e"
@@ -367,8 +368,7 @@ def test_rendered_worker_pods_really_train(operator: Operator, tmp_path: Path) -
         outputs.append((proc.returncode, out.decode(), err.decode()))
     for rc, out, err in outputs:
         assert rc == 0, f"worker failed ({rc}):\n{err[-3000:]}"
-    events = [json.loads(line.split(" ", 1)[1]) for rc, out, _ in outputs
-              for line in out.splitlines() if line.startswith("ADAPTIS_EVENT ")]
-    done = sorted((e["rank"], e["steps"]) for e in events if e["event"] == "done")
+    events = [e for rc, out, _ in outputs for e in map(parse_event_line, out.splitlines()) if e is not None]
+    done = sorted((e.rank, e.steps) for e in events if isinstance(e, DoneEvent))
     assert done == [(0, 2), (1, 2)], outputs[0][1][-2000:]
     operator.cp.kubectl("delete", "apj", name, "-n", NS, "--wait=false")

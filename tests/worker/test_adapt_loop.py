@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from worker_harness import step_event
 
 from adaptis.api.adaptation import AdaptationSpec
 from adaptis.api.plan import STRATEGY_NAMES
@@ -47,10 +48,10 @@ def _feed(adapter: Adapter, *, steps: range, slow: float = 2.0) -> list[bool]:
     seg = Segment(plan=adapter.plan, launched_at=0.0)
     stops = []
     for step in steps:
-        seg.steps.append({"step": step, "iteration_seconds": 1.0})
+        seg.steps.append(step_event(step=step, iteration_seconds=1.0))
         for rank in range(DEVICES):
             total = step * busy[rank] * (slow if rank == 1 else 1.0)
-            stops.append(adapter.observe({"event": "step", "rank": rank, "step": step, "busy_seconds_total": total},
+            stops.append(adapter.observe(step_event(rank=rank, step=step, busy_seconds_total=total),
                                          segment=seg, restart_seconds=10.0))
     return stops
 

@@ -13,13 +13,13 @@ import json
 import os
 import signal
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 from worker_harness import run_ranks, small_config
 
+from adaptis.api.events import WorkerEvent
 from adaptis.worker.errors import RankFailedError
 from adaptis.worker.run.launcher import LocalLauncher
 from adaptis.worker.state.checkpoint import scan_checkpoints
@@ -27,12 +27,12 @@ from adaptis.worker.state.checkpoint import scan_checkpoints
 STEPS = 8
 
 
-def _losses(events: list[dict[str, Any]]) -> dict[int, float]:
-    return {e["step"]: e["loss"] for e in events if e["event"] == "step" and e["rank"] == 0}
+def _losses(events: list[WorkerEvent]) -> dict[int, float]:
+    return {e.step: e.loss for e in events if e.event == "step" and e.rank == 0}
 
 
 def test_killed_rank_resumes_from_last_complete_checkpoint(tmp_path: Path) -> None:
-    reference: list[dict[str, Any]] = []
+    reference: list[WorkerEvent] = []
     LocalLauncher(small_config(steps=STEPS), world_size=2, workdir=tmp_path / "ref").run(reference.append)
     ref = _losses(reference)
     assert sorted(ref) == list(range(1, STEPS + 1))
@@ -40,14 +40,14 @@ def test_killed_rank_resumes_from_last_complete_checkpoint(tmp_path: Path) -> No
 
     ckpt = str(tmp_path / "ckpt")
     config = small_config(steps=STEPS, checkpoint_dir=ckpt, checkpoint_every=2)
-    first: list[dict[str, Any]] = []
+    first: list[WorkerEvent] = []
     pids: dict[int, int] = {}
 
-    def kill_after_step_5(event: dict[str, Any]) -> None:
+    def kill_after_step_5(event: WorkerEvent) -> None:
         first.append(event)
-        if event["event"] == "start":
-            pids[event["rank"]] = event["pid"]
-        if event["event"] == "step" and event["rank"] == 0 and event["step"] == 5:
+        if event.event == "start":
+            pids[event.rank] = event.pid
+        if event.event == "step" and event.rank == 0 and event.step == 5:
             os.kill(pids[1], signal.SIGKILL)
 
     with pytest.raises(RankFailedError) as failure:
@@ -58,10 +58,10 @@ def test_killed_rank_resumes_from_last_complete_checkpoint(tmp_path: Path) -> No
     assert max(interrupted) < STEPS
     assert sorted((Path(ckpt)).glob("step-*/rank-*.pt"))[-1].parent.name >= "step-00000004"
 
-    second: list[dict[str, Any]] = []
+    second: list[WorkerEvent] = []
     LocalLauncher(config, world_size=2, workdir=tmp_path / "run2").run(second.append)
-    starts = [e for e in second if e["event"] == "start"]
-    (resumed_at,) = {e["resumed_step"] for e in starts}
+    starts = [e for e in second if e.event == "start"]
+    (resumed_at,) = {e.resumed_step for e in starts}
     # Step 4's checkpoint was complete when step 5 was printed; the ranks may have raced on
     # to finish step 6 (and its checkpoint) before the kill landed.
     assert resumed_at in (4, 6) and resumed_at <= max(interrupted) + 1
@@ -71,9 +71,9 @@ def test_killed_rank_resumes_from_last_complete_checkpoint(tmp_path: Path) -> No
         assert interrupted[step] == pytest.approx(ref[step], rel=1e-6, abs=1e-7)
     for step in resumed:
         assert resumed[step] == pytest.approx(ref[step], rel=1e-6, abs=1e-7), f"step {step}"
-    done = [e for e in second if e["event"] == "done"]
-    assert {e["steps"] for e in done} == {STEPS}
-    assert {e["tokens"] for e in done} == {STEPS * 4 * 16}  # counters continue, not restart
+    done = [e for e in second if e.event == "done"]
+    assert {e.steps for e in done} == {STEPS}
+    assert {e.tokens for e in done} == {STEPS * 4 * 16}  # counters continue, not restart
 
 
 def test_a_checkpoint_of_another_model_is_refused_not_guessed_at(tmp_path: Path) -> None:

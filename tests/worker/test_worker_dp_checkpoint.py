@@ -6,11 +6,11 @@ every rank (its optimizer shard) with it; the data position and counters are the
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from worker_harness import small_config
 
+from adaptis.api.events import WorkerEvent
 from adaptis.worker.run.launcher import LocalLauncher
 
 STEPS, REPLICAS = 4, 2
@@ -21,17 +21,17 @@ def _config(*, steps: int, zero: int = 0, checkpoint_dir: str | None = None):
     return base.model_copy(update={"data_parallel": REPLICAS, "zero_stage": zero})
 
 
-def _run(config, workdir: Path) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
+def _run(config, workdir: Path) -> list[WorkerEvent]:
+    events: list[WorkerEvent] = []
     LocalLauncher(config, world_size=2 * REPLICAS, workdir=workdir).run(events.append)
     return events
 
 
-def _losses(events: list[dict[str, Any]]) -> dict[int, dict[int, float]]:
+def _losses(events: list[WorkerEvent]) -> dict[int, dict[int, float]]:
     out: dict[int, dict[int, float]] = {}
     for e in events:
-        if e["event"] == "step":
-            out.setdefault(e["step"], {})[e["rank"]] = e["loss"]
+        if e.event == "step":
+            out.setdefault(e.step, {})[e.rank] = e.loss
     return out
 
 
@@ -46,12 +46,12 @@ def test_data_parallel_runs_resume_exactly(tmp_path: Path) -> None:
         _run(_config(steps=2, zero=zero, checkpoint_dir=str(ckpt)), tmp_path / f"first-{zero}")
         assert sorted(f.name for f in (ckpt / "step-00000002").iterdir()) == files
         second = _run(_config(steps=STEPS, zero=zero, checkpoint_dir=str(ckpt)), tmp_path / f"second-{zero}")
-        assert {e["resumed_step"] for e in second if e["event"] == "start"} == {2}
+        assert {e.resumed_step for e in second if e.event == "start"} == {2}
         resumed = _losses(second)
         assert sorted(resumed) == [3, 4]
         for step, by_rank in resumed.items():
             for rank, loss in by_rank.items():
                 assert loss == pytest.approx(ref[step][0], rel=1e-5), f"zero {zero} step {step} rank {rank}"
-        done = [e for e in second if e["event"] == "done"]
+        done = [e for e in second if e.event == "done"]
         # The job's counters: every replica's sequences (4 microbatches of 1 x 16 tokens each).
-        assert {e["tokens"] for e in done} == {STEPS * REPLICAS * 4 * 16}
+        assert {e.tokens for e in done} == {STEPS * REPLICAS * 4 * 16}

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from worker_harness import SMALL_MODEL, topological_plan
 
+from adaptis.api.events import WorkerEvent
 from adaptis.api.job import BlockSpec, TrainingSpec, WorkerConfig
 from adaptis.planner.drift import idle_devices
 from adaptis.worker.errors import PreemptedError
@@ -41,28 +42,28 @@ def _config(plan: Any, *, checkpoint_dir: Path | None = None) -> WorkerConfig:
                         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None)
 
 
-def _losses(events: list[dict[str, Any]]) -> dict[int, float]:
-    return {e["step"]: e["loss"] for e in events if e["event"] == "step" and e["rank"] == 0}
+def _losses(events: list[WorkerEvent]) -> dict[int, float]:
+    return {e.step: e.loss for e in events if e.event == "step" and e.rank == 0}
 
 
 def test_an_idle_rank_stops_checkpoints_and_resumes_under_another_idle_plan(tmp_path: Path) -> None:
     assert idle_devices(IDLE_MIDDLE) == [1] and idle_devices(IDLE_LAST) == [2]
-    ref_events: list[dict[str, Any]] = []
+    ref_events: list[WorkerEvent] = []
     LocalLauncher(_config(IDLE_MIDDLE), world_size=3, workdir=tmp_path / "ref").run(ref_events.append)
     ref = _losses(ref_events)
     assert sorted(ref) == list(range(1, STEPS + 1))
-    idle_steps = [e for e in ref_events if e["event"] == "step" and e["rank"] == 1]
-    assert len(idle_steps) == STEPS and all(e["busy_seconds"] == 0.0 for e in idle_steps), idle_steps[:1]
+    idle_steps = [e for e in ref_events if e.event == "step" and e.rank == 1]
+    assert len(idle_steps) == STEPS and all(e.busy_seconds == 0.0 for e in idle_steps), idle_steps[:1]
 
     ckpt = tmp_path / "ckpt"
     pids: dict[int, int] = {}
-    first: list[dict[str, Any]] = []
+    first: list[WorkerEvent] = []
 
-    def term_idle_rank_after_step_2(event: dict[str, Any]) -> None:
+    def term_idle_rank_after_step_2(event: WorkerEvent) -> None:
         first.append(event)
-        if event["event"] == "start":
-            pids[event["rank"]] = event["pid"]
-        if event["event"] == "step" and event["rank"] == 0 and event["step"] == 2:
+        if event.event == "start":
+            pids[event.rank] = event.pid
+        if event.event == "step" and event.rank == 0 and event.step == 2:
             os.kill(pids[1], signal.SIGTERM)  # the idle rank only: the others learn it by the agreement
 
     with pytest.raises(PreemptedError) as stopped:
@@ -70,13 +71,13 @@ def test_an_idle_rank_stops_checkpoints_and_resumes_under_another_idle_plan(tmp_
                       workdir=tmp_path / "a").run(term_idle_rank_after_step_2)
     at = stopped.value.step
     assert at is not None and 2 <= at < STEPS
-    preempted = sorted((e["rank"], e["step"]) for e in first if e["event"] == "preempted")
+    preempted = sorted((e.rank, e.step) for e in first if e.event == "preempted")
     assert preempted == [(0, at), (1, at), (2, at)], "one agreed step"
     assert sorted(f.name for f in (ckpt / f"step-{at:08d}").iterdir()) == ["rank-0.pt", "rank-1.pt", "rank-2.pt"]
 
-    second: list[dict[str, Any]] = []
+    second: list[WorkerEvent] = []
     LocalLauncher(_config(IDLE_LAST, checkpoint_dir=ckpt), world_size=3, workdir=tmp_path / "b").run(second.append)
-    (start,) = {(e["resumed_step"], e["resumed_exact"]) for e in second if e["event"] == "start"}
+    (start,) = {(e.resumed_step, e.resumed_exact) for e in second if e.event == "start"}
     assert start == (at, True)
     resumed = _losses(second)
     assert sorted(resumed) == list(range(at + 1, STEPS + 1))

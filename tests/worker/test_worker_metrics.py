@@ -9,12 +9,12 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from worker_harness import small_config
 
+from adaptis.api.events import WorkerEvent
 from adaptis.worker.run.launcher import LocalLauncher
 from adaptis.worker.run.metrics import METRIC_NAMES, WorkerMetrics
 
@@ -30,7 +30,7 @@ def _promtool() -> str:
 
 
 @pytest.fixture(scope="module")
-def scraped(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], dict[int, str]]:
+def scraped(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[WorkerEvent], dict[int, str]]:
     """Run 3 steps on 2 ranks that keep serving metrics afterwards; scrape both ranks."""
     workdir = tmp_path_factory.mktemp("metrics")
     config = small_config(steps=STEPS, metrics_port=0, job="metrics-test")
@@ -40,7 +40,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, An
                  config.plan["predicted"]["iteration_time"] + 1.0}
     config = config.model_copy(update={"plan": {**config.plan, "predicted": predicted}})
     launcher = LocalLauncher(config, world_size=2, workdir=workdir, linger_s=120, metrics_base=0)
-    events: list[dict[str, Any]] = []
+    events: list[WorkerEvent] = []
     errors: list[BaseException] = []
 
     def target() -> None:
@@ -53,16 +53,16 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, An
     thread.start()
     deadline = time.monotonic() + 150
     try:
-        while sum(e["event"] == "done" for e in events) < 2:
+        while sum(e.event == "done" for e in events) < 2:
             if not thread.is_alive() or time.monotonic() > deadline:
                 logs = {p.name: p.read_text()[-2000:] for p in Path(workdir).glob("rank-*.log")}
                 pytest.fail(f"the ranks did not finish: {errors} {logs}")
             time.sleep(0.2)
         texts = {}
         for e in events:
-            if e["event"] == "start":
-                url = f"http://127.0.0.1:{e['metrics_port']}/metrics"
-                texts[e["rank"]] = urllib.request.urlopen(url, timeout=10).read().decode()
+            if e.event == "start":
+                url = f"http://127.0.0.1:{e.metrics_port}/metrics"
+                texts[e.rank] = urllib.request.urlopen(url, timeout=10).read().decode()
     finally:
         launcher.stop()
         thread.join(timeout=20)
@@ -81,40 +81,40 @@ def _samples(text: str) -> dict[str, tuple[dict[str, str], float]]:
 @pytest.mark.parametrize("rank", [0, 1])
 def test_scraped_values_match_what_the_rank_printed(rank: int, scraped) -> None:
     events, texts = scraped
-    steps = [e for e in events if e["event"] == "step" and e["rank"] == rank]
-    assert [e["step"] for e in steps] == list(range(1, STEPS + 1))
+    steps = [e for e in events if e.event == "step" and e.rank == rank]
+    assert [e.step for e in steps] == list(range(1, STEPS + 1))
     got = _samples(texts[rank])
     for name, (labels, _value) in got.items():
         assert labels == {"adaptis_job": "metrics-test", "rank": str(rank)}, name
     last = steps[-1]
     value = {k: v for k, (_l, v) in got.items()}
     assert value["adaptis_steps_total"] == STEPS
-    assert value["adaptis_loss"] == pytest.approx(last["loss"], rel=1e-9)
-    assert value["adaptis_tokens_total"] == last["tokens"] == STEPS * 4 * 16
-    assert value["adaptis_samples_total"] == last["samples"] == STEPS * 4
-    assert value["adaptis_busy_seconds_total"] == pytest.approx(sum(e["busy_seconds"] for e in steps), rel=1e-6)
-    assert value["adaptis_idle_seconds_total"] == pytest.approx(sum(e["idle_seconds"] for e in steps), rel=1e-6)
-    assert value["adaptis_bubble_ratio"] == pytest.approx(last["rank_bubble_ratio"], rel=1e-6)
+    assert value["adaptis_loss"] == pytest.approx(last.loss, rel=1e-9)
+    assert value["adaptis_tokens_total"] == last.tokens == STEPS * 4 * 16
+    assert value["adaptis_samples_total"] == last.samples == STEPS * 4
+    assert value["adaptis_busy_seconds_total"] == pytest.approx(sum(e.busy_seconds for e in steps), rel=1e-6)
+    assert value["adaptis_idle_seconds_total"] == pytest.approx(sum(e.idle_seconds for e in steps), rel=1e-6)
+    assert value["adaptis_bubble_ratio"] == pytest.approx(last.rank_bubble_ratio, rel=1e-6)
     assert 0.0 <= value["adaptis_bubble_ratio"] <= 1.0
-    assert value["adaptis_predicted_bubble_ratio"] == pytest.approx(last["predicted_bubble_ratio"])
-    assert value["adaptis_predicted_iteration_seconds"] == pytest.approx(last["predicted_iteration_seconds"])
-    assert value["adaptis_predicted_step_seconds"] == pytest.approx(last["predicted_step_seconds"])
-    assert value["adaptis_predicted_post_pipeline_seconds"] == pytest.approx(last["predicted_post_pipeline_seconds"])
-    assert last["predicted_step_seconds"] == pytest.approx(
-        last["predicted_iteration_seconds"] + last["predicted_post_pipeline_seconds"])
+    assert value["adaptis_predicted_bubble_ratio"] == pytest.approx(last.predicted_bubble_ratio)
+    assert value["adaptis_predicted_iteration_seconds"] == pytest.approx(last.predicted_iteration_seconds)
+    assert value["adaptis_predicted_step_seconds"] == pytest.approx(last.predicted_step_seconds)
+    assert value["adaptis_predicted_post_pipeline_seconds"] == pytest.approx(last.predicted_post_pipeline_seconds)
+    assert last.predicted_step_seconds == pytest.approx(
+        last.predicted_iteration_seconds + last.predicted_post_pipeline_seconds)
     # The phases of the steps, as counters of seconds.
     for counter, key in (("adaptis_data_seconds_total", "data_seconds"),
                          ("adaptis_pipeline_seconds_total", "iteration_seconds"),
                          ("adaptis_post_pipeline_seconds_total", "post_pipeline_seconds")):
-        assert value[counter] == pytest.approx(sum(e[key] for e in steps), rel=1e-6), counter
+        assert value[counter] == pytest.approx(sum(getattr(e, key) for e in steps), rel=1e-6), counter
         assert value[counter] > 0, counter
-    assert value["adaptis_sent_bytes_total"] == sum(e["sent_bytes"] for e in steps)
-    assert value["adaptis_received_bytes_total"] == sum(e["received_bytes"] for e in steps)
+    assert value["adaptis_sent_bytes_total"] == sum(e.sent_bytes for e in steps)
+    assert value["adaptis_received_bytes_total"] == sum(e.received_bytes for e in steps)
     # 1F1B on 2 ranks: 4 microbatches of 1x16x16 float32 activations cross each way per step.
     assert value["adaptis_sent_bytes_total"] == STEPS * 4 * 16 * 16 * 4
-    assert value["adaptis_peak_memory_bytes"] == last["peak_memory_bytes"] > 0
+    assert value["adaptis_peak_memory_bytes"] == last.peak_memory_bytes > 0
     assert value["adaptis_step_duration_seconds_count"] == STEPS
-    assert value["adaptis_step_duration_seconds_sum"] == pytest.approx(sum(e["step_seconds"] for e in steps), rel=1e-6)
+    assert value["adaptis_step_duration_seconds_sum"] == pytest.approx(sum(e.step_seconds for e in steps), rel=1e-6)
 
 
 def test_every_contract_metric_is_exported(scraped) -> None:

@@ -4,7 +4,6 @@ slow data source on rank 0 and a slow optimizer step on rank 1."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 from worker_harness import run_ranks, small_config
 
+from adaptis.api.events import WorkerEvent, event_line, parse_event_line
 from adaptis.worker.runtime.executor import StepStats
 
 STEPS = 3
@@ -60,56 +60,57 @@ def _phase_ranks(rank: int, world: int, port: int, config_json: str, out_dir: st
 
     runner_mod.open_source = slow_open  # type: ignore[assignment]
     executor_mod._optimizer = slow_optimizer  # type: ignore[assignment]
-    events: list[dict[str, Any]] = []
+    events: list[WorkerEvent] = []
     env = RankEnv(rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
                   timeout_s=60, device="cpu")
     run_worker(WorkerConfig.model_validate_json(config_json), env=env, emit=events.append)
-    (Path(out_dir) / f"events-{rank}.json").write_text(json.dumps(events))
+    (Path(out_dir) / f"events-{rank}.txt").write_text("".join(event_line(e) + "\n" for e in events))
 
 
 @pytest.fixture(scope="module")
-def events(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict[str, Any]]]:
+def events(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[WorkerEvent]]:
     out = tmp_path_factory.mktemp("phases")
     config = small_config(steps=STEPS)
     assert config.plan["stages"] and len(config.plan["placement"]) == 2
     run_ranks(_phase_ranks, world=2, args=(config.model_dump_json(), str(out)), timeout_s=180)
-    return {r: json.loads((out / f"events-{r}.json").read_text()) for r in range(2)}
+    return {r: [e for e in map(parse_event_line, (out / f"events-{r}.txt").read_text().splitlines()) if e is not None]
+            for r in range(2)}
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_phases_add_up_to_the_step(rank: int, events: dict[int, list[dict[str, Any]]]) -> None:
-    steps = [e for e in events[rank] if e["event"] == "step"]
-    (done,) = [e for e in events[rank] if e["event"] == "done"]
+def test_phases_add_up_to_the_step(rank: int, events: dict[int, list[WorkerEvent]]) -> None:
+    steps = [e for e in events[rank] if e.event == "step"]
+    (done,) = [e for e in events[rank] if e.event == "done"]
     assert len(steps) == STEPS
     for e in steps:
         # pipeline + post-pipeline is the step from the common start; the clamp at 0 never bites.
-        assert e["iteration_seconds"] + e["post_pipeline_seconds"] == pytest.approx(e["step_seconds"],
+        assert e.iteration_seconds + e.post_pipeline_seconds == pytest.approx(e.step_seconds,
                                                                                    abs=1e-9)
-        assert e["busy_seconds"] + e["idle_seconds"] == pytest.approx(e["iteration_seconds"], abs=1e-3)
+        assert e.busy_seconds + e.idle_seconds == pytest.approx(e.iteration_seconds, abs=1e-3)
     # The loop's wall time is the steps' phases plus the bookkeeping between them (a metrics
     # update and an event: well under a millisecond each).
-    phases = sum(e["data_seconds"] + e["step_seconds"] for e in steps)
-    assert phases <= done["seconds"] + 1e-6
-    assert done["seconds"] - phases < 0.05 * STEPS, (done["seconds"], phases)
+    phases = sum(e.data_seconds + e.step_seconds for e in steps)
+    assert phases <= done.seconds + 1e-6
+    assert done.seconds - phases < 0.05 * STEPS, (done.seconds, phases)
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_an_injected_delay_shows_up_in_its_phase(rank: int, events: dict[int, list[dict[str, Any]]]) -> None:
-    for e in (e for e in events[rank] if e["event"] == "step"):
+def test_an_injected_delay_shows_up_in_its_phase(rank: int, events: dict[int, list[WorkerEvent]]) -> None:
+    for e in (e for e in events[rank] if e.event == "step"):
         # Both ranks: rank 0 fetches slowly, rank 1 waits for it at the common start. Below
         # both delays together: the other delay (or an earlier step's) did not land here too.
         # The waiting rank's phase starts a little after the sleeper's (it left the last
         # collective later), so it may come up short by that skew.
         low = DATA_SLEEP_S - (SKEW_S if rank == 1 else 0.0)
-        assert low <= e["data_seconds"] < DATA_SLEEP_S + POST_SLEEP_S, e
+        assert low <= e.data_seconds < DATA_SLEEP_S + POST_SLEEP_S, e
         # Both ranks: rank 1 steps its optimizer slowly, rank 0 waits in the stats all-gather.
         # The phase starts at the slowest rank's pipeline end (the step minus the job's iteration,
         # a max over the ranks), so the sleeper too may come up short by the ranks' skew (1.7 ms
         # seen with two busy loops on the 2 cores).
         low = POST_SLEEP_S - SKEW_S
-        assert low <= e["post_pipeline_seconds"] < POST_SLEEP_S + DATA_SLEEP_S, e
+        assert low <= e.post_pipeline_seconds < POST_SLEEP_S + DATA_SLEEP_S, e
         # Neither delay leaks into the pipeline part.
-        assert e["iteration_seconds"] < min(DATA_SLEEP_S, POST_SLEEP_S), e
+        assert e.iteration_seconds < min(DATA_SLEEP_S, POST_SLEEP_S), e
 
 
 @pytest.mark.parametrize(("iteration", "step", "post"), [

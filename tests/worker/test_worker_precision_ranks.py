@@ -19,12 +19,12 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from worker_harness import SMALL_MODEL, parity_ranks, run_ranks, small_config, topological_plan
 
+from adaptis.api.events import WorkerEvent
 from adaptis.api.job import WorkerConfig
 from adaptis.worker.run.launcher import LocalLauncher
 from adaptis.worker.runtime.lr_schedule import learning_rate
@@ -41,45 +41,45 @@ def _config(precision: str, *, checkpoint_dir: str | None = None) -> WorkerConfi
     return base.model_copy(update={"training": training})
 
 
-def _steps(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    return {e["step"]: e for e in events if e["event"] == "step" and e["rank"] == 0}
+def _steps(events: list[WorkerEvent]) -> dict[int, WorkerEvent]:
+    return {e.step: e for e in events if e.event == "step" and e.rank == 0}
 
 
 def test_bf16_tracks_fp32_reports_the_rate_and_resumes_the_same_curve(tmp_path: Path) -> None:
-    runs: dict[str, dict[int, dict[str, Any]]] = {}
+    runs: dict[str, dict[int, WorkerEvent]] = {}
     for precision in ("fp32", "bf16"):
-        events: list[dict[str, Any]] = []
+        events: list[WorkerEvent] = []
         ckpt = str(tmp_path / "ckpt") if precision == "bf16" else None
         LocalLauncher(_config(precision, checkpoint_dir=ckpt), world_size=2,
                       workdir=tmp_path / precision).run(events.append)
         runs[precision] = _steps(events)
         assert sorted(runs[precision]) == list(range(1, STEPS + 1))
     fp32, bf16 = runs["fp32"], runs["bf16"]
-    assert {e["precision"] for e in bf16.values()} == {"bf16"}
-    assert {e["precision"] for e in fp32.values()} == {"fp32"}
+    assert {e.precision for e in bf16.values()} == {"bf16"}
+    assert {e.precision for e in fp32.values()} == {"fp32"}
     for step in fp32:
-        assert bf16[step]["loss"] == pytest.approx(fp32[step]["loss"], rel=1e-3), f"step {step}"
-    assert bf16[STEPS]["loss"] < bf16[1]["loss"] and fp32[STEPS]["loss"] < fp32[1]["loss"]
-    assert any(bf16[s]["loss"] != fp32[s]["loss"] for s in fp32)  # bf16 did compute differently
-    assert bf16[1]["sent_bytes"] * 2 == fp32[1]["sent_bytes"] > 0
+        assert bf16[step].loss == pytest.approx(fp32[step].loss, rel=1e-3), f"step {step}"
+    assert bf16[STEPS].loss < bf16[1].loss and fp32[STEPS].loss < fp32[1].loss
+    assert any(bf16[s].loss != fp32[s].loss for s in fp32)  # bf16 did compute differently
+    assert bf16[1].sent_bytes * 2 == fp32[1].sent_bytes > 0
     spec = _config("bf16").training.optimizer
     for step, event in bf16.items():
-        assert event["lr"] == pytest.approx(learning_rate(spec, step=step - 1, total_steps=STEPS))
-    assert bf16[1]["lr"] < bf16[3]["lr"] and bf16[3]["lr"] == pytest.approx(3e-3)
-    assert bf16[STEPS]["lr"] == pytest.approx(3e-4)  # the floor, lr x minLrRatio, at the last step
-    gaps = {s: abs(bf16[s]["loss"] / fp32[s]["loss"] - 1) for s in fp32}
+        assert event.lr == pytest.approx(learning_rate(spec, step=step - 1, total_steps=STEPS))
+    assert bf16[1].lr < bf16[3].lr and bf16[3].lr == pytest.approx(3e-3)
+    assert bf16[STEPS].lr == pytest.approx(3e-4)  # the floor, lr x minLrRatio, at the last step
+    gaps = {s: abs(bf16[s].loss / fp32[s].loss - 1) for s in fp32}
     print(f"bf16 vs fp32 relative loss gap per step: {gaps}")
 
     shutil.rmtree(tmp_path / "ckpt" / "step-00000008")  # resume from step 4
-    again: list[dict[str, Any]] = []
+    again: list[WorkerEvent] = []
     LocalLauncher(_config("bf16", checkpoint_dir=str(tmp_path / "ckpt")), world_size=2,
                   workdir=tmp_path / "again").run(again.append)
-    assert {e["resumed_step"] for e in again if e["event"] == "start"} == {4}
+    assert {e.resumed_step for e in again if e.event == "start"} == {4}
     resumed = _steps(again)
     assert sorted(resumed) == [5, 6, 7, 8]
     for step, event in resumed.items():
-        assert event["lr"] == bf16[step]["lr"]
-        assert event["loss"] == pytest.approx(bf16[step]["loss"], rel=1e-6, abs=1e-7), step
+        assert event.lr == bf16[step].lr
+        assert event.loss == pytest.approx(bf16[step].loss, rel=1e-6, abs=1e-7), step
 
 
 def test_recompute_gives_the_same_gradients_on_two_ranks(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from worker_harness import SMALL_MODEL
 
+from adaptis.api.events import WorkerEvent
 from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, TrainingSpec, WorkerConfig
 from adaptis.worker.errors import PreemptedError
 from adaptis.worker.run.launcher import LocalLauncher
@@ -52,10 +53,10 @@ def _config(*, pipeline: int, strategy: str, steps: int, microbatches: int = 4, 
                         data_parallel=replicas, zero_stage=zero)
 
 
-def _run(config: WorkerConfig, workdir: Path, on_event: Any = None) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
+def _run(config: WorkerConfig, workdir: Path, on_event: Any = None) -> list[WorkerEvent]:
+    events: list[WorkerEvent] = []
 
-    def keep(event: dict[str, Any]) -> None:
+    def keep(event: WorkerEvent) -> None:
         events.append(event)
         if on_event is not None:
             on_event(event)
@@ -65,12 +66,12 @@ def _run(config: WorkerConfig, workdir: Path, on_event: Any = None) -> list[dict
     return events
 
 
-def _losses(events: list[dict[str, Any]]) -> dict[int, float]:
-    return {e["step"]: e["loss"] for e in events if e["event"] == "step" and e["rank"] == 0}
+def _losses(events: list[WorkerEvent]) -> dict[int, float]:
+    return {e.step: e.loss for e in events if e.event == "step" and e.rank == 0}
 
 
-def _resumed(events: list[dict[str, Any]]) -> tuple[int, bool]:
-    (start,) = {(e["resumed_step"], e["resumed_exact"]) for e in events if e["event"] == "start"}
+def _resumed(events: list[WorkerEvent]) -> tuple[int, bool]:
+    (start,) = {(e.resumed_step, e.resumed_exact) for e in events if e.event == "start"}
     return start
 
 
@@ -87,13 +88,13 @@ def test_sigterm_checkpoints_and_a_new_partition_continues_the_curve(tmp_path: P
 
     ckpt = tmp_path / "ckpt"
     pids: dict[int, int] = {}
-    first: list[dict[str, Any]] = []
+    first: list[WorkerEvent] = []
 
-    def term_rank_1_after_step_2(event: dict[str, Any]) -> None:
+    def term_rank_1_after_step_2(event: WorkerEvent) -> None:
         first.append(event)
-        if event["event"] == "start":
-            pids[event["rank"]] = event["pid"]
-        if event["event"] == "step" and event["rank"] == 0 and event["step"] == 2:
+        if event.event == "start":
+            pids[event.rank] = event.pid
+        if event.event == "step" and event.rank == 0 and event.step == 2:
             os.kill(pids[1], signal.SIGTERM)  # one rank only: the other learns it by the agreement
 
     # No periodic checkpoints: the only one is the graceful stop's.
@@ -102,8 +103,8 @@ def test_sigterm_checkpoints_and_a_new_partition_continues_the_curve(tmp_path: P
         LocalLauncher(plan_a, world_size=2, workdir=tmp_path / "a").run(term_rank_1_after_step_2)
     at = stopped.value.step
     assert at is not None and 2 <= at < steps
-    preempted = [e for e in first if e["event"] == "preempted"]
-    assert sorted((e["rank"], e["step"]) for e in preempted) == [(0, at), (1, at)], "one agreed step"
+    preempted = [e for e in first if e.event == "preempted"]
+    assert sorted((e.rank, e.step) for e in preempted) == [(0, at), (1, at)], "one agreed step"
     assert max(_losses(first)) == at
     assert sorted(f.name for f in (ckpt / f"step-{at:08d}").iterdir()) == ["rank-0.pt", "rank-1.pt"]
 
@@ -114,8 +115,8 @@ def test_sigterm_checkpoints_and_a_new_partition_continues_the_curve(tmp_path: P
     resumed = _losses(second)
     assert sorted(resumed) == list(range(at + 1, steps + 1))
     _same_curve(resumed, ref, what="1f1b -> zb-v")
-    done = [e for e in second if e["event"] == "done"]
-    assert {e["tokens"] for e in done} == {steps * 4 * 16}  # counters continue, not restart
+    done = [e for e in second if e.event == "done"]
+    assert {e.tokens for e in done} == {steps * 4 * 16}  # counters continue, not restart
 
 
 def test_zero_shards_reshard_to_one_replica_and_back(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from worker_harness import step_event
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tiny-heterogeneous.yaml"
@@ -81,9 +82,8 @@ def test_summary_prints_the_step_phases(capsys: pytest.CaptureFixture[str]) -> N
                            "post_pipeline_time": 50.0, "step_time": 550.0})
     # Two steps; the first (one-off costs) is left out: 0.6 s pipeline with 25 % bubble, 0.1 s
     # after it, 0.3 s of data.
-    steps = [{"step": i, "loss": 1.0, "tokens_per_second": 1.0, "bubble_ratio": 0.25,
-              "iteration_seconds": 0.6 * i, "post_pipeline_seconds": 0.1, "data_seconds": 0.3,
-              "step_seconds": 0.6 * i + 0.1} for i in (9, 1)]
+    steps = [step_event(step=i, loss=1.0, tokens_per_second=1.0, bubble_ratio=0.25, iteration_seconds=0.6 * i,
+                        post_pipeline_seconds=0.1, data_seconds=0.3, step_seconds=0.6 * i + 0.1) for i in (9, 1)]
     summary = _summary("j", strategy="1f1b", plan=plan, workers=1, steps=steps, mesh=(1, 1, 0), reduce=[],
                        seconds=2.0, workdir=Path("w"), ports=[None], checkpoints=(Path("c"), 0, 0))
     assert summary["measured_step_seconds"] == pytest.approx(0.7)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from worker_harness import small_config
 
+from adaptis.api.events import WorkerEvent
 from adaptis.api.job import DataSpec
 from adaptis.worker.run.launcher import LocalLauncher
 
@@ -30,12 +30,12 @@ def _config(corpus: Path, cache: Path, *, steps: int, checkpoint_dir: str | None
 
 
 def _losses(config, workdir: Path) -> dict[int, float]:
-    events: list[dict[str, Any]] = []
+    events: list[WorkerEvent] = []
     LocalLauncher(config, world_size=2 * REPLICAS, workdir=workdir).run(events.append)
     out: dict[int, float] = {}
     for e in events:
-        if e["event"] == "step":
-            assert out.setdefault(e["step"], e["loss"]) == e["loss"]  # every rank: the same loss
+        if e.event == "step":
+            assert out.setdefault(e.step, e.loss) == e.loss  # every rank: the same loss
     return out
 
 

@@ -4,7 +4,6 @@ metrics on the base port + LOCAL_RANK."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,9 +11,9 @@ from pathlib import Path
 
 from worker_harness import free_port, small_config
 
+from adaptis.api.events import parse_event_line
 from adaptis.operator.core.records import JobRef
 from adaptis.operator.resources.manifests import worker_command
-from adaptis.worker.run.runner import EVENT_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,9 +37,8 @@ def test_a_two_rank_pod_command_trains_both_ranks(tmp_path: Path) -> None:
     run = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True,
                          timeout=240, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
-    events = [json.loads(line[len(EVENT_PREFIX):]) for line in run.stdout.splitlines()
-              if line.startswith(EVENT_PREFIX)]
-    starts = {e["rank"]: e for e in events if e["event"] == "start"}
-    assert sorted(starts) == [0, 1] and {e["world_size"] for e in starts.values()} == {2}
-    assert {r: e["metrics_port"] for r, e in starts.items()} == {0: base, 1: base + 1}
-    assert sorted(e["rank"] for e in events if e["event"] == "done") == [0, 1]
+    events = [e for e in map(parse_event_line, run.stdout.splitlines()) if e is not None]
+    starts = {e.rank: e for e in events if e.event == "start"}
+    assert sorted(starts) == [0, 1] and {e.world_size for e in starts.values()} == {2}
+    assert {r: e.metrics_port for r, e in starts.items()} == {0: base, 1: base + 1}
+    assert sorted(e.rank for e in events if e.event == "done") == [0, 1]

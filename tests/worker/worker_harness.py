@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from adaptis.api.events import StepEvent
 from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, TrainingSpec, WorkerConfig
 from adaptis.api.plan import Plan
 from adaptis.worker.run.launcher import caused_by_peer
@@ -289,3 +290,11 @@ def write_dp_cases(path: Path, cases: dict[str, tuple[Plan, int]], *, replicas: 
         model=model, training=t, plan=plan.model_dump(mode="json"), data_parallel=replicas,
         zero_stage=zero).model_dump(mode="json")} for name, (plan, zero) in cases.items()]
     path.write_text(json.dumps(docs))
+
+
+def step_event(**fields: Any) -> StepEvent:
+    """A rank's step event with every field not given zero (None for the predictions)."""
+    base: dict[str, Any] = {name: None if name.startswith("predicted") else 0
+                            for name in StepEvent.model_fields if name != "event"}
+    base["precision"] = "fp32"
+    return StepEvent(**{**base, **fields})

@@ -3,7 +3,7 @@
 Sits between ``adaptis run`` and ``adaptis worker``: it writes the ``worker.json`` the ranks
 read, starts one ``python -m adaptis worker`` per rank with the environment torch's launchers
 use (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), parses their ``ADAPTIS_EVENT`` lines and
-hands each event to a callback. A rank that exits abnormally stops all the others and raises
+hands each event (:mod:`adaptis.api.events`) to a callback. A rank that exits abnormally stops all the others and raises
 :class:`RankFailedError` naming the rank and the cause (the last line of its log). Ctrl-C
 stops every rank (SIGTERM, then SIGKILL after a grace period) and re-raises. Ranks that all
 stop gracefully (SIGTERM: checkpoint, event ``preempted``, exit status
@@ -12,7 +12,6 @@ stop gracefully (SIGTERM: checkpoint, event ``preempted``, exit status
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -24,16 +23,19 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
+from adaptis.api.events import DoneEvent, PreemptedEvent, StartEvent, StepEvent, parse_event_line
 from adaptis.api.job import WorkerConfig
 from adaptis.worker.errors import PreemptedError, RankFailedError
 from adaptis.worker.run.preemption import EXIT_PREEMPTED
-from adaptis.worker.run.runner import EVENT_PREFIX
 
-__all__ = ["LocalLauncher", "caused_by_peer", "free_port"]
+__all__ = ["LocalLauncher", "OnEvent", "caused_by_peer", "free_port"]
 
 log = logging.getLogger(__name__)
+
+Event = StartEvent | StepEvent | DoneEvent | PreemptedEvent
+OnEvent = Callable[[Event], None]
 
 _GRACE_S = 5.0
 # Lines that say "a peer went away": the symptom on the surviving ranks, not the cause.
@@ -74,13 +76,13 @@ class LocalLauncher:
     def log_path(self, rank: int) -> Path:
         return self.workdir / f"rank-{rank}.log"
 
-    def run(self, on_event: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
+    def run(self, on_event: OnEvent) -> list[DoneEvent]:
         """Run every rank to completion; returns the ``done`` events, by rank."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         cfg_path = self.workdir / "worker.json"
         cfg_path.write_text(self.config.model_dump_json(indent=2))
         port = free_port()
-        events: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
+        events: queue.Queue[tuple[int, Event]] = queue.Queue()
         readers = []
         try:
             for rank in range(self.world_size):
@@ -104,16 +106,16 @@ class LocalLauncher:
             self.stop()
             raise
 
-    def _watch(self, events: queue.Queue[tuple[int, dict[str, Any]]],
-               on_event: Callable[[dict[str, Any]], None], readers: list[threading.Thread]) -> list[dict[str, Any]]:
-        done: dict[int, dict[str, Any]] = {}
-        preempted: set[int | None] = set()
+    def _watch(self, events: queue.Queue[tuple[int, Event]], on_event: OnEvent,
+               readers: list[threading.Thread]) -> list[DoneEvent]:
+        done: dict[int, DoneEvent] = {}
+        preempted: set[int] = set()
 
-        def take(rank: int, event: dict[str, Any]) -> None:
-            if event.get("event") == "done":
+        def take(rank: int, event: Event) -> None:
+            if isinstance(event, DoneEvent):
                 done[rank] = event
-            elif event.get("event") == "preempted":
-                preempted.add(event.get("step"))
+            elif isinstance(event, PreemptedEvent):
+                preempted.add(event.step)
             on_event(event)
 
         def drain() -> None:  # the ranks exited: their last lines, then what is queued
@@ -136,7 +138,7 @@ class LocalLauncher:
                 raise self._failure(failed)
             if EXIT_PREEMPTED in codes and None not in codes:
                 drain()
-                step = max((s for s in preempted if s is not None), default=None)
+                step = max(preempted, default=None)
                 raise PreemptedError(f"the ranks stopped gracefully after step {step} (SIGTERM); "
                                      "rerun to resume from its checkpoint", step=step)
             if all(c == 0 for c in codes):
@@ -171,15 +173,17 @@ class LocalLauncher:
                 p.wait()
 
 
-def _read_events(rank: int, stream: IO[str] | None, out: queue.Queue[tuple[int, dict[str, Any]]]) -> None:
+def _read_events(rank: int, stream: IO[str] | None, out: queue.Queue[tuple[int, Event]]) -> None:
     if stream is None:
         return
     for line in stream:
-        if line.startswith(EVENT_PREFIX):
-            try:
-                out.put((rank, json.loads(line[len(EVENT_PREFIX):])))
-            except json.JSONDecodeError:
-                log.warning("rank %d: unreadable event line %r", rank, line[:200])
+        try:
+            event = parse_event_line(line)
+        except ValueError as err:
+            log.warning("rank %d: unreadable event line %r: %s", rank, line[:200], err)
+            continue
+        if event is not None:
+            out.put((rank, event))
 
 
 def _cause(log_path: Path, code: int | None) -> str:

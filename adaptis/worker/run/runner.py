@@ -1,20 +1,15 @@
 """One rank's whole run: process group, executor, metrics server, checkpoints, the step loop.
 
 Sits between the CLI (``adaptis worker``, the pods' entry point, and the ranks ``adaptis run``
-launches) and the executor. It reports progress as events: one JSON object per line on stdout,
-prefixed ``ADAPTIS_EVENT`` (``start`` with the metrics port and the resumed step, ``step`` with the
+launches) and the executor. It reports progress as the events of :mod:`adaptis.api.events`, one
+JSON line each on stdout (``start`` with the metrics port and the resumed step, ``step`` with the
 step's loss, times and bubble ratios, ``done`` with the totals, or ``preempted`` with the step it
 checkpointed when SIGTERM stopped it, :mod:`adaptis.worker.run.preemption`), which the local
-launcher parses and a pod's log keeps. A step event splits the rank's time into phases:
-``data_seconds`` (the batch fetch and the wait for every rank at the step's common start), then the
-step itself, ``step_seconds`` = ``iteration_seconds`` (the pipeline part: ``busy_seconds`` +
-``idle_seconds``) + ``post_pipeline_seconds`` (gradient exchange and reductions, clipping,
-optimizer).
+launcher parses and a pod's log keeps.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -22,11 +17,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TextIO
+from typing import TextIO
 
 import torch
 import torch.distributed as dist
 
+from adaptis.api.events import DoneEvent, PreemptedEvent, StartEvent, StepEvent, event_line
 from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import WorkerConfig
 from adaptis.api.plan import predicted_seconds
@@ -36,12 +32,11 @@ from adaptis.worker.run.preemption import StopRequest
 from adaptis.worker.runtime.executor import Executor, StepStats
 from adaptis.worker.state.checkpoint import agree_resume_step, load_checkpoint, save_checkpoint
 
-__all__ = ["EVENT_PREFIX", "Emit", "RankEnv", "print_events", "run_worker"]
+__all__ = ["Emit", "RankEnv", "print_events", "run_worker"]
 
 log = logging.getLogger(__name__)
 
-EVENT_PREFIX = "ADAPTIS_EVENT "
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[StartEvent | StepEvent | DoneEvent | PreemptedEvent], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +79,8 @@ def metrics_port(config: WorkerConfig, *, env: RankEnv) -> int | None:
 
 
 def print_events(stream: TextIO = sys.stdout) -> Emit:
-    def emit(event: dict[str, Any]) -> None:
-        stream.write(EVENT_PREFIX + json.dumps(event) + "\n")
+    def emit(event: StartEvent | StepEvent | DoneEvent | PreemptedEvent) -> None:
+        stream.write(event_line(event) + "\n")
         stream.flush()
 
     return emit
@@ -100,7 +95,8 @@ def _device(env: RankEnv) -> torch.device:
     return torch.device("cpu")
 
 
-def run_worker(config: WorkerConfig, *, env: RankEnv, emit: Emit, linger_s: float = 0.0) -> dict[str, Any]:
+def run_worker(config: WorkerConfig, *, env: RankEnv, emit: Emit,
+               linger_s: float = 0.0) -> DoneEvent | PreemptedEvent:
     """Train this rank to ``config.training.steps``; returns the final ``done`` event.
 
     ``linger_s``: keep serving metrics that long after the last step, so a scrape (Prometheus,
@@ -123,7 +119,7 @@ def run_worker(config: WorkerConfig, *, env: RankEnv, emit: Emit, linger_s: floa
         with StopRequest(device=device) as stop:
             done = _loop(config, env=env, executor=executor, metrics=metrics, emit=emit, port=port,
                          forecast=forecast, stop=stop)
-        if done["event"] == "preempted":
+        if isinstance(done, PreemptedEvent):
             return done
         if linger_s > 0 and port is not None:
             _linger(linger_s, rank=env.rank)
@@ -166,7 +162,7 @@ class _Progress:
 
 def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: WorkerMetrics,
           emit: Emit, port: int | None, forecast: dict[str, float | None],
-          stop: StopRequest) -> dict[str, Any]:
+          stop: StopRequest) -> DoneEvent | PreemptedEvent:
     t = config.training
     per_step = t.microbatches * t.microbatch_size  # sequences of one replica
     # Counters and the data position are the job's: every replica's sequences.
@@ -176,12 +172,12 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
     now, exact = _resume(config, rank=env.rank, executor=executor, metrics=metrics)
     source = open_source(t.data, vocab_size=_vocab(config), sequence_length=t.sequence_length, seed=t.seed,
                          huggingface=config.model.huggingface) if executor.holds_first or executor.holds_last else None
-    emit({"event": "start", "rank": env.rank, "world_size": env.world_size, "pid": os.getpid(),
-          "replica": executor.replica, "pipeline_rank": executor.pipeline_rank,
-          "data_parallel": executor.mesh.replicas, "metrics_port": port, "resumed_step": now.step,
-          "resumed_exact": exact, "stages": executor.stage_ids, "precision": executor.precision,
-          "predicted_bubble_ratio": forecast["bubble_ratio"],
-          "predicted_iteration_seconds": forecast["iteration_seconds"]})
+    emit(StartEvent(rank=env.rank, world_size=env.world_size, pid=os.getpid(), replica=executor.replica,
+                    pipeline_rank=executor.pipeline_rank, data_parallel=executor.mesh.replicas,
+                    metrics_port=port, resumed_step=now.step, resumed_exact=exact,
+                    stages=tuple(executor.stage_ids), precision=executor.precision,
+                    predicted_bubble_ratio=forecast["bubble_ratio"],
+                    predicted_iteration_seconds=forecast["iteration_seconds"]))
     started = time.perf_counter()
     last: StepStats | None = None
     # The data phase runs from here (the end of the previous step's bookkeeping and checkpoint)
@@ -208,9 +204,9 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
         if now.step < t.steps and stop.agreed():
             return _preempted(ckpt, executor=executor, emit=emit, saved=saved, now=now)
         data_start = time.perf_counter()
-    done = {"event": "done", "rank": env.rank, "steps": now.step, "tokens": now.tokens, "samples": now.samples,
-            "seconds": time.perf_counter() - started, "loss": last.loss if last else None,
-            "bubble_ratio": last.bubble_ratio if last else None}
+    done = DoneEvent(rank=env.rank, steps=now.step, tokens=now.tokens, samples=now.samples,
+                     seconds=time.perf_counter() - started, loss=last.loss if last else None,
+                     bubble_ratio=last.bubble_ratio if last else None)
     emit(done)
     return done
 
@@ -231,32 +227,28 @@ def _resume(config: WorkerConfig, *, rank: int, executor: Executor,
 
 
 def _step_event(last: StepStats, *, rank: int, now: _Progress, tokens: int, data_seconds: float,
-                busy_total: float, precision: str, predicted: dict[str, float | None]) -> dict[str, Any]:
+                busy_total: float, precision: str, predicted: dict[str, float | None]) -> StepEvent:
     """Rank ``rank``'s event of the step just done (the launcher prints rank 0's)."""
-    return {"event": "step", "rank": rank, "step": now.step, "loss": last.loss,
-            "tokens_per_second": tokens / last.step_seconds,
-            "step_seconds": last.step_seconds, "iteration_seconds": last.iteration_seconds,
-            "data_seconds": data_seconds, "post_pipeline_seconds": last.post_pipeline_seconds,
-            "predicted_step_seconds": predicted["step_seconds"],
-            "predicted_post_pipeline_seconds": predicted["post_pipeline_seconds"],
-            "bubble_ratio": last.bubble_ratio, "rank_bubble_ratio": last.rank_bubble_ratio,
-            "busy_seconds": last.busy_seconds[rank], "idle_seconds": last.idle_seconds,
-            # Since this process started, as adaptis_busy_seconds_total: the drift detector's input.
-            "busy_seconds_total": busy_total,
-            "grad_norm": last.grad_norm, "reduce_wait_seconds": last.reduce_wait_seconds,
-            "tokens": now.tokens, "samples": now.samples,
-            "sent_bytes": last.sent_bytes, "received_bytes": last.received_bytes,
-            "peak_memory_bytes": last.peak_memory_bytes, "lr": last.learning_rate, "precision": precision,
-            "predicted_bubble_ratio": predicted["bubble_ratio"],
-            "predicted_iteration_seconds": predicted["iteration_seconds"]}
+    return StepEvent(
+        rank=rank, step=now.step, loss=last.loss, tokens_per_second=tokens / last.step_seconds,
+        step_seconds=last.step_seconds, iteration_seconds=last.iteration_seconds, data_seconds=data_seconds,
+        post_pipeline_seconds=last.post_pipeline_seconds, predicted_step_seconds=predicted["step_seconds"],
+        predicted_post_pipeline_seconds=predicted["post_pipeline_seconds"], bubble_ratio=last.bubble_ratio,
+        rank_bubble_ratio=last.rank_bubble_ratio, busy_seconds=last.busy_seconds[rank],
+        idle_seconds=last.idle_seconds,
+        # Since this process started, as adaptis_busy_seconds_total: the drift detector's input.
+        busy_seconds_total=busy_total, grad_norm=last.grad_norm, reduce_wait_seconds=last.reduce_wait_seconds,
+        tokens=now.tokens, samples=now.samples, sent_bytes=last.sent_bytes, received_bytes=last.received_bytes,
+        peak_memory_bytes=last.peak_memory_bytes, lr=last.learning_rate, precision=precision,
+        predicted_bubble_ratio=predicted["bubble_ratio"], predicted_iteration_seconds=predicted["iteration_seconds"])
 
 
-def _preempted(ckpt: str | None, *, executor: Executor, emit: Emit, saved: bool, now: _Progress) -> dict[str, Any]:
+def _preempted(ckpt: str | None, *, executor: Executor, emit: Emit, saved: bool, now: _Progress) -> PreemptedEvent:
     """Every rank agreed to stop after ``now.step``: checkpoint it (unless just done) and say so."""
     if ckpt and not saved and executor.saves_checkpoint:
         now.save(ckpt, executor=executor)
-    event = {"event": "preempted", "rank": executor.rank, "step": now.step, "tokens": now.tokens,
-             "samples": now.samples, "checkpoint_dir": ckpt or None}
+    event = PreemptedEvent(rank=executor.rank, step=now.step, tokens=now.tokens, samples=now.samples,
+                           checkpoint_dir=ckpt or None)
     if not ckpt:
         log.warning("rank %d stopped after step %d without a checkpoint (no checkpoint directory)",
                     executor.rank, now.step)
