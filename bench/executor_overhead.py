@@ -71,7 +71,7 @@ def _rank(rank: int, world: int, port: int, cfg_json: str, steps: int, out: str)
         dist.barrier()
         start = time.perf_counter()
         if which == "adaptis":
-            ours.timer.reset()
+            ours.timer.reset(step=0)
             ours.runtime.step(inputs=inputs, targets=targets)
         else:
             args = (inputs,) if inputs is not None else ()

@@ -18,8 +18,8 @@ from adaptis.api.problem import Problem, parse_problem
 from adaptis.cli.adapt import Adapter, Segment, layers_per_device
 from adaptis.planner.drift import idle_devices, predicted_busy
 from adaptis.planner.strategies import plan_strategy
-from adaptis.worker.runtime.pipelining import WallActionTimer
 from adaptis.worker.runtime.slowdown import Slowdown, SlowedTimer, parse_slowdown, slowed
+from adaptis.worker.runtime.timers import WallActionTimer
 
 DEVICES = 4
 
@@ -108,19 +108,17 @@ def test_the_slowed_rank_counts_its_sleep_as_busy_time_from_its_step_on() -> Non
     assert isinstance(timer, SlowedTimer)
     assert not isinstance(slowed(WallActionTimer(), rank=0, environ={"ADAPTIS_SLOWDOWN": "1:3@2"}), SlowedTimer)
 
-    def action() -> tuple[float, float]:
-        timer.reset()
+    def action(step: int) -> tuple[float, float]:
+        timer.reset(step=step)
         with timer.measure("F"):
             inner = time.perf_counter()
             time.sleep(0.05)
             inner = time.perf_counter() - inner
         return timer.collect()["F"], inner
 
-    timer.step = 1
-    busy, inner = action()
+    busy, inner = action(1)
     assert busy < 2 * inner  # not slowed yet
-    timer.step = 2
-    busy, inner = action()
+    busy, inner = action(2)
     assert busy >= 3 * inner * 0.999  # the sleep is inside the timed action: the counter grows by the factor
 
 

@@ -3,6 +3,7 @@ with split B/W against the reference, clipping and the optimizer step, transfer 
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -17,12 +18,12 @@ from adaptis.worker.errors import PlanMismatchError
 from adaptis.worker.runtime import slowdown
 from adaptis.worker.runtime.executor import (
     Executor,
-    _action_timer,
+    action_timer,
     activation_bytes,
     parse_plan,
     transfer_bytes,
 )
-from adaptis.worker.runtime.pipelining import CudaActionTimer, WallActionTimer
+from adaptis.worker.runtime.timers import CudaActionTimer, WallActionTimer
 from adaptis.worker.testing import reference_step
 
 TRAIN = TrainingSpec(microbatches=3, microbatch_size=2, sequence_length=8, grad_clip=None, seed=5)
@@ -297,37 +298,39 @@ def test_only_the_stages_the_plan_recomputes_run_their_forward_twice(recompute: 
         assert calls[1:] == [m] * 4
 
 
-def test_the_slowdown_knob_slows_the_rank_it_names_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_slowdown_knob_slows_the_rank_it_names_only() -> None:
     from adaptis.worker.runtime.slowdown import Slowdown, SlowedTimer
 
-    monkeypatch.setenv("ADAPTIS_SLOWDOWN", "0:3@2")
-    ex = Executor(_config(_three_stages_split()), rank=0, world_size=1, device=torch.device("cpu"))
-    assert isinstance(ex.timer, SlowedTimer) and ex.timer.slowdown == Slowdown(rank=0, factor=3.0, step=2)
-    monkeypatch.setenv("ADAPTIS_SLOWDOWN", "1:3@2")
-    ex = Executor(_config(_three_stages_split()), rank=0, world_size=1, device=torch.device("cpu"))
-    assert not isinstance(ex.timer, SlowedTimer)
+    cpu = torch.device("cpu")
+    timer = action_timer(rank=0, device=cpu, environ={"ADAPTIS_SLOWDOWN": "0:3@2"})
+    assert isinstance(timer, SlowedTimer) and timer.slowdown == Slowdown(rank=0, factor=3.0, step=2)
+    assert not isinstance(action_timer(rank=0, device=cpu, environ={"ADAPTIS_SLOWDOWN": "1:3@2"}), SlowedTimer)
+    ex = Executor(_config(_three_stages_split()), rank=0, world_size=1, device=cpu, timer=timer)
+    assert ex.timer is timer
 
 
-def test_the_action_trace_goes_to_this_ranks_file(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def test_the_action_trace_goes_to_this_ranks_file(tmp_path) -> None:
     from adaptis.worker.runtime.trace import rank_trace_path
 
-    monkeypatch.setenv("ADAPTIS_TRACE", str(tmp_path))
-    ex = Executor(_config(_three_stages_split()), rank=0, world_size=1, device=torch.device("cpu"))
+    cpu = torch.device("cpu")
+    timer = action_timer(rank=0, device=cpu, environ={"ADAPTIS_TRACE": str(tmp_path)})
+    ex = Executor(_config(_three_stages_split()), rank=0, world_size=1, device=cpu, timer=timer)
     ex.step(SyntheticTokens(vocab_size=SMALL_MODEL.vocab_size, sequence_length=8, seed=5).batch(
-        position=0, sequences=6))
+        position=0, sequences=6), number=4)
     assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [rank_trace_path(tmp_path, rank=0).name]
-    assert rank_trace_path(tmp_path, rank=0).stat().st_size > 0
+    assert json.loads(rank_trace_path(tmp_path, rank=0).read_text())["step"] == 4
 
 
-def test_a_slowed_gpu_rank_waits_for_its_device_before_stretching_an_action(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_slowed_gpu_rank_waits_for_its_device_before_stretching_an_action() -> None:
     """A GPU action returns before its kernels finish: the slowdown synchronizes to learn how
     long it took (else it stretches only the launch); on CPU the action is done when it returns."""
-    monkeypatch.setenv(slowdown.ENV, "1:2@1")
-    monkeypatch.delenv("ADAPTIS_TRACE", raising=False)
-    gpu = _action_timer(rank=1, device=torch.device("cuda"))  # builds without a GPU: events come per action
+    environ = {slowdown.ENV: "1:2@1"}
+    # Builds without a GPU: the events come per action.
+    gpu = action_timer(rank=1, device=torch.device("cuda"), environ=environ)
     assert isinstance(gpu, slowdown.SlowedTimer) and isinstance(gpu.inner, CudaActionTimer)
     assert gpu._sync is torch.cuda.synchronize
-    cpu = _action_timer(rank=1, device=torch.device("cpu"))
+    cpu = action_timer(rank=1, device=torch.device("cpu"), environ=environ)
     assert isinstance(cpu, slowdown.SlowedTimer) and isinstance(cpu.inner, WallActionTimer)
     assert cpu._sync is None
-    assert isinstance(_action_timer(rank=0, device=torch.device("cpu")), WallActionTimer)  # not slowed
+    plain = action_timer(rank=0, device=torch.device("cpu"), environ=environ)
+    assert isinstance(plain, WallActionTimer)  # not slowed

@@ -15,7 +15,7 @@ import yaml
 from adaptis.api.plan import Plan
 from adaptis.api.problem import parse_problem
 from adaptis.cli.trace_report import TraceMismatch, trace_report
-from adaptis.worker.runtime.pipelining import WallActionTimer
+from adaptis.worker.runtime.timers import WallActionTimer
 from adaptis.worker.runtime.trace import ENV, TracedTimer, rank_trace_path, traced
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,8 +76,7 @@ def test_the_traced_timer_writes_each_steps_calls_and_keeps_the_busy_accounting(
     timer = traced(WallActionTimer(), rank=3, environ={ENV: str(tmp_path / "t")}, device=torch.device("cpu"))
     assert isinstance(timer, TracedTimer)
     for step in (1, 2):
-        timer.reset()
-        timer.step = step
+        timer.reset(step=step)
         for kind in ("F", "BW"):
             with timer.measure(kind):
                 pass

@@ -29,7 +29,7 @@ from adaptis.api.plan import predicted_seconds
 from adaptis.worker.data.sources import open_source, shard_position
 from adaptis.worker.run.metrics import WorkerMetrics
 from adaptis.worker.run.preemption import StopRequest
-from adaptis.worker.runtime.executor import Executor, StepStats
+from adaptis.worker.runtime.executor import Executor, StepStats, action_timer
 from adaptis.worker.state.checkpoint import agree_resume_step, load_checkpoint, save_checkpoint
 
 __all__ = ["Emit", "RankEnv", "print_events", "run_worker"]
@@ -109,7 +109,9 @@ def run_worker(config: WorkerConfig, *, env: RankEnv, emit: Emit,
     )
     metrics: WorkerMetrics | None = None
     try:
-        executor = Executor(config, rank=env.rank, world_size=env.world_size, device=device)
+        # The testing knobs (a slowdown, a trace) are the timer's, from this process's environment.
+        timer = action_timer(rank=env.rank, device=device, environ=os.environ)
+        executor = Executor(config, rank=env.rank, world_size=env.world_size, device=device, timer=timer)
         metrics = WorkerMetrics(job=config.job_name, rank=env.rank)
         forecast = predicted_seconds(executor.plan.predicted)
         metrics.set_prediction(**forecast)
@@ -189,8 +191,7 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
                                                      sequences=per_step),
                              sequences=per_step) if source is not None else None
         executor.set_learning_rate(step=now.step)  # from the step alone: a resume continues the curve
-        executor.timer.step = now.step + 1  # the testing slowdown starts at a step (worker.slowdown)
-        last = executor.step(batch)
+        last = executor.step(batch, number=now.step + 1)
         busy_total += last.busy_seconds[env.rank]
         data_seconds = executor.started_at - data_start
         now.advance(samples=samples_per_step, tokens=tokens_per_step)

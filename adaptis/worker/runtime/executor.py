@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import resource
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -47,19 +47,13 @@ from adaptis.worker.models.zoo import (
 )
 from adaptis.worker.runtime.lr_schedule import learning_rate
 from adaptis.worker.runtime.ownership import reducing_stage, tie_peer
-from adaptis.worker.runtime.pipelining import (
-    ActionTimer,
-    CudaActionTimer,
-    IdleRuntime,
-    PipelineRuntime,
-    StageShapes,
-    WallActionTimer,
-)
+from adaptis.worker.runtime.pipelining import IdleRuntime, PipelineRuntime, StageShapes
 from adaptis.worker.runtime.replicas import GradReducer, ZeroOptimizer, create_groups, world_mesh
 from adaptis.worker.runtime.slowdown import slowed
+from adaptis.worker.runtime.timers import ActionTimer, device_timer
 from adaptis.worker.runtime.trace import traced
 
-__all__ = ["Executor", "StepStats", "activation_bytes", "transfer_bytes", "parse_plan"]
+__all__ = ["Executor", "StepStats", "action_timer", "activation_bytes", "transfer_bytes", "parse_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +140,9 @@ class Executor:
     started_at: float = 0.0
     _lr: float  # the rate of the coming optimizer step: set_learning_rate
 
-    def __init__(self, config: WorkerConfig, *, rank: int, world_size: int, device: torch.device) -> None:
+    def __init__(self, config: WorkerConfig, *, rank: int, world_size: int, device: torch.device,
+                 timer: ActionTimer | None = None) -> None:
+        """``timer`` times this rank's actions (:func:`action_timer`); None: the device's clock."""
         self.config = config
         self.rank = rank
         self.world_size = world_size
@@ -182,7 +178,7 @@ class Executor:
         self.reducer = self._reducer()
         self.optimizer = self._optimizer()
         self.set_learning_rate(step=0)  # sets self._lr, which the step statistics report
-        self.timer = _action_timer(rank=rank, device=device)
+        self.timer = timer if timer is not None else device_timer(device)
         dtype = PRECISION_DTYPE[self.precision]
         shapes = StageShapes(microbatch_size=train.microbatch_size, sequence_length=train.sequence_length,
                              hidden=hidden, vocab_size=vocab, dtype=dtype, device=device)
@@ -305,12 +301,14 @@ class Executor:
     def _head_weight(self) -> torch.Tensor | None:
         return next((m.head_weight for m in self.modules if m.head_weight is not None), None)
 
-    def step(self, batch: Batch | None) -> StepStats:
+    def step(self, batch: Batch | None, *, number: int = 0) -> StepStats:
         """One training step. ``batch`` is needed only on the ranks holding stage 0 or the
-        last stage; other ranks may pass None."""
+        last stage; other ranks may pass None. ``number``: which step of the training this is
+        (1-based, as the step events count; 0: not counted), which the action timer sees (a
+        testing slowdown starts at a step, a trace records it)."""
         for p in self.params:
             p.grad = None
-        self.timer.reset()
+        self.timer.reset(step=number)
         if self.reducer is not None:
             self.reducer.reset()
         dist.barrier()  # a common start, so iteration time and idle time are comparable
@@ -405,14 +403,14 @@ def _unique_params(modules: list[nn.Module]) -> list[nn.Parameter]:
     return out
 
 
-def _action_timer(*, rank: int, device: torch.device) -> ActionTimer:
-    """Times each action: CUDA events on a GPU, the wall clock on CPU; slowed by
-    ADAPTIS_SLOWDOWN (a testing knob, :mod:`adaptis.worker.runtime.slowdown`: this rank as a slower
-    device) and traced to a file per rank by ADAPTIS_TRACE (``adaptis run --trace``)."""
-    cuda, environ = device.type == "cuda", dict(os.environ)
-    timer: ActionTimer = CudaActionTimer() if cuda else WallActionTimer()
-    timer = slowed(timer, rank=rank, environ=environ, sync=torch.cuda.synchronize if cuda else None)
-    return traced(timer, rank=rank, environ=environ, device=device)
+def action_timer(*, rank: int, device: torch.device, environ: Mapping[str, str]) -> ActionTimer:
+    """The timer of rank ``rank``'s actions: the device's clock, slowed by ADAPTIS_SLOWDOWN (a
+    testing knob, :mod:`adaptis.worker.runtime.slowdown`: this rank as a slower device) and traced
+    to a file per rank by ADAPTIS_TRACE (``adaptis run --trace``) when ``environ`` sets them."""
+    env = dict(environ)
+    timer = device_timer(device)
+    timer = slowed(timer, rank=rank, environ=env, sync=torch.cuda.synchronize if device.type == "cuda" else None)
+    return traced(timer, rank=rank, environ=env, device=device)
 
 
 def _optimizer(params: list[nn.Parameter], config: WorkerConfig) -> torch.optim.Optimizer:

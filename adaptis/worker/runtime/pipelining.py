@@ -12,8 +12,9 @@ on the first stage ``I`` computes nothing and ``W`` does the whole backward, and
 microbatch keeps its saved activations until its ``W``.
 
 Kinds map as: plan ``F`` -> torch ``F``; ``B`` (input gradient) -> ``I``; ``W`` -> ``W``;
-``BW`` (fused) -> ``B``. Each compute call is timed through a :class:`ActionTimer` so busy and
-idle time per rank are measured, not inferred.
+``BW`` (fused) -> ``B``. Each compute call is timed through an
+:class:`~adaptis.worker.runtime.timers.ActionTimer` so busy and idle time per rank are measured,
+not inferred.
 
 The profiler times a layer's backward passes through :func:`backward_input`,
 :func:`backward_weight` and :func:`backward_full`: the very functions torch's stages call for
@@ -25,9 +26,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,17 +38,14 @@ from torch.distributed.pipelining import _backward as _torch_backward
 from torch.distributed.pipelining import schedules as _schedules
 
 from adaptis.worker.errors import PlanMismatchError, TorchApiError
+from adaptis.worker.runtime.timers import ActionTimer
 
 __all__ = [
     "IdleRuntime",
-    "ActionTimer",
-    "CudaActionTimer",
     "PipelineRuntime",
     "SplitState",
     "StageShapes",
     "TORCH_KIND",
-    "WallActionTimer",
-    "WrappedTimer",
     "backward_full",
     "backward_kind_of",
     "backward_input",
@@ -64,91 +60,6 @@ _FULL_BACKWARD = "full_backward"
 
 #: Plan action kind -> torch computation type.
 TORCH_KIND: dict[str, str] = {"F": "F", "B": "I", "W": "W", "BW": "B"}
-
-
-class ActionTimer:
-    """Accumulates busy seconds per action kind over one step."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self.step = 0  # the training step being run (1-based), set by the run loop
-
-    def reset(self) -> None:
-        self.seconds.clear()
-
-    @contextmanager
-    def measure(self, kind: str) -> Iterator[None]:
-        raise NotImplementedError
-        yield  # pragma: no cover
-
-    def collect(self) -> dict[str, float]:
-        """Busy seconds per kind since the last reset (waits for the device where needed)."""
-        return dict(self.seconds)
-
-
-class WrappedTimer(ActionTimer):
-    """A timer around another (a testing slowdown, a trace): resets and collects through
-    ``inner``, and the step the run loop sets reaches every layer of the wrapping."""
-
-    def __init__(self, inner: ActionTimer) -> None:
-        self.inner = inner  # first: ActionTimer's __init__ sets the step, which lives in inner
-        super().__init__()
-
-    @property  # type: ignore[override]
-    def step(self) -> int:
-        return self.inner.step
-
-    @step.setter
-    def step(self, value: int) -> None:
-        self.inner.step = value
-
-    def reset(self) -> None:
-        self.inner.reset()
-
-    def collect(self) -> dict[str, float]:
-        return self.inner.collect()
-
-
-class WallActionTimer(ActionTimer):
-    """Wall-clock timing: exact on CPU, where compute is synchronous."""
-
-    @contextmanager
-    def measure(self, kind: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - start
-
-
-class CudaActionTimer(ActionTimer):
-    """CUDA events around each action; summed at :meth:`collect` without per-action syncs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
-
-    def reset(self) -> None:
-        super().reset()
-        self._events.clear()
-
-    @contextmanager
-    def measure(self, kind: str) -> Iterator[None]:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        try:
-            yield
-        finally:
-            end.record()
-            self._events.append((kind, start, end))
-
-    def collect(self) -> dict[str, float]:
-        if self._events:
-            self._events[-1][2].synchronize()
-            for kind, start, end in self._events:
-                self.seconds[kind] = self.seconds.get(kind, 0.0) + start.elapsed_time(end) / 1e3
-            self._events.clear()
-        return dict(self.seconds)
 
 
 @dataclass(frozen=True, slots=True)

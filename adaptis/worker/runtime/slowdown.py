@@ -1,6 +1,7 @@
 """A testing knob: make one rank's compute slower from a given step on, as a throttled GPU would.
 
-Sits beside the executor's action timers (:mod:`adaptis.worker.runtime.pipelining`). The closed loop
+Sits beside the executor's action timers (:mod:`adaptis.worker.runtime.timers`), one of which it
+wraps. The closed loop
 of :mod:`adaptis.cli.adapt` (docs/adaptation.md) needs a device that drifts while a job runs,
 on demand and reproducibly, on any machine: ``ADAPTIS_SLOWDOWN=RANK:FACTOR@STEP[,...]`` (or
 ``adaptis run --slowdown``) makes global rank RANK, from training step STEP (1-based, as the
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from adaptis.worker.runtime.pipelining import ActionTimer, WrappedTimer
+from adaptis.worker.runtime.timers import ActionTimer
 
 __all__ = ["ENV", "Slowdown", "SlowedTimer", "parse_slowdown", "slowed"]
 
@@ -65,21 +66,28 @@ def parse_slowdown(text: str) -> dict[int, Slowdown]:
     return out
 
 
-class SlowedTimer(WrappedTimer):
-    """``inner``'s timing, with each action stretched by the factor once ``step`` >= the start.
-
-    The run loop sets :attr:`step` to the step it is about to run (1-based)."""
+class SlowedTimer:
+    """``inner``'s timing, with each action stretched by the factor from the slowdown's step on
+    (the step :meth:`reset` opens)."""
 
     def __init__(self, inner: ActionTimer, *, slowdown: Slowdown,
                  sync: Callable[[], None] | None = None) -> None:
-        super().__init__(inner)
+        self.inner = inner
         self.slowdown = slowdown
         self._sync = sync  # waits for the device, so the action's duration is known on the host
+        self._step = 0
+
+    def reset(self, *, step: int) -> None:
+        self._step = step
+        self.inner.reset(step=step)
+
+    def collect(self) -> dict[str, float]:
+        return self.inner.collect()
 
     @contextmanager
     def measure(self, kind: str) -> Iterator[None]:
         with self.inner.measure(kind):
-            if self.step < self.slowdown.step:
+            if self._step < self.slowdown.step:
                 yield
                 return
             start = time.perf_counter()

@@ -1,7 +1,7 @@
 """The measured timeline of a rank: when each of its compute actions started and ended.
 
-Sits beside the executor's action timers (:mod:`adaptis.worker.runtime.pipelining`), which it wraps
-as :mod:`adaptis.worker.runtime.slowdown` does. With ``ADAPTIS_TRACE=DIR`` in its environment
+Sits beside the executor's action timers (:mod:`adaptis.worker.runtime.timers`), one of which it
+wraps, as :mod:`adaptis.worker.runtime.slowdown` does. With ``ADAPTIS_TRACE=DIR`` in its environment
 (``adaptis run --trace DIR``), each rank writes ``DIR/rank-R.json`` at the end of every step: the
 step's timed calls in order, ``[kind, start, end]`` in ``time.perf_counter()`` seconds. That clock
 is the host's monotonic clock, one for all its processes, so the local ranks' files line up on one
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from adaptis.worker.runtime.pipelining import ActionTimer, WrappedTimer
+from adaptis.worker.runtime.timers import ActionTimer
 
 __all__ = ["ENV", "TracedTimer", "rank_trace_path", "traced"]
 
@@ -36,22 +36,24 @@ def rank_trace_path(directory: Path, *, rank: int) -> Path:
     return directory / f"rank-{rank}.json"
 
 
-class TracedTimer(WrappedTimer):
+class TracedTimer:
     """``inner``'s timing, each call also recorded; the step's calls written at :meth:`collect`
     (which the executor calls once a step, after the pipeline part)."""
 
     def __init__(self, inner: ActionTimer, *, path: Path) -> None:
-        super().__init__(inner)
+        self.inner = inner
         self.path = path
         self.calls: list[tuple[str, float, float]] = []
+        self._step = 0
 
-    def reset(self) -> None:
-        super().reset()
+    def reset(self, *, step: int) -> None:
+        self._step = step
+        self.inner.reset(step=step)
         self.calls.clear()
 
     def collect(self) -> dict[str, float]:
-        self.path.write_text(json.dumps({"step": self.step, "calls": self.calls}))
-        return super().collect()
+        self.path.write_text(json.dumps({"step": self._step, "calls": self.calls}))
+        return self.inner.collect()
 
     @contextmanager
     def measure(self, kind: str) -> Iterator[None]:
