@@ -33,7 +33,7 @@ from torch import nn
 
 from adaptis.api.errors import SpecError
 from adaptis.api.hf_model import hf_layout
-from adaptis.api.job import TrainingSpec, WorkerConfig
+from adaptis.api.job import ModelSpec, TrainingSpec, WorkerConfig
 from adaptis.api.plan import Plan
 from adaptis.api.rules import layer_count
 from adaptis.worker.data.sources import Batch
@@ -227,6 +227,18 @@ class Executor:
         for p in self.params:
             by_stage[owner[id(p)]].append(p)
         return GradReducer(stage_params=by_stage, group=self.groups.replica, replicas=self.mesh.replicas)
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.config.model
+
+    @property
+    def zero_stage(self) -> int:
+        return self.config.zero_stage
+
+    @property
+    def optimizer_name(self) -> str:
+        return self.config.training.optimizer.name
 
     @property
     def saves_checkpoint(self) -> bool:

@@ -1,6 +1,8 @@
 """Periodic per-rank checkpoints keyed by parameter name, and the resume under any plan.
 
-Sits beside the run loop (:mod:`adaptis.worker.run.runner`). Each saving rank writes its own file
+Sits beside the run loop (:mod:`adaptis.worker.run.runner`), and reads a rank through
+:class:`Checkpointed`, the little of it a checkpoint needs (the executor offers it). Each saving
+rank writes its own file
 ``<dir>/step-<n>/rank-<r>.pt`` atomically (a temporary file, fsync, then ``os.replace``):
 
 - ``model``: its weights by global parameter name (``Executor.named_parameters``: the same
@@ -49,24 +51,48 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import ModelSpec
+from adaptis.api.mesh import Mesh
 from adaptis.worker.errors import CheckpointError
-from adaptis.worker.runtime.executor import Executor
 from adaptis.worker.runtime.replicas import ZeroOptimizer
 from adaptis.worker.state.named_state import export_state, held_names, held_optimizer, import_state
 
-__all__ = ["Resumed", "Scan", "agree_resume_step", "clear_checkpoints", "load_checkpoint",
+__all__ = ["Checkpointed", "Resumed", "Scan", "agree_resume_step", "clear_checkpoints", "load_checkpoint",
            "save_checkpoint", "savers", "scan_checkpoints"]
 
 log = logging.getLogger(__name__)
 
 _KEEP = 2  # checkpoints kept per rank: the newest may be incomplete on another rank
+
+
+class Checkpointed(Protocol):
+    """What a checkpoint reads from a rank and restores into it (the executor is one)."""
+
+    @property
+    def rank(self) -> int: ...  # global
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def mesh(self) -> Mesh: ...  # replicas x pipeline
+    @property
+    def checkpoint_rank(self) -> int: ...  # whose file this rank restores from first
+    @property
+    def model(self) -> ModelSpec: ...  # recorded, and checked on a resume
+    @property
+    def zero_stage(self) -> int: ...
+    @property
+    def optimizer_name(self) -> str: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | ZeroOptimizer: ...
+
+    def named_parameters(self) -> dict[str, nn.Parameter]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +106,7 @@ class Resumed:
     exact: bool  # optimizer state restored too (see the module docstring for when it is not)
 
 
-def savers(executor: Executor) -> list[int]:
+def savers(executor: Checkpointed) -> list[int]:
     """The global ranks that write this job's checkpoints (see the module docstring)."""
     if isinstance(executor.optimizer, ZeroOptimizer):
         return list(range(executor.world_size))
@@ -95,7 +121,7 @@ def _step_dir(directory: Path, step: int) -> Path:
     return directory / f"step-{step:08d}"
 
 
-def save_checkpoint(directory: str | Path, *, executor: Executor, step: int, position: int,
+def save_checkpoint(directory: str | Path, *, executor: Checkpointed, step: int, position: int,
                     tokens: int, samples: int) -> Path:
     """Write this rank's checkpoint after ``step`` steps; prune this rank's older ones."""
     root = Path(directory)
@@ -106,10 +132,10 @@ def save_checkpoint(directory: str | Path, *, executor: Executor, step: int, pos
     state: dict[str, Any] = {
         "format": 2, "step": step, "position": position, "tokens": tokens, "samples": samples,
         "world_size": executor.world_size,
-        "data_parallel": executor.mesh.replicas, "zero_stage": executor.config.zero_stage,
-        "savers": writers, "model_spec": _model_doc(executor.config.model),
+        "data_parallel": executor.mesh.replicas, "zero_stage": executor.zero_stage,
+        "savers": writers, "model_spec": _model_doc(executor.model),
         "model": {k: p.detach().cpu() for k, p in named.items()},
-        "optimizer_name": executor.config.training.optimizer.name,
+        "optimizer_name": executor.optimizer_name,
         "optimizer_covers": held_names(held, named=named),
         "optimizer_state": export_state(held, named=named),
     }
@@ -200,7 +226,7 @@ def agree_resume_step(directory: str | Path) -> int | None:
     return found
 
 
-def _read_order(step_dir: Path, executor: Executor) -> list[Path]:
+def _read_order(step_dir: Path, executor: Checkpointed) -> list[Path]:
     """This rank's own file, then the one its replica-0 twin wrote, then every other."""
     first = [step_dir / f"rank-{executor.rank}.pt", step_dir / f"rank-{executor.checkpoint_rank}.pt"]
     rest = sorted((f for f in step_dir.glob("rank-*.pt") if f.stem[5:].isdigit()), key=lambda f: int(f.stem[5:]))
@@ -211,7 +237,7 @@ def _read_order(step_dir: Path, executor: Executor) -> list[Path]:
     return out
 
 
-def load_checkpoint(directory: str | Path, *, executor: Executor, step: int) -> Resumed:
+def load_checkpoint(directory: str | Path, *, executor: Checkpointed, step: int) -> Resumed:
     """Restore this rank from the checkpoint of ``step`` (see :func:`agree_resume_step`),
     whatever the plan that wrote it."""
     root = Path(directory)
@@ -261,23 +287,23 @@ def load_checkpoint(directory: str | Path, *, executor: Executor, step: int) -> 
                    samples=int(header["samples"]), exact=exact)
 
 
-def _tied_alias(executor: Executor) -> dict[str, str]:
+def _tied_alias(executor: Checkpointed) -> dict[str, str]:
     """Another name a tied weight may be saved under: a Hugging Face model's embedding and
     tied head on one rank are one Parameter, named once (``model.embed_tokens.weight``); a
     plan that puts the head on another rank looks for ``lm_head.weight`` (the zoo's models
     name both layers of a tie, so need none)."""
-    hf = executor.config.model.huggingface
+    hf = executor.model.huggingface
     if hf is None or not hf_layout(hf).tied:
         return {}
     return {"lm_head.weight": "model.embed_tokens.weight"}
 
 
-def _restore_optimizer(executor: Executor, *, states: dict[str, dict[str, Any] | None], kinds: set[str],
+def _restore_optimizer(executor: Checkpointed, *, states: dict[str, dict[str, Any] | None], kinds: set[str],
                        step: int) -> bool:
     """Whether the optimizer state was restored (else it starts fresh, with a warning)."""
     named = executor.named_parameters()
     held = held_optimizer(executor.optimizer)
-    kind = executor.config.training.optimizer.name
+    kind = executor.optimizer_name
     if kinds and kinds != {kind}:
         log.warning("checkpoint of step %d holds %s optimizer state, this job trains with %s: weights "
                     "restored, the optimizer starts fresh", step, "/".join(sorted(kinds)), kind)
@@ -290,13 +316,13 @@ def _restore_optimizer(executor: Executor, *, states: dict[str, dict[str, Any] |
     return True
 
 
-def _check_model(doc: dict[str, Any], *, executor: Executor, step: int, root: Path) -> None:
+def _check_model(doc: dict[str, Any], *, executor: Checkpointed, step: int, root: Path) -> None:
     recorded = doc.get("model_spec")
     if recorded is None:
         raise CheckpointError(f"checkpoint of step {step} in {root} does not record its model")
-    if recorded != _model_doc(executor.config.model):
+    if recorded != _model_doc(executor.model):
         raise CheckpointError(f"checkpoint of step {step} in {root} is of another model "
-                              f"({_model_difference(recorded, executor.config.model)})")
+                              f"({_model_difference(recorded, executor.model)})")
 
 
 @dataclass(frozen=True, slots=True)
