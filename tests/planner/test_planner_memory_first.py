@@ -4,13 +4,17 @@ only the devices that need it recompute."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
+from adaptis.api.plan import Plan
 from adaptis.api.problem import parse_problem
 from adaptis.planner.costs import Costs
 from adaptis.planner.evaluator import Candidate, Evaluator
@@ -18,7 +22,7 @@ from adaptis.planner.memory_first import memory_first, recompute_cut
 from adaptis.planner.scheduler import Policy
 from adaptis.planner.search import joint_search
 from adaptis.planner.simulator import simulate
-from adaptis.planner.strategies import compare, plan_strategy
+from adaptis.planner.strategies import compare, lower_bound, plan_strategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench import workloads
@@ -90,3 +94,70 @@ def test_confirm_skips_estimates_at_or_past_the_plan_in_hand() -> None:
     assert ev.confirm([cand]) is None and ev.evals == 0
     ev.prune_at = math.inf
     assert ev.confirm([cand]) is not None and ev.evals == 1
+
+
+_layer = st.fixed_dictionaries({
+    "forward": st.floats(min_value=0.05, max_value=5.0),
+    "backward": st.floats(min_value=0.0, max_value=5.0),
+    "weight": st.floats(min_value=0.0, max_value=3.0),
+    "activation_bytes": st.floats(min_value=1e6, max_value=2e9),
+    "param_bytes": st.one_of(st.just(0.0), st.floats(min_value=1e6, max_value=1e9)),
+    "output_bytes": st.floats(min_value=1e6, max_value=5e8),
+})
+
+
+@st.composite
+def tight(draw: st.DrawFn) -> dict[str, Any]:
+    """Memory for every parameter and from 0.3x to 3x one microbatch's activations, so the
+    pipeline's depth often does not fit; mixed speeds."""
+    layers = [{"name": f"l{i}", **draw(_layer)} for i in range(draw(st.integers(min_value=1, max_value=14)))]
+    acts = sum(layer["activation_bytes"] for layer in layers)
+    params = sum(layer["param_bytes"] for layer in layers)
+    count = draw(st.integers(min_value=1, max_value=6))
+    memory = params + acts * draw(st.floats(min_value=0.3, max_value=3.0))
+    return {
+        "microbatches": draw(st.integers(min_value=1, max_value=16)),
+        "layers": layers,
+        "devices": {"list": [{"node": f"n{d % 2}", "speed": draw(st.floats(min_value=0.5, max_value=2.0)),
+                              "memory_bytes": memory} for d in range(count)]},
+    }
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tight())
+def test_memory_first_plans_are_correct_plans(doc: dict[str, Any]) -> None:
+    """Every schedule memory_first returns is a contiguous cut in device order, recomputes
+    only fused-backward stages, replays in the simulator at exactly its claimed time within
+    every device's memory, and is no faster than the lower bound; where no cut fits even
+    recomputing, there is none."""
+    costs = Costs.from_problem(parse_problem(doc))
+    cut = recompute_cut(costs)
+    found = memory_first(costs)
+    if cut is None:
+        event("no cut fits")
+        assert found == []
+        return
+    stages, owner, flags = cut
+    event(f"recomputes: {'some' if any(flags) else 'none'}, schedules: {len(found)}")
+    assert stages[0][0] == 0 and stages[-1][1] == costs.layers
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(stages))
+    assert owner == sorted(owner) and len(set(owner)) == len(owner)
+    assert len(flags) == len(stages)
+    # Only where needed: a stage recomputes only if its device cannot keep its activations
+    # for the microbatches it holds in flight (min(p - d, m)).
+    plain = costs.stage_costs(stages)
+    for s, d in enumerate(owner):
+        inflight = min(costs.devices - d, costs.microbatches)
+        if flags[s]:
+            assert plain.param_bytes[s] + plain.activation_bytes[s] * inflight > costs.memory[d]
+    bound = lower_bound(costs)
+    for got_stages, got_owner, sched, got_flags in found:
+        assert (got_stages, got_owner, got_flags) == (stages, owner, flags)
+        assert sched.feasible
+        placement = [[s for s, d in enumerate(got_owner) if d == dev] for dev in range(costs.devices)]
+        plan = Plan(stages=got_stages, placement=placement, actions=[list(a) for a in sched.actions],
+                    recompute=list(got_flags) if any(got_flags) else None)  # Plan checks: fused BW only
+        sim = simulate(costs, plan)
+        assert sim.feasible, sim.reason
+        assert math.isclose(sim.iteration_time, sched.iteration_time, rel_tol=1e-9)
+        assert sim.iteration_time >= bound * (1 - 1e-9)
