@@ -170,6 +170,14 @@ def planner_scale(devices: int, microbatches: int) -> dict[str, Any]:
     return {**doc, "name": f"nemotron-h-scale-{devices}x{microbatches}", "microbatches": microbatches}
 
 
+def memory_scale(devices: int, microbatches: int) -> dict[str, Any]:
+    """Issue 32's memory-bound scale workload: Nemotron-H M at 8K sequence, 6 blocks a device,
+    80 GB; every seed is over memory from 32 devices on (1F1B's device 0: 116 GB at 64)."""
+    doc = problem("nemotron-h", "M", seq=8192, devices=devices, blocks=6 * devices,
+                  microbatches_per_device=max(1, microbatches // devices))
+    return {**doc, "name": f"nemotron-h-memory-{devices}x{microbatches}", "microbatches": microbatches}
+
+
 def measured(directory: Path = PROFILES) -> list[dict[str, Any]]:
     """The measured profiles (``<family>.yaml``, written by bench/gpu_check.sh), named after
     their file; none when the directory is missing or empty."""
