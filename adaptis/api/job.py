@@ -9,7 +9,7 @@ never sees this module.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -18,6 +18,7 @@ from pydantic import (
     ValidationError,
 )
 from pydantic.alias_generators import to_snake
+from pydantic.config import JsonValue
 
 from adaptis.api.adaptation import AdaptationSpec, AdaptationStatus
 from adaptis.api.conditions import ConditionType
@@ -61,8 +62,8 @@ __all__ = [
 
 GROUP = "adaptis.io"
 VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "AdaPtisJob"
+API_VERSION: Final = "adaptis.io/v1alpha1"  # f"{GROUP}/{VERSION}", as a literal type
+KIND: Final = "AdaPtisJob"
 PLURAL = "adaptisjobs"
 SHORT_NAMES = ("apj",)
 
@@ -204,7 +205,7 @@ CHUNKED_STRATEGIES: tuple[StrategyName, ...] = ("i1f1b", "zb-v")
 CHUNKS_PER_RANK = 2
 
 
-def _job_cel_rules() -> list[dict[str, str]]:
+def _job_cel_rules() -> list[JsonValue]:
     """CEL for the rules of adaptis.api.rules that need only the spec, so the API server
     refuses those manifests as the operator and ``adaptis run`` do. Nested objects get no
     default from the API server when absent, so the models' defaults stand in for them."""

@@ -99,7 +99,7 @@ def pipeline_devices(mesh: Mesh, *, nodes: Sequence[str], speeds: Sequence[float
     out: list[DeviceSpec] = []
     for p in range(mesh.pipeline):
         pods = [mesh.pod(mesh.rank(replica=r, pipeline_rank=p)) for r in range(mesh.replicas)]
-        mems = [memory[w] for w in pods if memory[w] is not None]
+        mems = [m for w in pods if (m := memory[w]) is not None]
         out.append(DeviceSpec(
             name=f"rank{p}",
             node="|".join(nodes[w] for w in pods),

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from adaptis.api.errors import SpecError, from_validation_error
 from adaptis.api.plan_packing import CRD_LIMITS, pack_actions, unpack_actions
-from adaptis.api.problem import TIME_UNIT_SECONDS
+from adaptis.api.problem import TIME_UNIT_SECONDS, TimeUnit
 
 __all__ = [
     "Action",
@@ -68,7 +68,7 @@ class Predicted(BaseModel):
         ge=0, description="Predicted time of one iteration, in time_unit."
     )
     bubble_ratio: float = Field(ge=0, le=1, description="Predicted idle fraction of device time.")
-    time_unit: Literal["s", "ms", "us"] = Field(
+    time_unit: TimeUnit = Field(
         default="ms", description="Unit of iteration_time (the problem's time_unit)."
     )
     peak_memory_bytes: list[float] = Field(

@@ -150,7 +150,7 @@ def _one_source_config(*, keys: Callable[[], Sequence[str]], message: str) -> Co
         schema["additionalProperties"] = False
         schema["x-kubernetes-validations"] = [_one_of_rule(keys=keys(), message=message)]
 
-    return ConfigDict(json_schema_extra=extra)  # type: ignore[arg-type]
+    return ConfigDict(json_schema_extra=extra)
 
 
 def _sources(shape: type, *, besides: frozenset[str] = frozenset()) -> tuple[str, ...]:
@@ -163,7 +163,7 @@ def _sources(shape: type, *, besides: frozenset[str] = frozenset()) -> tuple[str
 _Object = dict[str, Any]
 
 
-class EnvVarSource(TypedDict, total=False,
+class EnvVarSource(TypedDict, total=False,  # type: ignore[call-arg]  # mypy lacks PEP 728's extra_items
                    extra_items=Annotated[Any, PlainValidator(_unknown_key(
                        what="a value source", keys=lambda: ENV_VALUE_SOURCES))]):
     """core/v1 EnvVarSource: exactly one source of the value, whose keys the API server checks."""
@@ -182,8 +182,8 @@ class EnvVarSource(TypedDict, total=False,
         description="A resource of the container (resource, containerName, divisor).")]
     secretKeyRef: Annotated[_Object, Field(description="A key of a Secret (name, key, optional).")]
 
-    @classmethod
-    def __get_pydantic_core_schema__(  # type: ignore[misc]
+    @classmethod  # type: ignore[misc]  # mypy: a TypedDict holds keys only; pydantic reads this hook
+    def __get_pydantic_core_schema__(
             cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
         return core_schema.no_info_after_validator_function(
             _exactly_one(what="value source", keys=lambda: ENV_VALUE_SOURCES, beside=""),
@@ -251,8 +251,9 @@ class ResourceRequirements(TypedDict, total=False):
     claims: Annotated[list[dict[str, Any]], Field(description="Dynamic resource claims.")]
 
 
-class Volume(TypedDict, extra_items=Annotated[Any, PlainValidator(_unknown_key(
-        what="a volume source", keys=lambda: VOLUME_SOURCES))]):
+class Volume(TypedDict,  # type: ignore[call-arg]  # mypy lacks PEP 728's extra_items
+             extra_items=Annotated[Any, PlainValidator(_unknown_key(
+                 what="a volume source", keys=lambda: VOLUME_SOURCES))]):
     """core/v1 Volume: a name and exactly one volume source, whose keys the API server checks."""
 
     # What a source holds is the API server's to check, strictly (the module docstring).
@@ -315,8 +316,8 @@ class Volume(TypedDict, extra_items=Annotated[Any, PlainValidator(_unknown_key(
     vsphereVolume: NotRequired[Annotated[_Object, Field(
         description="A vSphere VMDK volume (deprecated).")]]
 
-    @classmethod
-    def __get_pydantic_core_schema__(  # type: ignore[misc]
+    @classmethod  # type: ignore[misc]  # mypy: a TypedDict holds keys only; pydantic reads this hook
+    def __get_pydantic_core_schema__(
             cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
         return core_schema.no_info_after_validator_function(
             _exactly_one(what="volume source", keys=lambda: VOLUME_SOURCES, beside=" beside name"),

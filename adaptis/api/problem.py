@@ -38,12 +38,15 @@ __all__ = [
     "Problem",
     "RepeatBlock",
     "TIME_UNIT_SECONDS",
+    "TimeUnit",
     "load_problem",
     "parse_problem",
 ]
 
 DeviceId = NewType("DeviceId", int)
 
+#: The units a problem's times, and so its plan's, may be written in.
+TimeUnit = Literal["s", "ms", "us"]
 #: Seconds in one unit of each supported ``time_unit``.
 TIME_UNIT_SECONDS: dict[str, float] = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
@@ -223,7 +226,7 @@ class Problem(_Strict):
     """A planning problem, parsed and checked. Use :meth:`expanded_layers` for the flat model."""
 
     name: str | None = Field(default=None, description="Optional name, echoed in the output.")
-    time_unit: Literal["s", "ms", "us"] = Field(
+    time_unit: TimeUnit = Field(
         default="ms", description="Unit of every layer time, and of the planner's output times."
     )
     microbatches: int = Field(ge=1, description="Microbatches per iteration.")

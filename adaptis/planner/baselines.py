@@ -95,7 +95,7 @@ def _plan(
 ) -> Plan:
     # Generated here, checked by the simulator: skip pydantic's per-action validation.
     return Plan.model_construct(
-        stages=[tuple(st) for st in stages],
+        stages=[(lo, hi) for lo, hi in stages],
         placement=_placement(costs, owned),
         actions=[list(a) for a in actions] + [[] for _ in range(costs.devices - len(actions))],
         strategy=strategy,

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from itertools import accumulate
 
-from adaptis.api.problem import TIME_UNIT_SECONDS, Link, Problem
+from adaptis.api.problem import TIME_UNIT_SECONDS, Link, Problem, TimeUnit
 
 __all__ = ["Costs", "StageCosts"]
 
@@ -42,7 +42,7 @@ class StageCosts:
 class Costs:
     """Everything the planner needs, as tuples indexed by layer or by device."""
 
-    time_unit: str
+    time_unit: TimeUnit
     microbatches: int
     names: tuple[str, ...]
     kinds: tuple[str | None, ...]

@@ -69,7 +69,7 @@ class PostPipeline:
 
 def post_pipeline(*, costs: Costs, plan: Plan, timeline: Sequence[Sequence[_Timed]]) -> PostPipeline:
     """The reductions and optimizer step after ``timeline`` (the simulator's, per device)."""
-    stages = [tuple(st) for st in plan.stages]
+    stages = [(lo, hi) for lo, hi in plan.stages]
     grad = costs.stage_sums(costs.grad_bytes, stages)
     opt = costs.stage_sums(costs.optimizer, stages)
     pipeline_end = max((t[-1].end for t in timeline if t), default=0.0)

@@ -26,7 +26,9 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
+from typing import Literal
 
+from adaptis.api.plan import Action, ActionKind
 from adaptis.planner.costs import Costs, StageCosts
 from adaptis.planner.errors import OutOfTime, PlannerError
 
@@ -53,7 +55,7 @@ class Policy:
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
-    actions: tuple[tuple[tuple[str, int, int], ...], ...]
+    actions: tuple[tuple[Action, ...], ...]
     iteration_time: float
     feasible: bool
     reason: str | None
@@ -157,7 +159,7 @@ class _Pipeline:
         # Stage 0's microbatches from fuse_first_from on run one BW instead of B and W.
         self.fuse_from = m if policy.fuse_first_from is None or not self.split else policy.fuse_first_from
         self.left[owner[0]] -= m - self.fuse_from
-        self.out: list[list[tuple[str, int, int]]] = [[] for _ in range(n_dev)]
+        self.out: list[list[Action]] = [[] for _ in range(n_dev)]
 
     def admission_open(self) -> bool:
         """Whether stage 0 may take a new microbatch; marks every full device ``tight``."""
@@ -168,7 +170,7 @@ class _Pipeline:
                 open_ = False
         return open_
 
-    def choose(self, d: int, t: float) -> tuple[str, int, int, float]:
+    def choose(self, d: int, t: float) -> tuple[ActionKind | Literal[""], int, int, float]:
         """What device ``d`` runs at ``t``: (kind, stage, microbatch, soonest), kind "" for
         nothing, then ``soonest`` is the next known arrival of an input (inf: none known).
 
@@ -183,7 +185,8 @@ class _Pipeline:
         first = self.first
         if first[0] < 0 and d == self.stage0_dev and next_f[0] < m:
             admitted = self.admission_open()
-        best_kind, best_key, best_s, best_mb = "", (9, 0), -1, -1
+        best_kind: ActionKind | Literal[""] = ""
+        best_key, best_s, best_mb = (9, 0), -1, -1
         soonest = math.inf
         w_mb, w_s = m, -1
         for s in self.dev_stages[d]:
@@ -229,7 +232,7 @@ class _Pipeline:
                 return "W", w_s, w_mb, soonest
         return best_kind, best_s, best_mb, soonest
 
-    def _replay(self, d: int, *, kind: str, s: int, i: int, took: float) -> None:
+    def _replay(self, d: int, *, kind: ActionKind, s: int, i: int, took: float) -> None:
         """Time an action as the executor and the simulator will run the emitted order: as soon
         as its device is free and its inputs are there (``i``: stage x m + microbatch).
 
@@ -254,7 +257,7 @@ class _Pipeline:
         elif kind != "W":
             rb[i] = end
 
-    def run(self, d: int, t: float, *, kind: str, s: int, mb: int, looks: list[tuple[float, int]]) -> None:
+    def run(self, d: int, t: float, *, kind: ActionKind, s: int, mb: int, looks: list[tuple[float, int]]) -> None:
         """Record ``kind`` (s, mb) on device ``d`` from ``t``; push the looks it causes
         (time, device) onto the ``looks`` heap."""
         m, dur = self.m, self.dur

@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 
 from adaptis.planner.climb import refine, w_tail
 from adaptis.planner.costs import Costs
-from adaptis.planner.errors import OutOfTime
+from adaptis.planner.errors import OutOfTime, PlannerError
 from adaptis.planner.evaluator import Candidate, Evaluator
 from adaptis.planner.partition import balanced_partition
 from adaptis.planner.scheduler import Policy, Schedule, inflight_caps
@@ -79,6 +79,14 @@ class SearchResult:
     evaluations: int
     pattern: str
     cut_short: bool = False  # the deadline stopped the search before its budget ran out
+
+    @classmethod
+    def of(cls, cand: Candidate, *, evaluations: int, cut_short: bool = False) -> SearchResult:
+        """``cand``'s result; only a scheduled candidate (the champion, a phase's best) is one."""
+        if cand.schedule is None:
+            raise PlannerError("the search returned a candidate it never scheduled (internal error)")
+        return cls(cand.stages, cand.owner, cand.schedule, cand.policy, evaluations, cand.pattern,
+                   cut_short=cut_short)
 
 
 def _throttled(costs: Costs, *, owner: list[int], stages: list[tuple[int, int]]) -> bool:
@@ -137,13 +145,12 @@ def joint_search(
             log.info("search: the time limit ran out before any candidate fit (%d evaluations)", ev.evals)
             return None
         log.info("search: cut short by the time limit after %d evaluations", ev.evals)
-        return SearchResult(champion.stages, champion.owner, champion.schedule, champion.policy,
-                            ev.evals, champion.pattern, cut_short=True)
+        return SearchResult.of(champion, evaluations=ev.evals, cut_short=True)
     if best is None:
         return None
     log.debug("search: %s, %d stages, %.4g (baseline %.4g), %d evaluations",
               best.pattern, len(best.stages), best.time, incumbent, ev.evals)
-    return SearchResult(best.stages, best.owner, best.schedule, best.policy, ev.evals, best.pattern)
+    return SearchResult.of(best, evaluations=ev.evals)
 
 
 def _phases(costs: Costs, *, ev: Evaluator,

@@ -55,6 +55,7 @@ from adaptis.planner.memory_bound import memory_bound
 from adaptis.planner.memory_first import memory_first
 from adaptis.planner.reasons import memory_lever, over_memory
 from adaptis.planner.recompute import Recomputed, recompute_variants, tight_devices
+from adaptis.planner.scheduler import Schedule
 from adaptis.planner.search import joint_search
 from adaptis.planner.simulator import Simulation, simulate
 
@@ -190,7 +191,7 @@ def _adaptis(costs: Costs, baselines: dict[str, Outcome], *, on_progress: Progre
     # Cut: the search said so, or never ran / found nothing because the limit had passed.
     cut = found.cut_short if found is not None else limit.passed()
     best = incumbent
-    tried = list(early) + ([] if found is None else [(found.stages, found.owner, found.schedule, None)])
+    tried: list[_Tried] = [*early, *([] if found is None else [(found.stages, found.owner, found.schedule, None)])]
     if found is None and incumbent is None and not early and not cut:
         # Nothing fits: cut by memory (devices may stay empty), fewer microbatches in flight.
         fallback = memory_fallback(costs)
@@ -291,12 +292,17 @@ def _never_slower(adaptis: Outcome, others: dict[str, Outcome], *, limit: _Limit
                                                     "search_seconds": adaptis.result.search_seconds}))
 
 
-def _recomputed(costs: Costs, *, tried: list, limit: _Limit, beat: float, binds: bool = False) -> list:
+# A structure scheduled for the adaptis plan: (stages, owner, schedule, recompute flags or None).
+_Tried = tuple[list[tuple[int, int]], list[int], Schedule, tuple[bool, ...] | None]
+
+
+def _recomputed(costs: Costs, *, tried: list[_Tried], limit: _Limit, beat: float,
+                binds: bool = False) -> list[Recomputed]:
     """The recomputing variants (:mod:`adaptis.planner.recompute`) of the structures tried so
     far and of the memory-driven cuts, each scheduled only if its busiest device can beat
     ``beat``: the caller keeps one only where it is faster. Empty once the time limit passes.
     ``binds``: memory is known to bind (the memory-driven cuts are tried whatever was tried)."""
-    out = []
+    out: list[Recomputed] = []
     structures = [(stages, owner) for stages, owner, _schedule, _flags in tried]
     try:
         if binds or any(tight_devices(costs, stages=st, owner=ow) for st, ow in structures):

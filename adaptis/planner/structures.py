@@ -48,7 +48,12 @@ def patterns(costs: Costs) -> list[tuple[str, list[int]]]:
             out.append((f"isolated-vshape-v{v}", [*seq, fastest]))
     # Drop repeats (isolated-head-v1 is looped-v1 when the fastest device is the last one).
     seen: set[tuple[int, ...]] = set()
-    return [(name, o) for name, o in out if not (tuple(o) in seen or seen.add(tuple(o)))]
+    unique: list[tuple[str, list[int]]] = []
+    for name, o in out:
+        if tuple(o) not in seen:
+            seen.add(tuple(o))
+            unique.append((name, o))
+    return unique
 
 
 def balanced_cuts(costs: Costs, owner: list[int]) -> list[list[tuple[int, int]]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Literal
 
 from adaptis.api.plan import Action
 from adaptis.planner.costs import Costs
@@ -91,7 +92,7 @@ def zero_bubble_actions(
     return order.out
 
 
-_Next = tuple[float, tuple[int, int, int], str, int]  # (start, priority, kind, stage)
+_Next = tuple[float, tuple[int, int, int], Literal["F", "B", "W", "wait"], int]  # (start, priority, kind, stage)
 
 
 class _Order:

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from adaptis.api.crd import CRD_FILENAME, crd_manifest, crd_yaml
-from adaptis.api.job import JobStatus
+from adaptis.api.job import API_VERSION, GROUP, KIND, VERSION, AdaPtisJob, JobStatus
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,3 +102,10 @@ def test_names_subresource_and_printer_columns() -> None:
     for name, path in columns.items():
         if path.startswith(".status."):
             assert path.removeprefix(".status.") in aliases, name
+
+
+def test_api_version_is_the_group_and_version() -> None:
+    """API_VERSION is written as a literal (the model's type): it must still be group/version."""
+    assert f"{GROUP}/{VERSION}" == API_VERSION
+    fields = AdaPtisJob.model_fields
+    assert (fields["api_version"].default, fields["kind"].default) == (API_VERSION, KIND)

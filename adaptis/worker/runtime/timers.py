@@ -41,7 +41,7 @@ class WallActionTimer:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
 
-    def reset(self, *, step: int) -> None:
+    def reset(self, *, step: int) -> None:  # noqa: ARG002 - ActionTimer's signature; wall and CUDA timers need no step
         self.seconds.clear()
 
     @contextmanager
@@ -63,7 +63,7 @@ class CudaActionTimer:
         self.seconds: dict[str, float] = {}
         self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
 
-    def reset(self, *, step: int) -> None:
+    def reset(self, *, step: int) -> None:  # noqa: ARG002 - ActionTimer's signature; wall and CUDA timers need no step
         self.seconds.clear()
         self._events.clear()
 
