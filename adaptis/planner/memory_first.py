@@ -34,6 +34,7 @@ from itertools import accumulate
 from adaptis.planner.costs import Costs
 from adaptis.planner.recompute import Recomputed, busiest_work
 from adaptis.planner.scheduler import Policy, list_schedule
+from adaptis.planner.screening import Screen
 
 __all__ = ["memory_first", "recompute_cut"]
 
@@ -130,7 +131,16 @@ def memory_first(costs: Costs, *, beat: float = math.inf, deadline: float | None
     if busiest_work(costs, stages=stages, owner=owner, recompute=flags) >= beat:
         return []
     out: list[Recomputed] = []
+    screen = Screen.of(costs)
+    busiest = busiest_work(costs, stages=stages, owner=owner, recompute=flags) / costs.microbatches
     for policy in _POLICIES if any(flags) else (*_POLICIES, _SPLIT):
+        best = min((s.iteration_time for _st, _ow, s, _f in out), default=math.inf)
+        # Screened: a fused policy whose estimate cannot beat the first schedule is not
+        # scheduled in full (64 x 512: the global rule's, 50 % slower, cost a full schedule).
+        if screen is not None and out and not policy.split_backward and screen.estimate(
+                stages=stages, owner=owner, policy=policy, busiest=busiest, beat=best, deadline=deadline,
+                recompute=flags) >= best:
+            continue
         sched = list_schedule(costs, stages=stages, owner=owner, policy=policy, deadline=deadline,
                               recompute=flags)
         if sched.feasible:

@@ -59,19 +59,23 @@ class Screen:
                    dataclasses.replace(costs, microbatches=2 * p), m)
 
     def estimate(self, *, stages: list[tuple[int, int]], owner: list[int], policy: Policy,
-                 busiest: float, beat: float, deadline: float | None) -> float:
+                 busiest: float, beat: float, deadline: float | None,
+                 recompute: tuple[bool, ...] | None = None) -> float:
         """The extrapolated iteration time at the full size (inf: does not fit in memory).
 
         ``busiest``: the busiest device's work per microbatch; ``beat``: the time to beat
-        (the second schedule is skipped when the first already shows it cannot)."""
+        (the second schedule is skipped when the first already shows it cannot);
+        ``recompute``: the stages that recompute (as :func:`list_schedule` takes them)."""
         m1, m2 = self.small.microbatches, self.large.microbatches
-        first = list_schedule(self.small, stages=stages, owner=owner, policy=policy, deadline=deadline)
+        first = list_schedule(self.small, stages=stages, owner=owner, policy=policy, deadline=deadline,
+                              recompute=recompute)
         if not first.feasible:
             return float("inf")
         floor = first.iteration_time + (self.microbatches - m1) * busiest
         if floor >= beat:
             return floor
-        second = list_schedule(self.large, stages=stages, owner=owner, policy=policy, deadline=deadline)
+        second = list_schedule(self.large, stages=stages, owner=owner, policy=policy, deadline=deadline,
+                               recompute=recompute)
         if not second.feasible:  # memory is checked per microbatch count: 2p can exceed p
             return float("inf")
         slope = (second.iteration_time - first.iteration_time) / (m2 - m1)
