@@ -90,28 +90,32 @@ def _cpu_request(resources: Mapping[str, Any] | None) -> float:
         return 1.0
 
 
+def _slot_shape(node: NodeProfile, *, spec: JobSpec, free_gpus: int | None
+                ) -> tuple[int, float, float | None]:
+    """How many worker pods one node can hold (on its ``free_gpus`` when given), and the speed
+    and usable memory of one of their ranks (one GPU: a pod of N GPUs runs N ranks)."""
+    gpw = spec.parallelism.gpus_per_worker
+    if gpw > 0:
+        count = (node.gpus if free_gpus is None else min(node.gpus, free_gpus)) // gpw
+        memory = (None if node.gpu_memory_bytes is None
+                  else node.gpu_memory_bytes * (1.0 - spec.planner.memory_headroom))
+        return count, device_speed(node.gpu_tflops), memory
+    cores = _cpu_request(spec.worker.resources)
+    count = max(1, int(node.cpus // cores)) if node.cpus else 1
+    return count, device_speed(node.gpu_tflops * cores), None
+
+
 def node_slots(node: NodeProfile, *, spec: JobSpec, free_gpus: int | None = None) -> list[Slot]:
     """The worker pods one node can hold (on its ``free_gpus`` when given), with the speed and
     usable memory of one of their ranks (one GPU: a pod of N GPUs runs N ranks)."""
-    gpw = spec.parallelism.gpus_per_worker
-    headroom = 1.0 - spec.planner.memory_headroom
-    if gpw > 0:
-        count = (node.gpus if free_gpus is None else min(node.gpus, free_gpus)) // gpw
-        speed = device_speed(node.gpu_tflops)
-        memory = None if node.gpu_memory_bytes is None else node.gpu_memory_bytes * headroom
-    else:
-        cores = _cpu_request(spec.worker.resources)
-        count = max(1, int(node.cpus // cores)) if node.cpus else 1
-        speed = device_speed(node.gpu_tflops * cores)
-        memory = None
+    count, speed, memory = _slot_shape(node, spec=spec, free_gpus=free_gpus)
     return [Slot(node=node, index=i, speed=speed, memory_bytes=memory) for i in range(count)]
 
 
 def count_slots(candidates: Sequence[NodeProfile], *, spec: JobSpec,
                 free: Mapping[str, int] | None = None) -> int:
     """How many ranks the candidates hold: all of their GPUs, or only ``free[node]`` of each."""
-    return sum(len(node_slots(n, spec=spec,
-                              free_gpus=None if free is None else free.get(n.name, 0)))
+    return sum(_slot_shape(n, spec=spec, free_gpus=None if free is None else free.get(n.name, 0))[0]
                for n in candidates)
 
 
@@ -120,10 +124,12 @@ def choose_slots(candidates: Sequence[NodeProfile], *, spec: JobSpec,
     """``workers`` slots, in rank order, using only ``free[node]`` GPUs of each node when given;
     raise :class:`Unsatisfiable` when there are too few."""
     want = spec.parallelism.workers
-    per_node = {n.name: node_slots(n, spec=spec,
-                                   free_gpus=None if free is None else free.get(n.name, 0))
-                for n in candidates}
-    total = sum(len(s) for s in per_node.values())
+    # A node's slots are made only once chosen: at a thousand nodes of 8 GPUs, building all of
+    # them for every admission was most of its cost. Nodes with no room take no part.
+    shapes = {n.name: _slot_shape(n, spec=spec,
+                                  free_gpus=None if free is None else free.get(n.name, 0))
+              for n in candidates}
+    total = sum(shape[0] for shape in shapes.values())
     if total < want:
         gpw = spec.parallelism.gpus_per_worker
         what = f"{gpw} GPU(s) each" if gpw else "CPU"
@@ -131,20 +137,21 @@ def choose_slots(candidates: Sequence[NodeProfile], *, spec: JobSpec,
             f"spec.parallelism.workers: {want} workers ({what}) need {want} slots; the "
             f"{len(candidates)} candidate node(s) offer {total}"
         )
+    roomy = [n for n in candidates if shapes[n.name][0] > 0]
     depth = max((len(n.topology) for n in candidates), default=0)
     # Narrowest domain first: a single host, then the deepest topology level up to the root.
     levels: list[int | None] = [None, *range(depth, -1, -1)]
     for level in levels:
         groups: dict[tuple[str, ...], list[NodeProfile]] = {}
-        for n in candidates:
+        for n in roomy:
             key = (n.name,) if level is None else n.topology[:level]
             groups.setdefault(key, []).append(n)
         best: tuple[float, tuple[str, ...]] | None = None
         chosen: list[Slot] = []
         for key, nodes in groups.items():
-            slots = _fastest(nodes, per_node=per_node, want=want)
-            if len(slots) < want:
+            if sum(shapes[n.name][0] for n in nodes) < want:
                 continue
+            slots = _fastest(nodes, shapes=shapes, want=want)
             score = -sum(s.speed for s in slots)
             if best is None or (score, key) < best:
                 best, chosen = (score, key), slots
@@ -153,18 +160,17 @@ def choose_slots(candidates: Sequence[NodeProfile], *, spec: JobSpec,
     raise Unsatisfiable("no topology domain holds enough slots")  # unreachable: root holds all
 
 
-def _fastest(
-    nodes: Sequence[NodeProfile], *, per_node: Mapping[str, list[Slot]], want: int
-) -> list[Slot]:
+def _fastest(nodes: Sequence[NodeProfile], *,
+             shapes: Mapping[str, tuple[int, float, float | None]], want: int) -> list[Slot]:
     # Whole nodes, fastest first, so ranks share nodes (and their fast links) where they can.
-    ordered = sorted(nodes, key=lambda n: (-(per_node[n.name][0].speed if per_node[n.name] else 0),
-                                           n.topology, n.name))
+    ordered = sorted(nodes, key=lambda n: (-shapes[n.name][1], n.topology, n.name))
     out: list[Slot] = []
     for n in ordered:
-        for slot in per_node[n.name]:
-            if len(out) == want:
-                return out
-            out.append(slot)
+        count, speed, memory = shapes[n.name]
+        for i in range(min(count, want - len(out))):
+            out.append(Slot(node=n, index=i, speed=speed, memory_bytes=memory))
+        if len(out) == want:
+            break
     return out
 
 
