@@ -6,7 +6,8 @@ kwok), with the operator as the subprocess a user runs. Scenarios:
 - ``static``: ``--jobs`` jobs (2-8 workers, 1-2 GPUs each, seeded) applied at once onto
   ``--nodes`` eight-GPU nodes; figures: seconds from apply to every job Running (all pods
   bound), jobs stuck at the deadline although their GPUs were free, operator CPU seconds and
-  peak memory (the operator process, and the sampled peak of it plus its children).
+  peak memory (the operator process, and the sampled peak of it plus its children); reconcile
+  passes, how many took over 1 s and their mean (the operator's own histogram).
 - ``churn``: a small cluster (``--churn-nodes``) that cannot hold all jobs at once; jobs run
   5-20 s (kwok completes them), ``--jobs`` arrive at once and as many again arrive one every
   ``--arrival-seconds``; figures: makespan, jobs finished per minute, queue wait (pods created
@@ -37,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -99,6 +101,24 @@ def _apply(cp: ControlPlane, jobs: list[dict[str, Any]]) -> None:
             {"apiVersion": "v1", "kind": "List", "items": jobs[lo:lo + 50]}))
 
 
+def pass_figures(op: Operator) -> dict[str, Any]:
+    """Reconcile passes so far and how many took over a second (the operator's histogram)."""
+    with urllib.request.urlopen(op.metrics_url, timeout=10) as resp:  # noqa: S310 - loopback
+        text = resp.read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        for name in ('adaptis_operator_reconcile_seconds_count',
+                     'adaptis_operator_reconcile_seconds_bucket{le="1.0"}',
+                     'adaptis_operator_reconcile_seconds_sum'):
+            if line.startswith(name + " "):
+                values[name] = float(line.split()[-1])
+    count = values.get("adaptis_operator_reconcile_seconds_count", 0.0)
+    under = values.get('adaptis_operator_reconcile_seconds_bucket{le="1.0"}', 0.0)
+    total = values.get("adaptis_operator_reconcile_seconds_sum", 0.0)
+    return {"reconcile passes": int(count), "passes over 1 s": int(count - under),
+            "mean pass (ms)": round(1000 * total / count, 1) if count else "n/a"}
+
+
 def static(cp: ControlPlane, op: Operator, args: argparse.Namespace) -> dict[str, Any]:
     jobs = random_jobs(args.jobs, seed=args.seed, prefix="job", run_s=lambda _: 3600)
     cpu0 = op.cpu_seconds()
@@ -130,6 +150,7 @@ def static(cp: ControlPlane, op: Operator, args: argparse.Namespace) -> dict[str
         "operator CPU (s)": round(op.cpu_seconds() - cpu0, 1),
         "operator peak RSS (MiB)": round(op.peak_rss_mib(), 1),
         "operator + children sampled peak (MiB)": round(op.peak_tree_rss_kib / 1024, 1),
+        **pass_figures(op),
     }
 
 

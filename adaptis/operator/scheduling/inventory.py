@@ -112,8 +112,10 @@ class WatchedInventory:
         self._priorities: dict[str, int] = {}
         self._holds = HoldBook()
         selector = ",".join(f"{k}={v}" for k, v in sorted(profile_selector().items()))
+        self._node_informer = Informer(source, path="/api/v1/nodes", sink=self._on_node,
+                                       relist_s=relist_s)
         self.informers = [
-            Informer(source, path="/api/v1/nodes", sink=self._on_node, relist_s=relist_s),
+            self._node_informer,
             Informer(source, path="/api/v1/pods", sink=self._on_pod, relist_s=relist_s,
                      query={"fieldSelector": ACTIVE_PODS}),
             Informer(source, path="/apis/scheduling.k8s.io/v1/priorityclasses",
@@ -145,7 +147,8 @@ class WatchedInventory:
             else:
                 came_or_went = key not in self._nodes
                 self._nodes[key] = obj
-        if came_or_went and self._on_nodes_changed is not None and self.informers[0].wait_synced(0):
+        if (came_or_went and self._on_nodes_changed is not None
+                and self._node_informer.wait_synced(0)):
             self._on_nodes_changed()
 
     def _on_pod(self, key: str, obj: Mapping[str, Any] | None) -> None:
