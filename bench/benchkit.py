@@ -145,13 +145,13 @@ class Operator:
         port = free_port()
         self.metrics_url = f"http://127.0.0.1:{port}/metrics"
         self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(  # noqa: S603 - our own CLI
+        self.proc = subprocess.Popen(  # our own CLI
             [sys.executable, "-m", "adaptis", "operator", "--namespace", self.namespace,
              "--liveness", liveness, "--metrics-port", str(port), *self.extra_args],
             cwd=REPO, env=self.cp.env(), stdout=self._log, stderr=subprocess.STDOUT)
 
         def alive() -> bool:
-            with urllib.request.urlopen(liveness, timeout=2) as resp:  # noqa: S310
+            with urllib.request.urlopen(liveness, timeout=2) as resp:
                 return resp.status == 200
 
         wait_until(alive, timeout=120, interval=0.2, what="the operator's liveness probe")

@@ -82,7 +82,7 @@ def workload(name: str) -> dict[str, Any]:
 
 def _adaptis(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "adaptis", *args], capture_output=True,
-                          text=True, timeout=timeout_s, cwd=REPO)
+                          text=True, timeout=timeout_s, cwd=REPO, check=False)
 
 
 def profile(manifest: Path, *, out: Path, flags: tuple[str, ...] = ()) -> None:
@@ -180,7 +180,7 @@ def report(name: str, figs: dict[str, dict[str, Any]]) -> list[str]:
     if errs:
         lines += ["", f"Prediction error: mean {100 * statistics.mean(errs):.1f} %, "
                   f"max {100 * max(errs):.1f} % over {len(errs)} strategies."]
-    return lines + [""]
+    return [*lines, ""]
 
 
 def main() -> None:

@@ -281,7 +281,7 @@ def run_module(*, module: str, tests: tuple[str, ...], out: Path, jobs: int, sam
         elif run and not reuse:
             mutmut.run(jobs=jobs, names=run)
         now = mutmut.statuses()
-        statuses = {n: now[n] for n in run} | {n: "no tests" for n in unreached}
+        statuses = {n: now[n] for n in run} | dict.fromkeys(unreached, "no tests")
     if ranks and module in CROSS_RANK:
         # Not the "not checked" of a run stopped early: those never met the unit tests.
         left = sorted(n for n, s in statuses.items() if s in {"survived", "no tests"})

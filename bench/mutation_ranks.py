@@ -25,6 +25,7 @@ caught.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -149,10 +150,8 @@ _HANG = b"ranks did not finish within"
 
 def _kill_leftovers(pgid: int) -> None:
     """Ranks a finished pytest left behind (a test that failed mid-spawn)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def cross_rank(*, module: str, work: Path, mutants: list[str], log: Path) -> dict[str, str]:

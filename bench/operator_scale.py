@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchkit import (  # noqa: E402
+from benchkit import (
     REPO,
     ControlPlane,
     bin_dir,
@@ -72,13 +72,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             liveness = f"http://127.0.0.1:{s.getsockname()[1]}/healthz"
-        operator = subprocess.Popen(  # noqa: S603 - our own CLI
+        operator = subprocess.Popen(  # our own CLI
             [sys.executable, "-m", "adaptis", "operator", "--namespace", NS,
              "--liveness", liveness],
             cwd=REPO, env=cp.env(), stdout=log, stderr=subprocess.STDOUT)
 
         def alive() -> bool:
-            with urllib.request.urlopen(liveness, timeout=2) as resp:  # noqa: S310
+            with urllib.request.urlopen(liveness, timeout=2) as resp:
                 return resp.status == 200
 
         wait_until(alive, timeout=120, interval=0.2, what="the operator's liveness probe")
@@ -100,8 +100,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         def planned() -> bool:
             st = cp.get_json("apj", "scale", "-n", NS).get("status") or {}
-            return bool(st.get("placement")) or st.get("phase") in {"Failed", "Pending"} and \
-                any(c["type"] == "Planned" for c in st.get("conditions", []))
+            return bool(st.get("placement")) or (st.get("phase") in {"Failed", "Pending"} and \
+                any(c["type"] == "Planned" for c in st.get("conditions", [])))
 
         wait_until(planned, timeout=900, interval=0.2, what="the plan")
         t_plan = time.monotonic() - t0

@@ -45,7 +45,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchkit import (  # noqa: E402
+from benchkit import (
     ControlPlane,
     Operator,
     bin_dir,
@@ -56,7 +56,7 @@ from benchkit import (  # noqa: E402
     wait_until,
 )
 
-from adaptis.operator.core.settings import ReconcileSettings  # noqa: E402
+from adaptis.operator.core.settings import ReconcileSettings
 
 NS = "bench"
 CHART_MEMORY_LIMIT_MIB = 2048  # charts/adaptis/values.yaml operator.resources.limits.memory

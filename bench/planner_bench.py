@@ -174,7 +174,7 @@ def suite_tables(title: str, rows: list[Row]) -> list[str]:
              for s, res in r.comparison.strategies.items() if not res.feasible]
     if notes:
         out += ["", "Infeasible strategies:", "", *notes]
-    return out + [""]
+    return [*out, ""]
 
 
 def _short(reason: str | None) -> str:
@@ -242,7 +242,7 @@ def targets(rows: list[Row], *, search: tuple[float, float], command: tuple[floa
                f"(the whole compare: {search[1]:.2f} s CPU)")
     out.append(f"- {verdict(command[0] <= COMMAND_LIMIT_S)}: `adaptis plan` on it <= {COMMAND_LIMIT_S:.0f} s: "
                f"{command[0]:.2f} s wall, {command[1]:.2f} s CPU")
-    return out + [""]
+    return [*out, ""]
 
 
 def _least_memory(doc: dict[str, Any]) -> float:
@@ -282,12 +282,12 @@ def memory_sweep(docs: list[dict[str, Any]]) -> list[str]:
                          f"{_fmt(min(base)) if base else 'oom'}")
         rows.append(cells)
     out += _table(["configuration", "witness GB", *(f"x{f:g}: adaptis / best baseline" for f in factors)], rows)
-    return out + [""]
+    return [*out, ""]
 
 
 def _machine() -> str:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    return (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC on {platform.node() or 'unknown'}: "
+    return (f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on {platform.node() or 'unknown'}: "
             f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average {load}, "
             f"Python {platform.python_version()}")
 

@@ -32,7 +32,7 @@ def main() -> None:
                 [sys.executable, "-m", "adaptis", "run", args.manifest, "--json", "--strategy", name,
                  "--steps", str(args.steps), "--workers", str(args.workers), "--profile", "measure",
                  "--workdir", work, "--metrics-port", "0", "--checkpoint-every", "0"],
-                capture_output=True, text=True, timeout=900)
+                capture_output=True, text=True, timeout=900, check=False)
         if out.returncode != 0:
             print(f"{name:<10} failed: {out.stderr.strip().splitlines()[-1:]}")
             continue

@@ -25,13 +25,13 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accuracy import FAMILIES  # noqa: E402  (the accuracy benchmark's model families)
+from accuracy import FAMILIES  # the accuracy benchmark's model families
 
-from adaptis.api.job import JobSpec  # noqa: E402
-from adaptis.planner.costs import Costs  # noqa: E402
-from adaptis.worker.models.zoo import build_layer, model_layers  # noqa: E402
-from adaptis.worker.profiling.hardware import configure_host  # noqa: E402
-from adaptis.worker.profiling.profiler import (  # noqa: E402
+from adaptis.api.job import JobSpec
+from adaptis.planner.costs import Costs
+from adaptis.worker.models.zoo import build_layer, model_layers
+from adaptis.worker.profiling.hardware import configure_host
+from adaptis.worker.profiling.profiler import (
     ProfileSettings,
     measure_graph_visit,
     problem_from_profiles,

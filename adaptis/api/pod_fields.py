@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, Literal, NoReturn
+from typing import Annotated, Any, Literal, NoReturn, NotRequired, Required
 
 from pydantic import ConfigDict, Field, GetCoreSchemaHandler, PlainValidator, WithJsonSchema
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
-from typing_extensions import NotRequired, Required, TypedDict
+from typing_extensions import TypedDict
 
 __all__ = [
     "ENV_VALUE_SOURCES",

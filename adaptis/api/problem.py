@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, NewType, Union
+from typing import Annotated, Any, Literal, NewType
 
 from pydantic import (
     BaseModel,
@@ -137,7 +137,7 @@ def _layer_tag(value: Any) -> str:
 
 
 LayerEntry = Annotated[
-    Union[Annotated[Layer, Tag("layer-entry")], Annotated[RepeatBlock, Tag("repeat-block")]],
+    Annotated[Layer, Tag("layer-entry")] | Annotated[RepeatBlock, Tag("repeat-block")],
     Discriminator(_layer_tag),
 ]
 RepeatBlock.model_rebuild()
@@ -188,7 +188,7 @@ def _devices_tag(value: Any) -> str:
 
 
 Devices = Annotated[
-    Union[Annotated[IdenticalDevices, Tag("identical-devices")], Annotated[DeviceList, Tag("device-list")]],
+    Annotated[IdenticalDevices, Tag("identical-devices")] | Annotated[DeviceList, Tag("device-list")],
     Discriminator(_devices_tag),
 ]
 

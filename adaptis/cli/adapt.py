@@ -20,7 +20,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from adaptis.api.adaptation import AdaptationSpec, ReplanRecord
@@ -178,7 +178,7 @@ class Adapter:
 
     def _record(self, d: Decision, *, step: int, measured: float | None) -> ReplanRecord:
         speeds = [s.speed / p for s, p in zip(d.problem.device_specs(), self.profiled)]
-        return ReplanRecord(time=datetime.now(timezone.utc).isoformat(timespec="seconds"), step=step,
+        return ReplanRecord(time=datetime.now(UTC).isoformat(timespec="seconds"), step=step,
                             action="suggested", reason=d.reason,
                             old_predicted_iteration_seconds=d.old_iteration_seconds,
                             new_predicted_iteration_seconds=d.new_iteration_seconds,

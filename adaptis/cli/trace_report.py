@@ -17,6 +17,7 @@ Written to ``DIR/trace.json`` (times in seconds from the step's first action); d
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from pathlib import Path
@@ -83,7 +84,7 @@ def trace_report(directory: Path, *, plan: Plan, problem: Problem, ranks: int) -
     report: dict[str, Any] = {"ranks": {}}
     for r, acts in measured.items():
         predicted = sim.timeline[r]
-        gaps = [b["start"] - a["end"] for a, b in zip(acts, acts[1:], strict=False)]
+        gaps = [b["start"] - a["end"] for a, b in itertools.pairwise(acts)]
         for prev, a in zip([None, *acts], acts, strict=False):
             for key in _producer(a["kind"], a["stage"], a["microbatch"], last=last):
                 src = where.get(key)

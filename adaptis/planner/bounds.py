@@ -63,7 +63,7 @@ def pipeline_bound(costs: Costs) -> float:
     vmax = max(costs.speed)
     spread = sum(work) * m / sum(costs.speed)
     heaviest = max(work) * m / vmax
-    tail = min(min(costs.weight), min(back))
+    tail = min([*costs.weight, *back])
     chain = (sum(costs.forward) + sum(grad) + tail) / vmax
     per_layer = 0.0
     f_before = b_before = 0.0

@@ -58,9 +58,9 @@ def refine(costs: Costs, *, best: Candidate, ev: Evaluator) -> Candidate:
             if d != hot or cuts[s + 1] - cuts[s] < 2:
                 continue
             if s > 0:
-                moves.append(cuts[:s] + [cuts[s] + 1] + cuts[s + 1 :])
+                moves.append([*cuts[:s], cuts[s] + 1, *cuts[s + 1:]])
             if s + 1 < len(owner):
-                moves.append(cuts[: s + 1] + [cuts[s + 1] - 1] + cuts[s + 2 :])
+                moves.append([*cuts[:s + 1], cuts[s + 1] - 1, *cuts[s + 2:]])
         moves = [mv for mv in moves if tuple(mv) not in tried]
         moves.sort(key=partial(max_load, costs, owner=owner, pre=pre))
         # Then any other boundary one layer either way: the bottleneck of the *schedule* is
@@ -71,7 +71,7 @@ def refine(costs: Costs, *, best: Candidate, ev: Evaluator) -> Candidate:
             for step in (-1, 1):
                 k = cuts[i] + step
                 if cuts[i - 1] < k < cuts[i + 1]:
-                    mv = cuts[:i] + [k] + cuts[i + 1 :]
+                    mv = [*cuts[:i], k, *cuts[i + 1:]]
                     if tuple(mv) not in tried and mv not in moves:
                         others.append(mv)
         others.sort(key=partial(evenness_of, costs, owner=owner, pre=pre))

@@ -199,8 +199,7 @@ class _Pipeline:
                     r = -1.0 if rb < 0 else max(r, rb + hop[s + 1])
                 if r >= 0:
                     if r > t:
-                        if r < soonest:
-                            soonest = r
+                        soonest = min(soonest, r)
                     elif (0, mb) < best_key:
                         split = self.split and (s > 0 or mb < self.fuse_from)
                         best_key, best_kind, best_s, best_mb = (0, mb), "B" if split else "BW", s, mb
@@ -217,8 +216,7 @@ class _Pipeline:
                     r = -1.0
                 if r >= 0:
                     if r > t:
-                        if r < soonest:
-                            soonest = r
+                        soonest = min(soonest, r)
                     elif (1, mb) < best_key:
                         best_key, best_kind, best_s, best_mb = (1, mb), "F", s, mb
             q = w_queue[s]
@@ -284,7 +282,7 @@ class _Pipeline:
                 self.w_queue[s].append(mb)
             if s > 0:
                 heappush(looks, (end + dur.hop[s], self.owner[s - 1]))
-        if kind == "W" or kind == "BW":
+        if kind in {"W", "BW"}:
             k = d * m + mb
             self.owed[k] -= 1
             if self.owed[k] == 0:

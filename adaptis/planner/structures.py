@@ -119,10 +119,7 @@ def _capped(costs: Costs, *, owner: list[int], pre: list[float], limit: float,
     for s, d in enumerate(owner):
         lo = cuts[-1]
         cap = room[d] / left[d] if fair else room[d]
-        if s == n_st - 1:
-            hi = n
-        else:
-            hi = min(bisect_right(pre, pre[lo] + cap) - 1, n - (n_st - 1 - s))
+        hi = n if s == n_st - 1 else min(bisect_right(pre, pre[lo] + cap) - 1, n - (n_st - 1 - s))
         if hi <= lo or pre[hi] - pre[lo] > room[d]:
             return None
         room[d] -= pre[hi] - pre[lo]

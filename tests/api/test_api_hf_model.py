@@ -28,15 +28,15 @@ def _job(model: dict, **spec: object) -> dict:
 
 def test_zoo_fields_and_huggingface_are_exclusive_with_the_field_named() -> None:
     hf = {"huggingface": {"config": _config("tiny-llama")}}
-    with pytest.raises(SpecError, match="model.blocks does not go with model.huggingface"):
+    with pytest.raises(SpecError, match=r"model.blocks does not go with model.huggingface"):
         parse_job(_job({**hf, "blocks": [{"kind": "dense"}]}))
-    with pytest.raises(SpecError, match="model.vocabSize does not go with"):
+    with pytest.raises(SpecError, match=r"model.vocabSize does not go with"):
         parse_job(_job({**hf, "vocabSize": 10}))
-    with pytest.raises(SpecError, match="model.heads does not go with"):
+    with pytest.raises(SpecError, match=r"model.heads does not go with"):
         parse_job(_job({**hf, "heads": 8}))
     # The API server's defaults (heads 4, tieEmbeddings false) are not a user's choice.
     assert parse_job(_job({**hf, "heads": 4, "tieEmbeddings": False})).spec.model.huggingface
-    with pytest.raises(SpecError, match="model.blocks is required"):
+    with pytest.raises(SpecError, match=r"model.blocks is required"):
         parse_job(_job({"vocabSize": 10, "hidden": 8}))
 
 
@@ -65,7 +65,7 @@ def test_unsupported_model_type_is_refused_naming_model_type() -> None:
     assert "'t5' is not supported" in violations[0][1] and "llama" in violations[0][1]
     bad = parse_job(_job({"huggingface": {"config": {**_config("tiny-llama"),
                                                      "hidden_size": "big"}}}))
-    with pytest.raises(SpecError, match="config.hidden_size: must be a positive integer"):
+    with pytest.raises(SpecError, match=r"config.hidden_size: must be a positive integer"):
         check_job(name="hf", spec=bad.spec)
 
 

@@ -20,7 +20,7 @@ from adaptis.api.plan_packing import CRD_LIMITS, PackingError, PackLimits, pack_
 
 # One builder of large valid plans for the api's and the operator's storage tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
-from plan_kit import split_backward_plan as zero_bubble_plan  # noqa: E402
+from plan_kit import split_backward_plan as zero_bubble_plan
 
 
 def test_packed_plan_round_trips_and_stays_small() -> None:
@@ -86,7 +86,7 @@ def test_a_decompression_bomb_is_refused_from_its_header_before_it_is_inflated()
     small = PackLimits.of(devices=4, stages=8, microbatches=16)
     for limits in (CRD_LIMITS, small):
         tracemalloc.start()
-        with pytest.raises(PackingError, match="claims 1 devices and 59652321 actions|longer than any plan within 4 devices"):
+        with pytest.raises(PackingError, match=r"claims 1 devices and 59652321 actions|longer than any plan within 4 devices"):
             unpack_actions(bomb, limits=limits)
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()

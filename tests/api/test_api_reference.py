@@ -135,7 +135,7 @@ def test_a_field_without_a_description_is_refused() -> None:
         documented: int = Field(description="Fine.")
         bare: int = 0
 
-    with pytest.raises(ValueError, match="Bare.bare: every documented field needs a description"):
+    with pytest.raises(ValueError, match=r"Bare.bare: every documented field needs a description"):
         model_tables(Bare, root_path="", title="Bare")
 
 

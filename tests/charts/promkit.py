@@ -18,9 +18,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import yaml
-
 import chartkit
+import yaml
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ class PrometheusServer:
 
     def __enter__(self) -> PrometheusServer:
         self._log = self.log_path.open("wb")
-        self._process = subprocess.Popen(self._args, stdout=self._log,  # noqa: S603
+        self._process = subprocess.Popen(self._args, stdout=self._log,
                                          stderr=subprocess.STDOUT)
         chartkit.poll_until(self._ready, timeout=60, what="prometheus to be ready")
         return self

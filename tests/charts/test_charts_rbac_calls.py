@@ -80,7 +80,7 @@ def _routable_kinds() -> list[str]:
     kinds = []
     for kind in _CORE_KINDS:
         try:
-            kube._collection({"kind": kind, "metadata": {"namespace": "ns"}})  # noqa: SLF001
+            kube._collection({"kind": kind, "metadata": {"namespace": "ns"}})
         except OperatorError:
             continue
         kinds.append(kind)

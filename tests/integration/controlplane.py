@@ -233,7 +233,7 @@ class ControlPlane(FakeNodeClient):
         for process in reversed(self._processes):
             try:
                 process.stop()
-            except Exception:  # noqa: BLE001 - keep tearing down the others
+            except Exception:  # keep tearing down the others
                 logger.exception("failed to stop %s", process.name)
         if self._owns_work_dir and self.work_dir.exists():
             shutil.rmtree(self.work_dir, ignore_errors=True)

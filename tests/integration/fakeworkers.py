@@ -72,7 +72,7 @@ class Gang:
 
 def predicted_busy(operator_metrics: str, *, job: str) -> tuple[float, ...]:
     """The operator's prediction per device for ``job``, device order; () when none yet."""
-    with urllib.request.urlopen(operator_metrics, timeout=5) as response:  # noqa: S310 - loopback
+    with urllib.request.urlopen(operator_metrics, timeout=5) as response:  # loopback
         text = response.read().decode()
     found: dict[int, float] = {}
     for family in text_string_to_metric_families(text):

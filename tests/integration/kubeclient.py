@@ -70,7 +70,7 @@ class ClusterClient:
     def kubectl(
         self,
         *args: str,
-        input: str | None = None,  # noqa: A002 - mirrors subprocess.run
+        input: str | None = None,
         check: bool = True,
         kubeconfig: Path | str | None = None,
         timeout: float = 120.0,
@@ -86,7 +86,7 @@ class ClusterClient:
     def helm(
         self,
         *args: str,
-        input: str | None = None,  # noqa: A002 - mirrors subprocess.run
+        input: str | None = None,
         check: bool = True,
         kubeconfig: Path | str | None = None,
         timeout: float = 300.0,
@@ -101,7 +101,7 @@ class ClusterClient:
         tool: str,
         args: Iterable[str],
         *,
-        input: str | None,  # noqa: A002
+        input: str | None,
         check: bool,
         kubeconfig: Path | str | None,
         timeout: float,
@@ -117,7 +117,7 @@ class ClusterClient:
             ):
                 env[var] = str(helm_home / sub)
         logger.debug("running %s", " ".join(command))
-        result = subprocess.run(  # noqa: S603 - our own binaries
+        result = subprocess.run(  # our own binaries
             command,
             input=input,
             capture_output=True,

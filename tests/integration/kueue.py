@@ -213,7 +213,7 @@ class KueueManager:
                            ("validatingwebhookconfiguration", VALIDATING_NAME)):
             try:
                 self.cp.kubectl("delete", kind, name, "--ignore-not-found")
-            except Exception:  # noqa: BLE001 - keep tearing down
+            except Exception:  # keep tearing down
                 logger.exception("cannot delete %s %s", kind, name)
         if self.process is not None:
             self.process.stop()
@@ -270,7 +270,7 @@ class KueueManager:
         def ready() -> bool:
             process.check_alive()
             try:
-                with urllib.request.urlopen(health, timeout=5) as resp:  # noqa: S310 - loopback
+                with urllib.request.urlopen(health, timeout=5) as resp:  # loopback
                     return bool(resp.status == 200)
             except (urllib.error.URLError, OSError):
                 return False

@@ -9,6 +9,7 @@ says why not, and the tests fail naming it rather than pass without the limit.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -70,7 +71,5 @@ class MemoryCgroup:
 
     def remove(self) -> None:
         """Remove the (emptied) cgroup; left behind if a process still runs in it."""
-        try:
+        with contextlib.suppress(OSError):
             self.path.rmdir()
-        except OSError:
-            pass

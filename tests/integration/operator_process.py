@@ -82,7 +82,7 @@ class OperatorProcess:
         if self.cp.kubectl("get", "namespace", own, check=False).returncode != 0:
             self.cp.kubectl("create", "namespace", own, check=False)
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(  # noqa: S603 - our own CLI
+        self.proc = subprocess.Popen(  # our own CLI
             [sys.executable, "-m", "adaptis", "-v", "operator", "--namespace", self.namespace,
              "--resync-seconds", "3", *extra_args],
             cwd=REPO, env=self.cp.env(), stdout=log, stderr=subprocess.STDOUT,

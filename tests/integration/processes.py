@@ -118,7 +118,7 @@ class ManagedProcess:
         self._log.write(f"$ {' '.join(self.args)}\n".encode())
         self._log.flush()
         logger.info("starting %s (log %s)", self.name, self.log_path)
-        self.popen = subprocess.Popen(  # noqa: S603 - binaries we built, fixed arguments
+        self.popen = subprocess.Popen(  # binaries we built, fixed arguments
             self.args,
             stdin=subprocess.DEVNULL,
             stdout=self._log,
@@ -177,7 +177,7 @@ def wait_healthy(
     def healthy() -> bool:
         process.check_alive()
         try:
-            with urllib.request.urlopen(url, timeout=5, context=context) as response:  # noqa: S310
+            with urllib.request.urlopen(url, timeout=5, context=context) as response:
                 return bool(response.status == 200)
         except (urllib.error.URLError, OSError, ssl.SSLError):
             return False

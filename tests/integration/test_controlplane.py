@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from controlplane import (
     FAKE_FAIL_ANNOTATION,
     FAKE_RUN_SECONDS_ANNOTATION,

@@ -80,7 +80,7 @@ class Operator:
         env = dict(os.environ, KUBECONFIG=str(kubeconfig))
         env.pop("KUBERNETES_SERVICE_HOST", None)  # never the in-cluster credentials
         self._log = log_path.open("w")
-        self.process = subprocess.Popen(  # noqa: S603 - our own CLI
+        self.process = subprocess.Popen(  # our own CLI
             [sys.executable, "-m", "adaptis", *args], env=env, stdout=self._log,
             stderr=subprocess.STDOUT, cwd=chartkit.REPO)
 

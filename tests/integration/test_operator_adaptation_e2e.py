@@ -24,10 +24,10 @@ import pytest
 from operator_process import OperatorProcess, install_crd, plan_record
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "charts"))
-import chartkit  # noqa: E402
-import promkit  # noqa: E402
+import chartkit
+import promkit
 
-from adaptis.operator.core.records import PlanRecord  # noqa: E402
+from adaptis.operator.core.records import PlanRecord
 
 NS = "adapt-e2e"
 JOB = "drifting"
@@ -62,7 +62,7 @@ class Env:
 
     def scrape_operator(self) -> dict[str, float]:
         """The operator's samples by name and labels, as its /metrics writes them."""
-        with urllib.request.urlopen(self.operator_metrics, timeout=5) as resp:  # noqa: S310 - loopback
+        with urllib.request.urlopen(self.operator_metrics, timeout=5) as resp:  # loopback
             lines = resp.read().decode().splitlines()
         return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
                 for line in lines if line and not line.startswith("#")}
@@ -98,7 +98,7 @@ def env(control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             for port, slow, claim in ((honest, "1=2.0", []), (liar, "0=5.0", ["--claim-namespace", NS])):
                 log = workdir / f"fakeworkers-{port}.log"
                 logs.append(log)
-                procs.append(subprocess.Popen(  # noqa: S603 - our own helper
+                procs.append(subprocess.Popen(  # our own helper
                     [sys.executable, str(HERE / "fakeworkers.py"), "--port", str(port),
                      "--job", JOB, "--operator", operator_metrics, "--slow", slow, *claim],
                     cwd=HERE, env=cp.env(), stdout=log.open("wb"), stderr=subprocess.STDOUT))

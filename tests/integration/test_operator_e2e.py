@@ -67,7 +67,7 @@ class Operator(OperatorProcess):
 
     def scrape(self) -> dict[str, float]:
         """The operator's metrics, by sample name with labels, e.g. ``adaptis_operator_jobs{phase="Failed"}``."""
-        with urllib.request.urlopen(self.metrics, timeout=5) as resp:  # noqa: S310 - a local test server
+        with urllib.request.urlopen(self.metrics, timeout=5) as resp:  # a local test server
             text = resp.read().decode()
         return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
                 for line in text.splitlines() if line and not line.startswith("#")}
@@ -101,7 +101,7 @@ def operator(control_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> It
 
 def test_liveness_endpoint_answers(operator: Operator) -> None:
     def probe() -> int:
-        with urllib.request.urlopen(operator.liveness, timeout=5) as resp:  # noqa: S310
+        with urllib.request.urlopen(operator.liveness, timeout=5) as resp:
             return int(resp.status)
 
     assert operator.wait("the liveness probe", probe) == 200
@@ -360,7 +360,7 @@ def test_rendered_worker_pods_really_train(operator: Operator, tmp_path: Path) -
         local_home = tmp_path / pod["metadata"]["name"] / "home"
         env.update({k: str(local_home) + v[len(home):] for k, v in env.items()
                     if v == home or v.startswith(home + "/")})
-        procs.append(subprocess.Popen(command, env=env, cwd=tmp_path,  # noqa: S603
+        procs.append(subprocess.Popen(command, env=env, cwd=tmp_path,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     outputs = []
     for proc in procs:

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 from operator_process import OperatorProcess, install_crd
 
-
 NS = "plan-budget"
 BIG_POOL = {"adaptis.io/test-pool": "plan-budget-big"}
 SMALL_POOL = {"adaptis.io/test-pool": "plan-budget-small"}

@@ -153,7 +153,7 @@ def _start_rank(pod: dict[str, Any], config_map: dict[str, Any], *, workdir: Pat
     env.update({k: str(workdir / f"rank-{rank}" / "home") + v[len(home):]
                 for k, v in env.items() if v == home or v.startswith(home + "/")})
     log_path = workdir / f"rank-{rank}.log"
-    process = subprocess.Popen(  # noqa: S603 - our own CLI
+    process = subprocess.Popen(  # our own CLI
         [*command, "--linger-seconds", str(LINGER_S)],
         env={**os.environ, **env}, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
         text=True, cwd=workdir)

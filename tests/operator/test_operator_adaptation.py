@@ -256,7 +256,7 @@ def test_policy_off_never_asks(cluster: Any, make_job: Any, clock: Any) -> None:
 def test_uniform_slowness_and_an_unreachable_prometheus_change_nothing(
         cluster: Any, make_job: Any, clock: Any) -> None:
     cluster.add_job(_job(make_job, policy="auto"))
-    workers = Workers(slow={r: 1.5 for r in range(4)})  # the model's error, not a device's
+    workers = Workers(slow=dict.fromkeys(range(4), 1.5))  # the model's error, not a device's
     rec = _reconciler(cluster, clock, workers)
     _start(cluster, rec)
     _poll(rec, clock, 6)
@@ -365,7 +365,7 @@ def test_query_job_asks_the_prometheus_http_api() -> None:
         _series("adaptis_busy_seconds_total", "ns", "demo", "0", "1.5")]}}
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+        def do_GET(self) -> None:  # the http.server API
             url = urllib.parse.urlparse(self.path)
             asked.append({"path": [url.path], **urllib.parse.parse_qs(url.query)})
             body = json.dumps(answer).encode()
@@ -390,7 +390,7 @@ def test_query_job_asks_the_prometheus_http_api() -> None:
     assert request["path"] == ["/api/v1/query"]
     assert request["query"] == ['{__name__=~"adaptis_busy_seconds_total|adaptis_steps_total",'
                                 'namespace="ns",adaptis_job="demo"}']
-    with pytest.raises(MeasurementError, match="querying Prometheus at http://127.0.0.1:9/"):
+    with pytest.raises(MeasurementError, match=r"querying Prometheus at http://127.0.0.1:9/"):
         query_job("http://127.0.0.1:9/", namespace="ns", job="demo", timeout_s=2)
 
 

@@ -155,7 +155,7 @@ def test_the_spec_takes_exactly_one_source_and_a_default_key() -> None:
     assert spec.config_map is not None and spec.config_map.key == "config.json"
     for both in ({"configMap": {"name": "cfg"}, "config": LLAMA},
                  {"configMap": {"name": "cfg"}, "path": "/x"}, {}):
-        with pytest.raises(ValueError, match="exactly one of config .* path .* and configMap"):
+        with pytest.raises(ValueError, match=r"exactly one of config .* path .* and configMap"):
             HuggingFaceSpec.model_validate(both)
     with pytest.raises(ValueError, match="name"):
         HuggingFaceSpec.model_validate({"configMap": {"name": "Not_A_Name"}})

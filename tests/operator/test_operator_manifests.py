@@ -137,7 +137,7 @@ def _large_record() -> tuple[JobSpec, PlanRecord]:
     nodes = [f"gpu-{r // 8}" for r in range(64)]
     record = PlanRecord(spec_hash="0" * 16, plan=split_backward_plan(devices=64, microbatches=4096),
                         nodes=nodes, hostnames=nodes, gpus=["NVIDIA-H100-80GB-HBM3"] * 64,
-                        node_fingerprints={n: "fp" for n in nodes}, strategy="zb-h1",
+                        node_fingerprints=dict.fromkeys(nodes, "fp"), strategy="zb-h1",
                         predicted_iteration_seconds=1.0, predicted_bubble_ratio=0.01)
     return spec, record
 

@@ -61,7 +61,7 @@ def test_served_over_http_with_the_queue_depth() -> None:
         port = sock.getsockname()[1]
     server = metrics.serve(port=port, addr="127.0.0.1")
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:  # noqa: S310
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
             text = resp.read().decode()
     finally:
         server.shutdown()

@@ -40,4 +40,4 @@ def test_nodes_are_profiled_again_only_when_their_resource_version_moves(
     assert cluster.job("a")["status"]["replans"] == 1
     del cluster.nodes["a100-1"]
     rec.reconcile("ns", "b")
-    assert "a100-1" not in rec._placer._profiles  # noqa: SLF001 - a deleted node is forgotten
+    assert "a100-1" not in rec._placer._profiles  # a deleted node is forgotten

@@ -55,7 +55,7 @@ def restricted_violations(pod: Mapping[str, Any]) -> list[str]:
             bad.append(f"{name}: capabilities.drop must hold ALL")
         if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
             bad.append(f"{name}: capabilities.add {caps['add']}")
-        if not (sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True):
+        if sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is not True:
             bad.append(f"{name}: runAsNonRoot must be true")
         if sc.get("runAsUser", psc.get("runAsUser")) == 0:
             bad.append(f"{name}: runAsUser 0")

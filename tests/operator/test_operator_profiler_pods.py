@@ -308,7 +308,7 @@ def test_failed_or_stuck_profiler_falls_back_to_the_estimate(cluster: Any, clock
     rec = Reconciler(api, clock=clock, settings=ReconcileSettings(profile_timeout_s=120))
     result = rec.reconcile("ns", "demo")
     assert result.requeue_after is not None and result.requeue_after <= 120  # never blocks
-    crashed, stuck = _profilers(cluster)
+    crashed, _stuck = _profilers(cluster)
     cluster.set_pod_phase(crashed["metadata"]["name"], "Failed", ready=False,
                           message="RuntimeError: CUDA unavailable", ns=PROFILE_NS)
     rec.reconcile("ns", "demo")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -122,7 +123,7 @@ def test_backoff_holds_across_resyncs_and_node_events() -> None:
         if round(clock.now * 10) % 30 == 0:
             q.add_all()
         q.process_due()
-    gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
     # Each gap is the backoff, give or take the 0.1 s step of the fake clock.
     for gap, want in zip(gaps, [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0], strict=False):
         assert want - 1e-6 <= gap <= want + 0.15, gaps
@@ -186,7 +187,7 @@ def test_a_key_re_added_during_a_failing_pass_keeps_its_backoff() -> None:
     for _ in range(1200):  # 120 s in 0.1 s steps, as in the resync test above
         clock.now += 0.1
         q.process_due()
-    gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
     for gap, want in zip(gaps, [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0], strict=False):
         assert want - 1e-6 <= gap <= want + 0.15, gaps
     assert len(calls) <= 9, calls

@@ -36,10 +36,7 @@ def uniform(
     """``layers`` identical layers (activation 1 byte each) on ``p`` devices."""
     layer = {"name": "l", "forward": f, "backward": b, "weight": w, "activation_bytes": 1.0}
     devices: dict[str, object]
-    if memory is None:
-        devices = {"count": p}
-    else:
-        devices = {"list": [{"node": "n0", "memory_bytes": mem} for mem in memory]}
+    devices = {"count": p} if memory is None else {"list": [{"node": "n0", "memory_bytes": mem} for mem in memory]}
     doc = {"microbatches": m, "layers": [{"repeat": layers, "layers": [layer]}], "devices": devices}
     return Costs.from_problem(parse_problem(doc))
 

@@ -72,7 +72,7 @@ def test_precision_and_device_rate_scale_bytes_and_times() -> None:
 
 
 # --- the model's shape: MLP width and form, key/value heads, the chunked Mamba scan ---------------
-def _block_cost(training: TrainingSpec | None = None, **kw: object):  # noqa: ANN202
+def _block_cost(training: TrainingSpec | None = None, **kw: object):
     return estimate_layers(_model(**kw), training or TrainingSpec())[1]
 
 

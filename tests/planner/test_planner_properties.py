@@ -10,6 +10,7 @@ equals an independent recomputation from the timeline.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from typing import Any
@@ -126,7 +127,7 @@ def _check_plan(costs: Costs, plan: Plan, sim: Simulation) -> None:
             assert a.start >= timed[("B", s, mb)].end - EPS
     for d, tl in enumerate(sim.timeline):
         assert [(a.kind, a.stage, a.microbatch) for a in tl] == [tuple(x) for x in plan.actions[d]]
-        for prev, nxt in zip(tl, tl[1:]):
+        for prev, nxt in itertools.pairwise(tl):
             assert nxt.start >= prev.end - EPS
         # Peak memory: parameters + activations from F start to W/BW end, frees first on ties.
         events = []
@@ -181,7 +182,7 @@ def test_balanced_partition_is_never_worse_than_megatron(costs: Costs, parts: in
     stages = balanced_partition(costs, stages_count=parts, speeds=speeds)
     assert stages[0][0] == 0 and stages[-1][1] == costs.layers
     assert all(lo < hi for lo, hi in stages)
-    assert all(a[1] == b[0] for a, b in zip(stages, stages[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(stages))
     reference = megatron_partition(costs, stages_count=parts)
     assert bottleneck(costs, stages, speeds=speeds) <= bottleneck(costs, reference, speeds=speeds) * (1 + 1e-9)
 
@@ -207,7 +208,7 @@ def test_spread_partition_keeps_the_bottleneck_and_evens_the_rest(costs: Costs, 
     first = balanced_partition(costs, stages_count=parts, speeds=speeds)
     even = balanced_partition(costs, stages_count=parts, speeds=speeds, spread=True)
     assert even[0][0] == 0 and even[-1][1] == costs.layers and all(lo < hi for lo, hi in even)
-    assert all(a[1] == b[0] for a, b in zip(even, even[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(even))
     assert bottleneck(costs, even, speeds=speeds) <= bottleneck(costs, first, speeds=speeds) * (1 + 1e-9)
 
     def squares(stages: list[tuple[int, int]]) -> float:

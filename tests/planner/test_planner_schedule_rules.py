@@ -162,7 +162,7 @@ def test_a_device_that_cannot_hold_one_microbatch_makes_the_schedule_infeasible(
 
 def test_a_deadline_already_passed_stops_a_long_schedule() -> None:
     costs = _costs(microbatches=1500)  # 9000 actions: the clock is read after 4096 steps
-    with pytest.raises(OutOfTime, match="^the time limit ran out during a list schedule$"):
+    with pytest.raises(OutOfTime, match=r"^the time limit ran out during a list schedule$"):
         list_schedule(costs, stages=TWO, owner=[0, 1], deadline=0.0)
     assert list_schedule(_costs(microbatches=3), stages=TWO, owner=[0, 1], deadline=0.0).feasible
     assert list_schedule(costs, stages=TWO, owner=[0, 1]).feasible  # no deadline: the clock is never read

@@ -19,12 +19,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import adaptis.planner.baselines as baselines
-import adaptis.planner.screening as screening
-import adaptis.planner.strategies as strategies
 from adaptis.api.plan import Plan
 from adaptis.api.problem import parse_problem
 from adaptis.cli import main
+from adaptis.planner import baselines, screening, strategies
 from adaptis.planner.costs import Costs
 from adaptis.planner.partition import balanced_partition
 from adaptis.planner.scheduler import Policy, list_schedule

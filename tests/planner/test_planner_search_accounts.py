@@ -6,6 +6,7 @@ instant. Hand-worked problems of a few layers; screening is forced on by lowerin
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from typing import Any
@@ -13,8 +14,8 @@ from unittest import mock
 
 import pytest
 
-import adaptis.planner.screening as screening
 from adaptis.api.problem import parse_problem
+from adaptis.planner import screening
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import OutOfTime
 from adaptis.planner.evaluator import Candidate, Evaluator
@@ -125,7 +126,7 @@ def test_progress_reports_each_candidate_once_and_the_result_counts_them(screen:
     assert all(e <= b for e, b, _ in seen)  # extras raise the budget before they are run
     # The champion reported only improves, and ends at what the search returns.
     champions = [t for _, _, t in seen]
-    assert all(a >= b for a, b in zip(champions, champions[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(champions))
     assert champions[-1] == found.schedule.iteration_time
 
 
@@ -328,7 +329,7 @@ def test_a_screened_family_stops_at_its_first_miss() -> None:
     assert found is not None
     for family, tried in _phase1(trace).items():
         times = [t for _, t in tried]
-        assert all(a > b for a, b in zip(times[:-1], times[1:-1])), (family, tried)  # each but the last improved
+        assert all(a > b for a, b in itertools.pairwise(times[:-1])), (family, tried)  # each but the last improved
 
 
 def test_phase2_tries_the_other_policies_and_admission_mode_on_the_four_best_structures() -> None:

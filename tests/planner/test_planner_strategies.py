@@ -16,9 +16,9 @@ from unittest import mock
 
 import pytest
 
-import adaptis.planner.strategies as strategies
 from adaptis.api.plan import STRATEGY_NAMES, Plan
 from adaptis.api.problem import Problem, parse_problem
+from adaptis.planner import strategies
 from adaptis.planner.baselines import BASELINES
 from adaptis.planner.bounds import assignment_bound, pipeline_bound
 from adaptis.planner.costs import Costs
@@ -75,7 +75,7 @@ def test_compare_runs_every_strategy_adaptis_first_and_bounds_them() -> None:
 
 def test_adaptis_alone_may_fit_where_most_baselines_do_not() -> None:
     # 230 bytes: parameters (200) and 3 microbatches' activations of one layer, or 1 of two.
-    comparison, outcomes = compare(_problem(memory_bytes=230))
+    comparison, _outcomes = compare(_problem(memory_bytes=230))
     assert not comparison.strategies["1f1b"].feasible
     assert comparison.strategies["1f1b"].reason == (
         "device 0 needs 240 bytes, has 230 bytes (1.04x), the only device over memory")
@@ -251,7 +251,6 @@ def test_without_a_search_result_adaptis_is_the_best_baseline(monkeypatch: pytes
 
     def nothing(costs: Costs, **kwargs: object) -> None:
         deadlines.append(kwargs.get("deadline"))  # type: ignore[arg-type]
-        return None
 
     monkeypatch.setattr(strategies, "joint_search", nothing)
     before = strategies.time.monotonic()
@@ -272,7 +271,7 @@ def test_without_a_search_result_adaptis_is_the_best_baseline(monkeypatch: pytes
 
 
 def test_nothing_fits_within_the_time_limit_says_both() -> None:
-    comparison, outcomes = compare(_problem(memory_bytes=205), time_limit_s=1e-9)
+    _comparison, outcomes = compare(_problem(memory_bytes=205), time_limit_s=1e-9)
     adaptis = outcomes["adaptis"].result
     assert not adaptis.feasible and adaptis.cut_short == "no plan: the time limit ran out first"
     assert adaptis.reason == (

@@ -4,6 +4,7 @@ cuts more even than the share cut where a device's stages compete for its capaci
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from hypothesis import given, settings
@@ -43,7 +44,7 @@ def test_every_cut_is_a_partition_and_the_first_is_the_most_even(
             assert len(stages) == len(owner)
             assert stages[0][0] == 0 and stages[-1][1] == costs.layers
             assert all(lo < hi for lo, hi in stages)
-            assert all(a[1] == b[0] for a, b in zip(stages, stages[1:]))
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(stages))
         assert all(_even(costs, owner, found[0]) <= _even(costs, owner, c) for c in found)
 
 

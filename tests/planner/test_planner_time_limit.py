@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import adaptis.planner.baselines as baselines
 from adaptis.api.problem import load_problem
 from adaptis.cli import main
+from adaptis.planner import baselines
 from adaptis.planner.costs import Costs
 from adaptis.planner.errors import OutOfTime, PlannerError
 from adaptis.planner.scheduler import list_schedule

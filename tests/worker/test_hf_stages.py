@@ -86,5 +86,5 @@ def test_an_unsupported_model_type_is_refused_before_any_module_is_built() -> No
     from adaptis.worker.models.hf.stages import build_hf_stages
 
     model = ModelSpec.model_validate({"huggingface": {"config": {"model_type": "gpt2"}}})
-    with pytest.raises(SpecError, match="config.model_type: 'gpt2' is not supported"):
+    with pytest.raises(SpecError, match=r"config.model_type: 'gpt2' is not supported"):
         build_hf_stages(model, stages=[(0, 1)], seed=0)

@@ -204,7 +204,7 @@ def test_chunked_scan_equals_the_quadratic_form(chunk: int, seq: int) -> None:
     torch.testing.assert_close(gx, wx, rtol=1e-4, atol=1e-5)
 
 
-def _quadratic_scan(*, xs, dt, decay, bm, cm):  # noqa: ANN001, ANN202
+def _quadratic_scan(*, xs, dt, decay, bm, cm):
     s = xs.shape[1]
     log_decay = torch.cumsum(dt * decay, dim=1).transpose(1, 2)
     seg = (log_decay.unsqueeze(-1) - log_decay.unsqueeze(-2)).masked_fill(

@@ -29,7 +29,7 @@ TRAINING = TrainingSpec(microbatches=4, microbatch_size=1, sequence_length=80, g
 N_LAYERS = 8  # embedding + 6 blocks + head; the MoE blocks are layers 4 and 5
 
 
-def _batch():  # noqa: ANN202
+def _batch():
     data = SyntheticTokens(vocab_size=MODEL.vocab_size, sequence_length=TRAINING.sequence_length,
                            seed=TRAINING.seed)
     return data.batch(position=0, sequences=TRAINING.microbatches * TRAINING.microbatch_size)

@@ -149,7 +149,7 @@ def test_a_step_past_eight_digits_resumes(tmp_path: Path) -> None:
 
 def test_an_unwritable_directory_is_a_checkpoint_error(tmp_path: Path) -> None:
     (tmp_path / "step-00000001").write_text("a file where the step's directory goes")
-    with pytest.raises(CheckpointError, match="cannot write checkpoint .*step-00000001/rank-0.pt"):
+    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*step-00000001/rank-0.pt"):
         save_checkpoint(tmp_path, executor=_executor(_one_stage()), step=1, position=0, tokens=0, samples=0)
 
 

@@ -28,8 +28,8 @@ from adaptis.api.plan import Plan
 from adaptis.planner.strategies import plan_strategy
 from adaptis.worker.data.sources import SyntheticTokens, shard_position
 from adaptis.worker.errors import PlanMismatchError
-from adaptis.worker.runtime.replicas import world_mesh
 from adaptis.worker.profiling.job_problem import estimate_problem
+from adaptis.worker.runtime.replicas import world_mesh
 from adaptis.worker.testing import TrainedReference, reference_train
 
 REPLICAS, PIPELINE, STEPS = 2, 2, 3

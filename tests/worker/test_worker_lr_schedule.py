@@ -3,6 +3,7 @@ function of the step alone (what makes a resumed run continue the very same curv
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -33,7 +34,7 @@ def test_cosine_decays_from_peak_to_the_floor_at_the_last_step() -> None:
     assert curve[-1] == pytest.approx(0.2)
     mid = 0.2 + 1.8 * 0.5 * (1 + math.cos(math.pi * 4 / 9))
     assert curve[6] == pytest.approx(mid)
-    assert all(a >= b for a, b in zip(curve[2:], curve[3:]))  # non-increasing after warm-up
+    assert all(a >= b for a, b in itertools.pairwise(curve[2:]))  # non-increasing after warm-up
 
 
 def test_linear_decays_evenly() -> None:
@@ -48,7 +49,7 @@ def test_a_step_past_the_end_stays_at_the_floor_and_a_single_step_takes_the_peak
 
 
 def test_bad_schedule_settings_name_the_field() -> None:
-    with pytest.raises(ValueError, match="min_lr_ratio|minLrRatio"):
+    with pytest.raises(ValueError, match=r"min_lr_ratio|minLrRatio"):
         OptimizerSpec(min_lr_ratio=1.5)
     with pytest.raises(ValueError, match="schedule"):
         OptimizerSpec(schedule="step")  # type: ignore[arg-type]

@@ -25,11 +25,11 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _step(**overrides: object) -> StepStats:
-    fields: dict[str, object] = dict(
-        rank=1, loss=2.5, iteration_seconds=4.0, step_seconds=5.5, busy_seconds=(3.5, 3.0),
-        busy_by_kind={"F": 1.0, "B": 2.0}, grad_norm=0.7, sent_bytes=1000, received_bytes=300,
-        peak_memory_bytes=123456, learning_rate=0.01,
-    )
+    fields: dict[str, object] = {
+        "rank": 1, "loss": 2.5, "iteration_seconds": 4.0, "step_seconds": 5.5, "busy_seconds": (3.5, 3.0),
+        "busy_by_kind": {"F": 1.0, "B": 2.0}, "grad_norm": 0.7, "sent_bytes": 1000, "received_bytes": 300,
+        "peak_memory_bytes": 123456, "learning_rate": 0.01,
+    }
     fields.update(overrides)
     return StepStats(**fields)  # type: ignore[arg-type]
 

@@ -51,7 +51,7 @@ def test_ids_are_the_tokenizers_encoding_with_eos_after_each_document(tmp_path: 
             "The baker rises at four."]  # a.txt, then sub/b.jsonl's lines in order
     expected: list[int] = []
     for d in docs:
-        expected += tok.encode(d, add_special_tokens=False).ids + [EOS]
+        expected += [*tok.encode(d, add_special_tokens=False).ids, EOS]
     corpus = _corpus(tmp_path)
     got = tokenized(path=str(corpus), tokenizer=str(TOKENIZER), cache_dir=str(tmp_path / "c"))
     assert got.tokens.tolist() == expected

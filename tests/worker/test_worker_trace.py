@@ -65,7 +65,7 @@ def test_the_report_lines_the_calls_up_with_the_plan_and_works_out_the_figures(t
 def test_a_trace_that_does_not_follow_the_plan_is_refused(tmp_path: Path) -> None:
     no_loss = {**CALLS, 1: [c for i, c in enumerate(CALLS[1]) if i != 1]}
     _write(tmp_path, no_loss)
-    with pytest.raises(TraceMismatch, match="rank 1: no loss call after F1.0"):
+    with pytest.raises(TraceMismatch, match=r"rank 1: no loss call after F1.0"):
         trace_report(tmp_path, plan=PLAN, problem=PROBLEM, ranks=2)
     _write(tmp_path, {**CALLS, 0: [*CALLS[0], ("W", 12.0, 13.0)]})
     with pytest.raises(TraceMismatch, match="1 timed calls beyond"):
@@ -98,7 +98,7 @@ def test_adaptis_run_trace_reports_the_last_step_of_real_ranks(tmp_path: Path) -
         [sys.executable, "-m", "adaptis", "run", str(tmp_path / "job.yaml"), "--steps", "2", "--strategy", "1f1b",
          "--profile", "estimate", "--workdir", str(tmp_path / "w"), "--metrics-port", "0",
          "--checkpoint-every", "0", "--trace", str(tmp_path / "trace")],
-        capture_output=True, text=True, timeout=300, cwd=REPO)
+        capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rank 0: busy" in done.stdout and "rank 1: busy" in done.stdout, done.stdout[-2000:]
     report = json.loads((tmp_path / "trace" / "trace.json").read_text())

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
+import torch
 
 
 def _compare(grads: dict, ref: dict, *, rtol: float, atol: float) -> float:

@@ -185,7 +185,7 @@ class WorkQueue(Generic[K]):
     def _run_one(self, key: K) -> None:
         try:
             again = self._process(key)
-        except Exception as err:  # noqa: BLE001 - a failed pass is retried, never kills a worker
+        except Exception as err:  # a failed pass is retried, never kills a worker
             with self._cv:
                 before = self._failures.get(key, 0)
             # One traceback per outage: the retries of the same key say one line each.

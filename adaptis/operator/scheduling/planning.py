@@ -76,7 +76,7 @@ class Slot:
 def spec_hash(spec: JobSpec) -> str:
     """Digest of the spec fields that shape the plan and the pods (lifecycle fields excluded,
     and the planner's time limit: a new budget never restarts a running job)."""
-    exclude: dict[str, Any] = {f: True for f in _LIFECYCLE_FIELDS}
+    exclude: dict[str, Any] = dict.fromkeys(_LIFECYCLE_FIELDS, True)
     exclude["planner"] = {"time_limit_seconds"}
     data = spec.model_dump(mode="json", exclude=exclude)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

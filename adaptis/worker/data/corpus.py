@@ -215,7 +215,7 @@ def _tokenize(files: list[Path], *, tok: Any, eos_id: int, root: Path, key: str)
             def flush() -> None:
                 nonlocal count
                 for enc in tok.encode_batch(batch, add_special_tokens=False):
-                    ids = np.asarray(enc.ids + [eos_id], dtype=np.uint32)
+                    ids = np.asarray([*enc.ids, eos_id], dtype=np.uint32)
                     starts.append(count)
                     count += len(ids)
                     ids.tofile(out)

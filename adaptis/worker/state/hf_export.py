@@ -13,11 +13,11 @@ import logging
 from pathlib import Path
 
 import torch
-from adaptis.worker.models.hf.stages import hf_config
-from adaptis.worker.models.hf.weights import HEAD_TENSOR
 
 from adaptis.api.job import ModelSpec
 from adaptis.worker.errors import WorkerError
+from adaptis.worker.models.hf.stages import hf_config
+from adaptis.worker.models.hf.weights import HEAD_TENSOR
 
 __all__ = ["export_checkpoint"]
 

@@ -44,7 +44,7 @@ def weight_files(directory: Path) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for f in files:
         with safe_open(str(f), framework="pt") as fh:
-            out.update({name: f for name in fh.keys()})  # noqa: SIM118 (safe_open is no dict)
+            out.update(dict.fromkeys(fh.keys(), f))  # safe_open is no dict
     return out
 
 
