@@ -1,9 +1,9 @@
 """The AdaPtisJob custom resource: spec and status, the source of the CRD (``adaptis crd``).
 
 Field names are camelCase on the wire, as every Kubernetes API is; Python uses snake_case.
-Each component takes only its slice: the worker builds its model from :class:`ModelSpec` (in
-:mod:`adaptis.api.model`, re-exported here) and trains with :class:`TrainingSpec`; the planner
-never sees this module.
+Each component takes only its slice: the worker builds its model from :data:`Model` (in
+:mod:`adaptis.api.model`, re-exported here with its wire form :class:`ModelSpec`) and trains
+with :class:`TrainingSpec`; the planner never sees this module.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pydantic.config import JsonValue
 from adaptis.api.adaptation import AdaptationSpec, AdaptationStatus
 from adaptis.api.conditions import ConditionType
 from adaptis.api.errors import from_validation_error, read_document
-from adaptis.api.model import MAX_BLOCKS, BlockSpec, ModelSpec  # re-exported
+from adaptis.api.model import MAX_BLOCKS, BlockSpec, Model, ModelSpec  # re-exported
 from adaptis.api.model import Spec as _Spec
 from adaptis.api.plan import StrategyName
 from adaptis.api.pod_fields import (
@@ -48,6 +48,7 @@ __all__ = [
     "DataSpec",
     "MAX_BLOCKS",
     "JobSpec",
+    "Model",
     "JobStatus",
     "KIND",
     "ModelSpec",
@@ -257,7 +258,7 @@ class JobSpec(_Spec):
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _job_cel_rules()})
 
-    model: ModelSpec = Field(description="The model to train.")
+    model: Model = Field(description="The model to train.")
     training: TrainingSpec = Field(default=TrainingSpec(), description="The training run.")
     parallelism: ParallelismSpec = Field(
         default=ParallelismSpec(), description="Worker pods, GPUs per pod and data-parallel replicas."
@@ -400,7 +401,7 @@ class WorkerConfig(_Spec):
     (ConfigMap ``worker.json``) or by ``adaptis run``; read by ``adaptis worker``."""
 
     job_name: str = Field(default="local", description="Label value of the metrics.")
-    model: ModelSpec
+    model: Model
     training: TrainingSpec = TrainingSpec()
     plan: Any = Field(description="An adaptis.api.plan.Plan document, its actions plain or "
                       "packed (actionsPacked, as the operator writes it).")

@@ -22,15 +22,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from adaptis.api.errors import SpecError
-from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import (
     CHUNKED_STRATEGIES,
     CHUNKS_PER_RANK,
     MAX_BLOCKS,
     JobSpec,
-    ModelSpec,
     ParallelismSpec,
 )
+from adaptis.api.model import Model
 
 __all__ = [
     "JOB_CEL_RULES",
@@ -67,12 +66,10 @@ def pod_name(job: str, rank: int) -> str:
     return f"{job}{_WORKER_INFIX}{rank}"
 
 
-def layer_count(model: ModelSpec) -> int:
+def layer_count(model: Model) -> int:
     """Pipeline layers: embedding, every block (a Hugging Face model: every decoder layer,
     from its config), head."""
-    if model.huggingface is not None:
-        return hf_layout(model.huggingface).layer_count
-    return 2 + sum(b.count for b in model.blocks or [])
+    return model.layer_count
 
 
 def _name_violations(name: str, *, workers: int) -> list[Violation]:
@@ -104,9 +101,7 @@ def job_violations(*, name: str, spec: JobSpec) -> list[Violation]:
         field = err.fields[0] if err.fields else "spec.model.huggingface"
         return [*out, (field, str(err).removeprefix(f"{field}: "))]
     if layers - 2 > MAX_BLOCKS:
-        field = ("spec.model.huggingface.config.num_hidden_layers"
-                 if spec.model.huggingface is not None else "spec.model.blocks")
-        out.append((field, f"the model has {layers - 2} blocks; at most "
+        out.append((spec.model.layers_field, f"the model has {layers - 2} blocks; at most "
                     f"{MAX_BLOCKS} can be planned (docs/planning-budget.md): use fewer blocks"))
     if par.ranks % par.data_parallel:
         out.append(("spec.parallelism.dataParallel", f"{par.data_parallel} replicas do not "
@@ -123,8 +118,8 @@ def job_violations(*, name: str, spec: JobSpec) -> list[Violation]:
         out.append(("spec.planner.strategy", f"{spec.planner.strategy} needs {chunks} layers per "
                     f"rank ({chunks * workers} for {workers} {what}); the model has {layers}: "
                     "use fewer workers or another strategy"))
-    data, hf = spec.training.data, spec.model.huggingface
-    if data.source == "text" and data.tokenizer is None and (hf is None or (hf.weights is None and hf.path is None)):
+    data = spec.training.data
+    if data.source == "text" and data.tokenizer is None and not spec.model.file_dirs:
         out.append(("spec.training.data.tokenizer", "required for source text unless the model is a "
                     "Hugging Face one with weights (or path) beside its tokenizer.json: give the "
                     "tokenizer.json or its directory"))

@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 
 from adaptis.api.job import load_job
+from adaptis.api.model import HuggingFaceModel
 
 __all__ = ["register", "run"]
 
@@ -50,13 +51,14 @@ def run(args: argparse.Namespace) -> int:
     from adaptis.worker.state.hf_export import export_checkpoint
 
     job = load_job(args.job)
-    if job.spec.model.huggingface is None:
+    model = job.spec.model
+    if not isinstance(model, HuggingFaceModel):
         raise CLIError("export: spec.model.huggingface is not set; only a Hugging Face model "
                        "exports to a from_pretrained directory")
     root = args.checkpoint or Path(".adaptis") / job.metadata.name / "checkpoints"
     step_dir = _step_dir(root, args.step)
     try:
-        out = export_checkpoint(job.spec.model, checkpoint=step_dir, out=args.output)
+        out = export_checkpoint(model, checkpoint=step_dir, out=args.output)
     except WorkerError as err:
         raise CLIError(str(err)) from None
     print(f"exported {step_dir} to {out} (AutoModelForCausalLM.from_pretrained({str(out)!r}))")

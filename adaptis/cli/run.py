@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptis.api.events import StepEvent
-from adaptis.api.job import AdaPtisJob, JobSpec, ModelSpec, WorkerConfig, load_job, resolve_precision
+from adaptis.api.job import AdaPtisJob, JobSpec, Model, WorkerConfig, load_job, resolve_precision
 from adaptis.api.plan import STRATEGY_NAMES, Plan, predicted_seconds
 from adaptis.api.problem import (
     DeviceList,
@@ -203,7 +203,7 @@ def _prepare_data(spec: JobSpec) -> None:
     from adaptis.worker.errors import DataError
 
     try:
-        prepare_text(spec.training, huggingface=spec.model.huggingface, vocab_size=spec.model.vocab_size)
+        prepare_text(spec.training, model=spec.model)
     except DataError as err:
         raise CLIError(str(err)) from None
 
@@ -308,7 +308,7 @@ def _trace(directory: Path, *, plan: Plan, problem: Problem, ranks: int) -> dict
         return None
 
 
-def _checkpoints(args: argparse.Namespace, ckpt_dir: Path, *, model: ModelSpec) -> int | None:
+def _checkpoints(args: argparse.Namespace, ckpt_dir: Path, *, model: Model) -> int | None:
     """Fresh or resumed, decided before anything runs; the step to resume from (None: fresh).
 
     Rerunning after Ctrl-C must not lose the training: a run resumes by default when the

@@ -3,7 +3,7 @@
 Sits in the planner (pure Python) for its two users, which have nothing measured to go on: the
 operator (:mod:`adaptis.operator.scheduling.planning`; its image carries no torch) and ``adaptis run
 --profile estimate`` (:func:`adaptis.worker.profiling.job_problem.estimate_problem`). It counts
-FLOPs and bytes from :class:`~adaptis.api.job.ModelSpec` and :class:`~adaptis.api.job.TrainingSpec`
+FLOPs and bytes from :class:`~adaptis.api.model.ZooModel` and :class:`~adaptis.api.job.TrainingSpec`
 (the same arithmetic the paper's cost ratios follow). Times are milliseconds on a device that
 sustains ``flops_per_s``; by default the device of speed 1, which by convention sustains
 :data:`REFERENCE_TFLOPS`, and :func:`device_speed` turns a GPU's peak into that scale.
@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adaptis.api.job import BlockSpec, ModelSpec, TrainingSpec
+from adaptis.api.job import BlockSpec, TrainingSpec
+from adaptis.api.model import ZooModel
 from adaptis.api.problem import Layer
 from adaptis.planner.kernels import Kernels, block_kernels, embedding_kernels, head_kernels
 
@@ -73,7 +74,7 @@ def device_speed(peak_tflops: float) -> float:
     return peak_tflops * MFU / REFERENCE_TFLOPS
 
 
-def _attention(*, tokens: float, seq: int, model: ModelSpec, batch: int, elem: float) -> _Flops:
+def _attention(*, tokens: float, seq: int, model: ZooModel, batch: int, elem: float) -> _Flops:
     h, heads, kv = model.hidden, model.heads, model.key_value_heads
     kv_width = kv * (h // heads)
     # q and out are h x h; grouped-query attention shrinks k and v to kv_heads heads.
@@ -96,7 +97,7 @@ def _mlp(*, tokens: float, hidden: int, inner: int, form: str, batch: int, seq: 
     return _Flops(2 * tokens * params, 2 * tokens * params, 2 * tokens * params, params, act)
 
 
-def _mamba(*, tokens: float, seq: int, model: ModelSpec, batch: int, elem: float) -> _Flops:
+def _mamba(*, tokens: float, seq: int, model: ZooModel, batch: int, elem: float) -> _Flops:
     """The chunked selective scan (:mod:`adaptis.worker.models.ssm`): projections of an expand-2 SSM
     plus, per token, the within-chunk quadratic part (``chunk`` wide) and the carried state's
     read and update (``state x inner``): linear in the sequence, as are its saved activations."""
@@ -112,7 +113,7 @@ def _mamba(*, tokens: float, seq: int, model: ModelSpec, batch: int, elem: float
                   2 * tokens * params, params, act)
 
 
-def _block(block: BlockSpec, *, model: ModelSpec, training: TrainingSpec, elem: float) -> _Flops:
+def _block(block: BlockSpec, *, model: ZooModel, training: TrainingSpec, elem: float) -> _Flops:
     batch, seq, h = training.microbatch_size, training.sequence_length, model.hidden
     tokens = float(batch * seq)
     if block.kind == "mamba":
@@ -169,7 +170,7 @@ def _layer(name: str, *, kind: str, f: _Flops, rates: _Rates, output_bytes: floa
     )
 
 
-def estimate_layers(model: ModelSpec, training: TrainingSpec, *, element_bytes: int = 2,
+def estimate_layers(model: ZooModel, training: TrainingSpec, *, element_bytes: int = 2,
                     flops_per_s: float = REFERENCE_TFLOPS * 1e12,
                     memory_bytes_per_s: float | None = None, kernel_s: float = 0.0) -> list[Layer]:
     """Embedding, every block, head (named as the worker's models name them): estimated costs

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adaptis.api.hf_model import HFLayout, hf_layout
-from adaptis.api.job import ModelSpec, TrainingSpec
+from adaptis.api.hf_model import HFLayout
+from adaptis.api.job import TrainingSpec
+from adaptis.api.model import HuggingFaceModel, Model
 from adaptis.api.problem import Layer
 from adaptis.planner.estimate import REFERENCE_TFLOPS, estimate_layers
 
@@ -120,14 +121,14 @@ def estimate_hf_layers(layout: HFLayout, training: TrainingSpec, *, element_byte
     return layers
 
 
-def estimate_model_layers(model: ModelSpec, training: TrainingSpec, *, element_bytes: int = 2,
+def estimate_model_layers(model: Model, training: TrainingSpec, *, element_bytes: int = 2,
                           flops_per_s: float = REFERENCE_TFLOPS * 1e12,
                           memory_bytes_per_s: float | None = None, kernel_s: float = 0.0) -> list[Layer]:
     """The estimate of either kind of model: the zoo's or a Hugging Face config's (whose
     layers leave gradient bytes and optimizer time to the problem's defaults, and whose
     operators are not counted: ``kernel_s`` applies to the zoo's)."""
-    if model.huggingface is not None:
-        return estimate_hf_layers(hf_layout(model.huggingface), training,
+    if isinstance(model, HuggingFaceModel):  # the one place the planner tells the kinds apart
+        return estimate_hf_layers(model.layout, training,
                                   element_bytes=element_bytes, flops_per_s=flops_per_s)
     return estimate_layers(model, training, element_bytes=element_bytes, flops_per_s=flops_per_s,
                            memory_bytes_per_s=memory_bytes_per_s, kernel_s=kernel_s)

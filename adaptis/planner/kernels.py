@@ -20,7 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from adaptis.api.job import BlockSpec, ModelSpec, TrainingSpec
+from adaptis.api.job import BlockSpec, TrainingSpec
+from adaptis.api.model import ZooModel
 
 __all__ = ["Kernels", "block_kernels", "embedding_kernels", "head_kernels"]
 
@@ -53,15 +54,15 @@ def _plus(*parts: tuple[float, float]) -> tuple[float, float]:
     return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
 
-def _mlp(model: ModelSpec) -> tuple[float, float]:
+def _mlp(model: ZooModel) -> tuple[float, float]:
     return _plus(MLP_OPS, SWIGLU_EXTRA) if model.mlp == "swiglu" else MLP_OPS
 
 
-def _attention(model: ModelSpec) -> tuple[float, float]:
+def _attention(model: ZooModel) -> tuple[float, float]:
     return _plus(ATTENTION_OPS, ROPE_EXTRA) if model.positions == "rope" else ATTENTION_OPS
 
 
-def block_kernels(block: BlockSpec, *, model: ModelSpec, training: TrainingSpec, chunk: int) -> Kernels:
+def block_kernels(block: BlockSpec, *, model: ZooModel, training: TrainingSpec, chunk: int) -> Kernels:
     """One block's operators; ``chunk``: the Mamba scan's tokens per chunk."""
     if block.kind == "mamba":
         chunks = math.ceil(training.sequence_length / chunk)

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from adaptis.api.job import ModelSpec, TrainingSpec
+from adaptis.api.job import TrainingSpec
+from adaptis.api.model import ZooModel
 from adaptis.worker.data.sources import Batch, DataSource
 from adaptis.worker.models.zoo import build_model, layer_parameters, moe_layers, token_loss
 
@@ -27,7 +28,7 @@ class ReferenceResult:
     grads: dict[str, torch.Tensor]
 
 
-def reference_step(model: ModelSpec, training: TrainingSpec, *, batch: Batch) -> ReferenceResult:
+def reference_step(model: ZooModel, training: TrainingSpec, *, batch: Batch) -> ReferenceResult:
     """Forward and backward of one batch on one process, microbatch by microbatch.
 
     MoE load-balancing losses are added to each microbatch's loss explicitly (``auxLossCoef x
@@ -64,7 +65,7 @@ class TrainedReference:
     weights: dict[str, torch.Tensor]
 
 
-def reference_train(model: ModelSpec, training: TrainingSpec, *, source: DataSource,
+def reference_train(model: ZooModel, training: TrainingSpec, *, source: DataSource,
                     steps: int) -> TrainedReference:
     """``steps`` optimizer steps of the whole model on one process, ``training.microbatches``
     microbatches a step read from ``source`` in order: what R data-parallel pipeline replicas

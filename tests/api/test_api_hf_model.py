@@ -12,6 +12,7 @@ import pytest
 from adaptis.api.errors import SpecError
 from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import JobSpec, ModelSpec, parse_job
+from adaptis.api.model import resolve_model
 from adaptis.api.rules import check_job, job_violations, layer_count
 
 MODELS = Path(__file__).resolve().parents[2] / "examples" / "models"
@@ -50,7 +51,7 @@ def test_exactly_one_of_config_and_path() -> None:
 def test_path_reads_a_local_config_and_a_missing_one_names_the_field(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(_config("tiny-llama")))
     by_dir = ModelSpec.model_validate({"huggingface": {"path": str(tmp_path)}})
-    assert layer_count(by_dir) == 6
+    assert layer_count(resolve_model(by_dir)) == 6
     gone = ModelSpec.model_validate({"huggingface": {"path": str(tmp_path / "nope")}})
     with pytest.raises(SpecError, match=r"spec.model.huggingface.path: cannot read") as err:
         hf_layout(gone.huggingface)

@@ -5,14 +5,17 @@ from __future__ import annotations
 import pytest
 
 from adaptis.api.job import ModelSpec, TrainingSpec
+from adaptis.api.model import ZooModel, resolve_model
 from adaptis.planner.estimate import device_speed, estimate_layers
 
 
-def _model(**kw: object) -> ModelSpec:
+def _model(**kw: object) -> ZooModel:
     base: dict[str, object] = {"vocabSize": 256_000, "hidden": 1536, "heads": 12,
                                "blocks": [{"kind": "dense", "count": 4}]}
     base.update(kw)
-    return ModelSpec.model_validate(base)
+    model = resolve_model(ModelSpec.model_validate(base))
+    assert isinstance(model, ZooModel)
+    return model
 
 
 def test_layers_are_embedding_blocks_head_in_order() -> None:
@@ -143,7 +146,7 @@ def test_each_operator_adds_its_fixed_cost_to_the_pass_that_runs_it() -> None:
     from adaptis.api.job import BlockSpec
     from adaptis.planner.kernels import EMBEDDING_OPS, HEAD_OPS, MLP_OPS
 
-    model = ModelSpec(vocab_size=64, hidden=16, heads=2, blocks=[BlockSpec(kind="dense"), BlockSpec(kind="mamba")])
+    model = ZooModel(vocab_size=64, hidden=16, heads=2, blocks=(BlockSpec(kind="dense"), BlockSpec(kind="mamba")))
     training = TrainingSpec(sequence_length=128)  # two chunks of the Mamba scan
     plain = estimate_layers(model, training)
     costly = estimate_layers(model, training, kernel_s=1e-5)  # 0.01 ms an operator

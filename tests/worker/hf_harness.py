@@ -13,7 +13,9 @@ import torch
 import torch.distributed as dist
 from worker_harness import init_gloo
 
-from adaptis.api.job import ModelSpec, TrainingSpec, WorkerConfig
+from adaptis.api.hf_model import HuggingFaceSpec
+from adaptis.api.job import TrainingSpec, WorkerConfig
+from adaptis.api.model import HuggingFaceModel
 from adaptis.api.plan import Plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,13 +24,13 @@ HF_TRAINING = TrainingSpec(microbatches=4, microbatch_size=2, sequence_length=16
                            seed=3, steps=3)
 
 
-def hf_model(name: str) -> ModelSpec:
+def hf_model(name: str) -> HuggingFaceModel:
     """The example config ``name`` (examples/models/<name>.json), inline as a job carries it."""
-    return ModelSpec.model_validate(
-        {"huggingface": {"config": json.loads((MODELS / f"{name}.json").read_text())}})
+    return HuggingFaceModel(
+        huggingface=HuggingFaceSpec(config=json.loads((MODELS / f"{name}.json").read_text())))
 
 
-def write_hf_cases(path: Path, cases: dict[str, Plan], *, model: ModelSpec,
+def write_hf_cases(path: Path, cases: dict[str, Plan], *, model: HuggingFaceModel,
                    training: TrainingSpec = HF_TRAINING) -> None:
     docs = [{"name": name, "config": WorkerConfig(
         model=model, training=training, plan=plan.model_dump(mode="json")).model_dump(mode="json")}
@@ -36,11 +38,8 @@ def write_hf_cases(path: Path, cases: dict[str, Plan], *, model: ModelSpec,
     path.write_text(json.dumps(docs))
 
 
-def _vocab(model: ModelSpec) -> int:
-    from adaptis.api.hf_model import hf_layout
-
-    assert model.huggingface is not None
-    return hf_layout(model.huggingface).vocab_size
+def _vocab(model: HuggingFaceModel) -> int:
+    return model.vocab_size
 
 
 def hf_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: str) -> None:
@@ -68,7 +67,7 @@ def hf_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: str) ->
     dist.destroy_process_group()
 
 
-def hf_reference(model: ModelSpec, training: TrainingSpec = HF_TRAINING) -> dict[str, Any]:
+def hf_reference(model: HuggingFaceModel, training: TrainingSpec = HF_TRAINING) -> dict[str, Any]:
     """The unpartitioned model trained in one process: a plain AutoModelForCausalLM (made by
     transformers' own constructor) loaded with the stages' seeded initial weights; the same
     microbatches, per-microbatch loss scaling, clipping and optimizer as a pipeline step
@@ -145,7 +144,7 @@ HF_DP_TRAINING = TrainingSpec(microbatches=4, microbatch_size=2, sequence_length
                               optimizer={"name": "adamw", "lr": 0.01, "weight_decay": 0.01})
 
 
-def write_hf_dp_cases(path: Path, cases: dict[str, tuple[Plan, int, str]], *, model: ModelSpec,
+def write_hf_dp_cases(path: Path, cases: dict[str, tuple[Plan, int, str]], *, model: HuggingFaceModel,
                       replicas: int, training: TrainingSpec = HF_DP_TRAINING) -> None:
     """``cases``: name -> (plan of one pipeline replica, ZeRO stage, precision); the ranks run
     them with worker_harness.dp_parity_ranks."""

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from adaptis.api.errors import SpecError
-from adaptis.api.job import ModelSpec
+from adaptis.api.hf_model import HuggingFaceSpec
+from adaptis.api.model import HuggingFaceModel
 from adaptis.worker.models.zoo import token_loss
 
 pytest.importorskip("transformers")
@@ -21,9 +22,9 @@ MODELS = Path(__file__).resolve().parents[2] / "examples" / "models"
 CONFIGS = sorted(p.stem for p in MODELS.glob("*.json"))
 
 
-def _model(name: str) -> ModelSpec:
-    return ModelSpec.model_validate(
-        {"huggingface": {"config": json.loads((MODELS / f"{name}.json").read_text())}})
+def _model(name: str) -> HuggingFaceModel:
+    return HuggingFaceModel(
+        huggingface=HuggingFaceSpec(config=json.loads((MODELS / f"{name}.json").read_text())))
 
 
 def test_every_supported_family_has_a_tiny_config() -> None:
@@ -85,6 +86,6 @@ def test_weights_do_not_depend_on_the_partition() -> None:
 def test_an_unsupported_model_type_is_refused_before_any_module_is_built() -> None:
     from adaptis.worker.models.hf.stages import build_hf_stages
 
-    model = ModelSpec.model_validate({"huggingface": {"config": {"model_type": "gpt2"}}})
+    model = HuggingFaceModel(huggingface=HuggingFaceSpec(config={"model_type": "gpt2"}))
     with pytest.raises(SpecError, match=r"config.model_type: 'gpt2' is not supported"):
         build_hf_stages(model, stages=[(0, 1)], seed=0)

@@ -34,7 +34,7 @@ def test_trained_checkpoint_exports_loads_and_reads_back(tmp_path, monkeypatch, 
               timeout_s=300)
     job = tmp_path / "job.yaml"
     job.write_text(f"apiVersion: adaptis.io/v1alpha1\nkind: AdaPtisJob\nmetadata: {{name: g}}\n"
-                   f"spec: {{model: {model.model_dump_json(by_alias=True, exclude_none=True)}}}\n")
+                   f"spec: {{model: {model.wire().model_dump_json(by_alias=True, exclude_none=True)}}}\n")
     out = tmp_path / "exported"
     assert main(["export", str(job), "--checkpoint", str(ckpt), "-o", str(out)]) == 0
     assert "from_pretrained" in capsys.readouterr().out
@@ -51,7 +51,6 @@ def test_trained_checkpoint_exports_loads_and_reads_back(tmp_path, monkeypatch, 
     ids = torch.randint(256, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         logits = loaded(input_ids=ids).logits
-        back = model.model_copy(update={"huggingface": model.huggingface.model_copy(
-            update={"weights": str(out)})})
+        back = model.with_huggingface(model.huggingface.model_copy(update={"weights": str(out)}))
         first, second = build_hf_stages(back, stages=[(0, 2), (2, 6)], seed=99)
         torch.testing.assert_close(second(first(ids)), logits, rtol=1e-5, atol=1e-6)

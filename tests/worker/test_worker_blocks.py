@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adaptis.api.job import BlockSpec, ModelSpec
+from adaptis.api.job import BlockSpec
+from adaptis.api.model import ZooModel
 from adaptis.worker.models.layers import AttentionBlock, BlockOptions, MambaBlock, _Attention, apply_rotary
 from adaptis.worker.models.moe import MixtureOfExperts, load_balancing_loss
 from adaptis.worker.models.ssm import chunked_scan
@@ -19,12 +20,12 @@ from adaptis.worker.models.zoo import build_layer, build_model, layer_parameters
 H, HEADS = 32, 4
 
 
-def _model(**kw: object) -> ModelSpec:
+def _model(**kw: object) -> ZooModel:
     blocks = [BlockSpec(kind="attention"), BlockSpec(kind="moe", experts=4, top_k=2),
               BlockSpec(kind="dense")]
     base: dict[str, object] = {"vocab_size": 97, "hidden": H, "heads": HEADS, "blocks": blocks}
     base.update(kw)
-    return ModelSpec(**base)  # type: ignore[arg-type]
+    return ZooModel(**base)  # type: ignore[arg-type]
 
 
 def _tokens(s: int = 12, seed: int = 0) -> torch.Tensor:

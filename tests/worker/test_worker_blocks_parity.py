@@ -10,13 +10,14 @@ import pytest
 import torch
 from worker_harness import job_spec, parity_ranks, run_ranks, topological_plan, write_cases
 
-from adaptis.api.job import BlockSpec, ModelSpec, TrainingSpec
+from adaptis.api.job import BlockSpec, TrainingSpec
+from adaptis.api.model import ZooModel
 from adaptis.planner.strategies import plan_strategy
 from adaptis.worker.data.sources import SyntheticTokens
 from adaptis.worker.profiling.job_problem import estimate_problem
 from adaptis.worker.testing import reference_step
 
-MODEL = ModelSpec(
+MODEL = ZooModel(
     vocab_size=128, hidden=32, heads=4, kv_heads=2, positions="rope", rope_theta=1000.0,
     mlp="swiglu", ffn_hidden=48, tie_embeddings=True,
     blocks=[BlockSpec(kind="mamba", count=2), BlockSpec(kind="attention"),

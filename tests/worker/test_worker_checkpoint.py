@@ -9,6 +9,7 @@ reference losses of steps 5-8. The killed run must also fail naming rank 1 and t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -83,7 +84,7 @@ def test_a_checkpoint_of_another_model_is_refused_not_guessed_at(tmp_path: Path)
     model = config.model
     found = scan_checkpoints(ckpt, model=model)
     assert (found.resume_step, found.incompatible, found.steps, found.files) == (2, None, (1, 2), 2)
-    other = model.model_copy(update={"hidden": 2 * model.hidden})
+    other = dataclasses.replace(model, hidden=2 * model.hidden)
     changed = scan_checkpoints(ckpt, model=other)
     assert changed.resume_step is None
     assert f"model.hidden: {model.hidden} there, {2 * model.hidden} in this job" in str(changed.incompatible)

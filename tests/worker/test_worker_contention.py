@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, ParallelismSpec, TrainingSpec
+from adaptis.api.job import BlockSpec, JobSpec, ParallelismSpec, TrainingSpec
+from adaptis.api.model import ZooModel
 from adaptis.worker.errors import WorkerError
 from adaptis.worker.profiling import module_timing
 from adaptis.worker.profiling.contention import co_runner_count, co_runners, usable_cores
@@ -24,7 +25,7 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 def _spec() -> JobSpec:
     return JobSpec(
-        model=ModelSpec(vocab_size=128, hidden=16, heads=2,
+        model=ZooModel(vocab_size=128, hidden=16, heads=2,
                         blocks=[BlockSpec(kind="attention"), BlockSpec(kind="moe", experts=2, top_k=1)]),
         training=TrainingSpec(microbatches=2, microbatch_size=1, sequence_length=8),
         parallelism=ParallelismSpec(workers=2, gpus_per_worker=0))

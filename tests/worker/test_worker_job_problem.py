@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, TrainingSpec
+from adaptis.api.job import BlockSpec, JobSpec, TrainingSpec
+from adaptis.api.model import ZooModel
 from adaptis.api.problem import parse_problem
 from adaptis.worker.models.zoo import model_layers
 from adaptis.worker.profiling.job_problem import estimate_problem, measure_problem
@@ -13,7 +14,7 @@ from adaptis.worker.profiling.job_problem import estimate_problem, measure_probl
 # A 64K vocabulary makes the head 15-23x a dense layer's forward here (measured beside one
 # co-runner on 2 cores): at 16K it was 3.5-5x, and CI once measured 2.4x, under the 3x asserted.
 SPEC = JobSpec(
-    model=ModelSpec(vocab_size=65536, hidden=32, heads=2,
+    model=ZooModel(vocab_size=65536, hidden=32, heads=2,
                     blocks=[BlockSpec(kind="mamba", count=2), BlockSpec(kind="attention"),
                             BlockSpec(kind="moe", experts=4, top_k=2), BlockSpec(kind="dense")]),
     training=TrainingSpec(microbatches=6, microbatch_size=1, sequence_length=32),

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from adaptis.api.job import BlockSpec, ModelSpec, TrainingSpec
+from adaptis.api.job import BlockSpec, TrainingSpec
+from adaptis.api.model import ZooModel
 from adaptis.planner.estimate import MAMBA_CHUNK
 from adaptis.planner.kernels import block_kernels, embedding_kernels, head_kernels
 from adaptis.worker.models.zoo import build_layer, token_loss
@@ -25,7 +26,7 @@ class _Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _counted(model: ModelSpec, *, index: int, seq: int, head: bool = False) -> tuple[int, int]:
+def _counted(model: ZooModel, *, index: int, seq: int, head: bool = False) -> tuple[int, int]:
     layer = build_layer(model, index=index, seed=0)
     tokens = torch.randint(model.vocab_size, (1, seq))
     x = tokens if index == 0 else torch.randn(1, seq, model.hidden, requires_grad=True)
@@ -50,7 +51,7 @@ CASES = [
 
 @pytest.mark.parametrize(("kind", "block", "model", "seq"), CASES)
 def test_block_operator_counts_match_the_layers(kind: str, block: dict, model: dict, seq: int) -> None:
-    spec = ModelSpec(vocab_size=128, hidden=32, heads=4, blocks=[BlockSpec(kind=kind, **block)], **model)
+    spec = ZooModel(vocab_size=128, hidden=32, heads=4, blocks=[BlockSpec(kind=kind, **block)], **model)
     forward, backward = _counted(spec, index=1, seq=seq)
     k = block_kernels(spec.blocks[0], model=spec, training=TrainingSpec(sequence_length=seq), chunk=MAMBA_CHUNK)
     assert k.forward == pytest.approx(forward, rel=0.25), (k, forward, backward)
@@ -58,7 +59,7 @@ def test_block_operator_counts_match_the_layers(kind: str, block: dict, model: d
 
 
 def test_embedding_and_head_operator_counts_match_the_layers() -> None:
-    spec = ModelSpec(vocab_size=128, hidden=32, heads=4, blocks=[BlockSpec(kind="dense")])
+    spec = ZooModel(vocab_size=128, hidden=32, heads=4, blocks=[BlockSpec(kind="dense")])
     forward, backward = _counted(spec, index=0, seq=16)
     e = embedding_kernels()
     assert (e.forward, e.backward + e.weight) == pytest.approx((forward, backward), rel=0.25)

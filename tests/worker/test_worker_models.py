@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaptis.api.job import BlockSpec, ModelSpec
+from adaptis.api.job import BlockSpec
+from adaptis.api.model import ZooModel
 from adaptis.worker.errors import WorkerError
 from adaptis.worker.models.zoo import (
     build_layer,
@@ -17,7 +18,7 @@ from adaptis.worker.models.zoo import (
     token_loss,
 )
 
-MODEL = ModelSpec(vocab_size=300, hidden=16, heads=2, tie_embeddings=True,
+MODEL = ZooModel(vocab_size=300, hidden=16, heads=2, tie_embeddings=True,
                   blocks=[BlockSpec(kind="mamba", count=2), BlockSpec(kind="attention"),
                           BlockSpec(kind="moe", experts=3, top_k=2), BlockSpec(kind="dense")])
 

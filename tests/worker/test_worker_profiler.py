@@ -16,7 +16,8 @@ import torch
 import yaml
 from torch import nn
 
-from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, OptimizerSpec, ParallelismSpec, TrainingSpec
+from adaptis.api.job import BlockSpec, JobSpec, OptimizerSpec, ParallelismSpec, TrainingSpec
+from adaptis.api.model import ZooModel
 from adaptis.api.problem import load_problem, parse_problem
 from adaptis.worker.errors import WorkerError
 from adaptis.worker.models.layers import AttentionBlock
@@ -40,7 +41,7 @@ FAST = ProfileSettings(warmup=1, repeats=3)
 
 def _spec(*, seq: int = 16, optimizer: str = "adamw") -> JobSpec:
     return JobSpec(
-        model=ModelSpec(vocab_size=256, hidden=16, heads=2, blocks=[
+        model=ZooModel(vocab_size=256, hidden=16, heads=2, blocks=[
             BlockSpec(kind="mamba"), BlockSpec(kind="attention", count=2), BlockSpec(kind="moe", experts=2, top_k=1),
             BlockSpec(kind="dense")]),
         training=TrainingSpec(microbatches=4, microbatch_size=2, sequence_length=seq,

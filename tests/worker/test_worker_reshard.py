@@ -25,7 +25,8 @@ import pytest
 from worker_harness import SMALL_MODEL
 
 from adaptis.api.events import WorkerEvent
-from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, TrainingSpec, WorkerConfig
+from adaptis.api.job import BlockSpec, JobSpec, TrainingSpec, WorkerConfig
+from adaptis.api.model import ZooModel
 from adaptis.worker.errors import PreemptedError
 from adaptis.worker.run.launcher import LocalLauncher
 
@@ -38,7 +39,7 @@ SMOOTH_MODEL = SMALL_MODEL.model_copy(update={"blocks": [BlockSpec(kind="mamba")
 
 
 def _config(*, pipeline: int, strategy: str, steps: int, microbatches: int = 4, replicas: int = 1, zero: int = 0,
-            checkpoint_dir: Path | None = None, every: int = 0, model: ModelSpec = SMALL_MODEL) -> WorkerConfig:
+            checkpoint_dir: Path | None = None, every: int = 0, model: ZooModel = SMALL_MODEL) -> WorkerConfig:
     from adaptis.planner.strategies import plan_strategy
     from adaptis.worker.profiling.job_problem import estimate_problem
 

@@ -15,6 +15,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from adaptis.api.hf_model import HuggingFaceSpec
+from adaptis.api.model import HuggingFaceModel
 from adaptis.api.job import DataSpec
 from adaptis.worker.data.corpus import tokenized
 from adaptis.worker.data.sources import TextCorpus, open_source, shard_position
@@ -188,9 +189,10 @@ def test_a_hugging_face_model_lends_its_tokenizer_and_eos(tmp_path: Path) -> Non
     weights.mkdir()
     (weights / "tokenizer.json").write_bytes((TOKENIZER / "tokenizer.json").read_bytes())
     # No tokenizer_config.json here: the EOS comes from the model config's eos_token_id.
-    hf = HuggingFaceSpec(config={"model_type": "llama", "vocab_size": 256, "eos_token_id": 0}, weights=str(weights))
+    hf = HuggingFaceModel(huggingface=HuggingFaceSpec(
+        config={"model_type": "llama", "vocab_size": 256, "eos_token_id": 0}, weights=str(weights)))
     src = open_source(DataSpec(source="text", path=str(CORPUS), cache_dir=str(tmp_path / "c")), vocab_size=256,
-                      sequence_length=16, seed=0, huggingface=hf)
+                      sequence_length=16, seed=0, tokenizer_dirs=hf.file_dirs, model_eos=hf.eos_token_id)
     tokens = tokenized(path=str(CORPUS), tokenizer=str(weights), cache_dir=str(tmp_path / "c"), model_eos=0)
     assert isinstance(src, TextCorpus)
     assert [int(tokens.tokens[s - 1]) for s in tokens.document_starts[1:]] == [0] * 9  # EOS 0 ends each document

@@ -115,7 +115,8 @@ def check_cuda_step() -> dict:
 def check_cuda_blocks(device: str = "cuda") -> dict:
     from test_worker_blocks_parity import MODEL, TRAINING
 
-    from adaptis.api.job import BlockSpec, ModelSpec
+    from adaptis.api.job import BlockSpec
+    from adaptis.api.model import ZooModel
     from adaptis.worker.data.sources import SyntheticTokens
     from adaptis.worker.models.zoo import build_layer, build_model, layer_parameters, set_aux_loss_scale, token_loss
 
@@ -133,7 +134,7 @@ def check_cuda_blocks(device: str = "cuda") -> dict:
         token_loss(net(batch.inputs.to(where)), batch.targets.to(where), scale=0.5).backward()
         grads[str(where)] = {k: p.grad for k, p in layer_parameters(net).items()}
     worst = _compare(grads[str(dev)], grads["cpu"], rtol=1e-3, atol=1e-5)
-    mamba = ModelSpec(vocab_size=128, hidden=256, heads=8, blocks=[BlockSpec(kind="mamba")])
+    mamba = ZooModel(vocab_size=128, hidden=256, heads=8, blocks=[BlockSpec(kind="mamba")])
     block = build_layer(mamba, index=1, seed=0).to(dev)
     peak = {}
     for seq in (4096, 8192):

@@ -23,11 +23,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from adaptis.api.events import StepEvent
-from adaptis.api.job import BlockSpec, JobSpec, ModelSpec, TrainingSpec, WorkerConfig
+from adaptis.api.job import BlockSpec, JobSpec, TrainingSpec, WorkerConfig
+from adaptis.api.model import Model, ZooModel
 from adaptis.api.plan import Plan
 from adaptis.worker.run.launcher import caused_by_peer
 
-PARITY_MODEL = ModelSpec(
+PARITY_MODEL = ZooModel(
     vocab_size=512, hidden=32, heads=4, tie_embeddings=True,
     blocks=[BlockSpec(kind="mamba", count=3), BlockSpec(kind="attention", count=2),
             BlockSpec(kind="moe", count=2, experts=4, top_k=2), BlockSpec(kind="dense", count=1)],
@@ -156,7 +157,7 @@ def parity_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: str
     dist.destroy_process_group()
 
 
-def write_cases(path: Path, cases: dict[str, Plan], *, model: ModelSpec = PARITY_MODEL,
+def write_cases(path: Path, cases: dict[str, Plan], *, model: Model = PARITY_MODEL,
                 training: TrainingSpec = PARITY_TRAINING) -> None:
     docs = [{"name": name, "config": WorkerConfig(model=model, training=training,
                                                  plan=plan.model_dump(mode="json")).model_dump(mode="json")}
@@ -164,7 +165,7 @@ def write_cases(path: Path, cases: dict[str, Plan], *, model: ModelSpec = PARITY
     path.write_text(json.dumps(docs))
 
 
-def job_spec(model: ModelSpec = PARITY_MODEL, training: TrainingSpec = PARITY_TRAINING) -> JobSpec:
+def job_spec(model: Model = PARITY_MODEL, training: TrainingSpec = PARITY_TRAINING) -> JobSpec:
     return JobSpec(model=model, training=training)
 
 
@@ -197,7 +198,7 @@ def topological_plan(*, stages: list[tuple[int, int]], placement: list[list[int]
                 actions=[a + w for a, w in zip(acts, late, strict=True)])
 
 
-SMALL_MODEL = ModelSpec(
+SMALL_MODEL = ZooModel(
     vocab_size=256, hidden=16, heads=2, tie_embeddings=True,
     blocks=[BlockSpec(kind="mamba"), BlockSpec(kind="attention"), BlockSpec(kind="moe", experts=2, top_k=1)],
 )
@@ -266,13 +267,9 @@ def dp_parity_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: 
     dist.destroy_process_group()
 
 
-def model_vocab(model: ModelSpec) -> int:
+def model_vocab(model: Model) -> int:
     """The vocabulary of a zoo model or of a Hugging Face model's config."""
-    if model.huggingface is None:
-        return model.vocab_size
-    from adaptis.api.hf_model import hf_layout
-
-    return hf_layout(model.huggingface).vocab_size
+    return model.vocab_size
 
 
 def _state_bytes(optimizer: Any) -> int:
@@ -283,7 +280,7 @@ def _state_bytes(optimizer: Any) -> int:
 
 
 def write_dp_cases(path: Path, cases: dict[str, tuple[Plan, int]], *, replicas: int, steps: int,
-                   model: ModelSpec = PARITY_MODEL, training: TrainingSpec = DP_TRAINING) -> None:
+                   model: Model = PARITY_MODEL, training: TrainingSpec = DP_TRAINING) -> None:
     """``cases``: name -> (plan of one pipeline replica, ZeRO stage)."""
     t = training.model_copy(update={"steps": steps})
     docs = [{"name": name, "config": WorkerConfig(

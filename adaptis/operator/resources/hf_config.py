@@ -33,11 +33,12 @@ from adaptis.api.hf_model import (
     with_resolved_config,
 )
 from adaptis.api.job import JobSpec
+from adaptis.api.model import HuggingFaceModel
 from adaptis.api.rules import Violation
 from adaptis.operator.core.errors import InvalidJob, OperatorError
 
 __all__ = ["FIELD", "HF_CONFIG_VOLUME", "ConfigMapMissing", "ConfigReader", "hf_config_volume",
-           "read_hf_config", "resolve_spec", "retry_after", "configmap_violations"]
+           "named_config_map", "read_hf_config", "resolve_spec", "retry_after", "configmap_violations"]
 
 FIELD = "spec.model.huggingface.configMap"
 #: The worker pods' volume of the ConfigMap (reserved: spec.worker.volumes may not use it).
@@ -84,14 +85,24 @@ def read_hf_config(ref: ConfigMapRef, *, namespace: str, read: ConfigReader) -> 
         raise InvalidJob(str(err), fields=[FIELD]) from None
 
 
+def named_config_map(spec: JobSpec) -> tuple[HuggingFaceModel, ConfigMapRef] | None:
+    """The job's model and the ConfigMap holding its config; None when it names none (a
+    zoo model, or a config inline or by path)."""
+    model = spec.model
+    if isinstance(model, HuggingFaceModel) and model.huggingface.config_map is not None:
+        return model, model.huggingface.config_map
+    return None
+
+
 def resolve_spec(spec: JobSpec, *, namespace: str, read: ConfigReader) -> JobSpec:
     """``spec`` with the ConfigMap's config carried along (:func:`with_resolved_config`);
     ``spec`` itself when it names no ConfigMap."""
-    hf = spec.model.huggingface
-    if hf is None or hf.config_map is None:
+    named = named_config_map(spec)
+    if named is None:
         return spec
-    config = read_hf_config(hf.config_map, namespace=namespace, read=read)
-    model = spec.model.model_copy(update={"huggingface": with_resolved_config(hf, config)})
+    model, ref = named
+    config = read_hf_config(ref, namespace=namespace, read=read)
+    model = model.with_huggingface(with_resolved_config(model.huggingface, config))
     return spec.model_copy(update={"model": model})
 
 
@@ -99,15 +110,16 @@ def configmap_violations(violations: Sequence[Violation], *, spec: JobSpec,
                          namespace: str) -> list[Violation]:
     """A rule broken by the config a ConfigMap holds names the ``configMap`` field the user
     wrote (the operator's resolved copy sits under ``config``), and the ConfigMap's key."""
-    hf = spec.model.huggingface
-    if hf is None or hf.config_map is None:
+    named = named_config_map(spec)
+    if named is None:
         return list(violations)
+    ref = named[1]
     inline = "spec.model.huggingface.config"
     out: list[Violation] = []
     for field, message in violations:
         if field == inline or field.startswith(f"{inline}."):
             key = field.removeprefix(inline).lstrip(".") or "the config"
-            where = f"ConfigMap {namespace}/{hf.config_map.name} key {hf.config_map.key!r}"
+            where = f"ConfigMap {namespace}/{ref.name} key {ref.key!r}"
             out.append((FIELD, f"{where}: {key}: {message}"))
         else:
             out.append((field, message))
@@ -124,11 +136,12 @@ def retry_after(waited_s: float) -> float:
 def hf_config_volume(spec: JobSpec) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """(volume, mount) of the worker pods for a ``configMap`` spec: only its key, as
     config.json at :data:`CONFIG_MAP_MOUNT`, read-only; None for any other model."""
-    hf = spec.model.huggingface
-    if hf is None or hf.config_map is None:
+    named = named_config_map(spec)
+    if named is None:
         return None
+    ref = named[1]
     volume = {"name": HF_CONFIG_VOLUME,
-              "configMap": {"name": hf.config_map.name,
-                            "items": [{"key": hf.config_map.key, "path": CONFIG_MAP_FILE}]}}
+              "configMap": {"name": ref.name,
+                            "items": [{"key": ref.key, "path": CONFIG_MAP_FILE}]}}
     mount = {"name": HF_CONFIG_VOLUME, "mountPath": CONFIG_MAP_MOUNT, "readOnly": True}
     return volume, mount

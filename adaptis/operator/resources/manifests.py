@@ -32,6 +32,7 @@ from typing import Any
 
 from adaptis.api.hf_model import worker_spec
 from adaptis.api.job import JobSpec, WorkerConfig
+from adaptis.api.model import HuggingFaceModel
 
 # The names live in the api layer, whose rules check that they fit DNS labels; re-exported.
 from adaptis.api.rules import config_map_name, pod_name, service_name
@@ -113,10 +114,10 @@ def _meta(job: JobRef, name: str, **extra: Any) -> dict[str, Any]:
 
 def worker_config(job: JobRef, spec: JobSpec, record: PlanRecord) -> WorkerConfig:
     model = spec.model
-    if model.huggingface is not None:
+    if isinstance(model, HuggingFaceModel):
         # A ConfigMap's config reaches the worker through its volume (hf_config_volume), not
         # as the operator's resolved copy.
-        model = model.model_copy(update={"huggingface": worker_spec(model.huggingface)})
+        model = model.with_huggingface(worker_spec(model.huggingface))
     return WorkerConfig(
         job_name=job.name,
         model=model,

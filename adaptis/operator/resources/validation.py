@@ -34,6 +34,7 @@ from adaptis.operator.resources.hf_config import (
     HF_CONFIG_VOLUME,
     ConfigReader,
     configmap_violations,
+    named_config_map,
     resolve_spec,
 )
 from adaptis.operator.resources.manifests import (
@@ -96,8 +97,7 @@ def validate_job(*, name: str, spec_raw: Mapping[str, Any], namespace: str = "",
     :class:`~adaptis.operator.resources.hf_config.ConfigMapMissing` while the ConfigMap or key is
     missing), so the rules check the config it holds and the spec returned carries it."""
     spec = _parse_spec(spec_raw)
-    hf = spec.model.huggingface
-    if hf is not None and hf.config_map is not None:
+    if named_config_map(spec) is not None:
         if read_config_map is None:
             raise InvalidJob("spec.model.huggingface.configMap: no ConfigMap can be read here; "
                              "give config inline", fields=["spec.model.huggingface.configMap"])

@@ -24,6 +24,7 @@ alone (a checkpoint's) says which sample comes next, across epochs too.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -31,8 +32,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from adaptis.api.hf_model import HuggingFaceSpec, hf_layout, resolve_config
 from adaptis.api.job import DataSpec, TrainingSpec
+from adaptis.api.model import Model
 from adaptis.worker.data.corpus import tokenized
 from adaptis.worker.errors import DataError
 
@@ -160,12 +161,13 @@ def _packed_batch(tokens: np.ndarray, *, starts: list[int], length: int) -> Batc
 
 
 def open_source(spec: DataSpec, *, vocab_size: int, sequence_length: int, seed: int,
-                huggingface: HuggingFaceSpec | None = None) -> DataSource:
-    """The data source a job's ``training.data`` describes; ``huggingface``, the job's model
-    when it is one, gives a text corpus its default tokenizer and EOS id."""
+                tokenizer_dirs: Sequence[Path] = (), model_eos: int | None = None) -> DataSource:
+    """The data source a job's ``training.data`` describes; a text corpus's default tokenizer
+    is a ``tokenizer.json`` in one of ``tokenizer_dirs`` (the model's files: ``Model.file_dirs``)
+    and ``model_eos`` the model's EOS id (``Model.eos_token_id``)."""
     if spec.source == "text":
         return _text(spec, vocab_size=vocab_size, sequence_length=sequence_length, seed=seed,
-                     huggingface=huggingface)
+                     tokenizer_dirs=tokenizer_dirs, model_eos=model_eos)
     if spec.source == "token-file":
         if spec.path is None:
             raise DataError("training.data.path is required for a token file")
@@ -174,39 +176,26 @@ def open_source(spec: DataSpec, *, vocab_size: int, sequence_length: int, seed: 
     return SyntheticTokens(vocab_size=vocab_size, sequence_length=sequence_length, seed=seed)
 
 
-def prepare_text(training: TrainingSpec, *, huggingface: HuggingFaceSpec | None, vocab_size: int | None) -> None:
+def prepare_text(training: TrainingSpec, *, model: Model) -> None:
     """Tokenize a job's text corpus into its cache before the ranks start (``adaptis run``):
-    the ranks then find it, and bad data fails here, naming the field, rather than in a rank.
-    ``vocab_size``: the zoo model's; a Hugging Face model's comes from its config."""
-    vocab = hf_layout(huggingface).vocab_size if huggingface is not None else vocab_size
-    assert vocab is not None  # a zoo model always has one
-    _text(training.data, vocab_size=vocab, sequence_length=training.sequence_length, seed=training.seed,
-          huggingface=huggingface)
+    the ranks then find it, and bad data fails here, naming the field, rather than in a rank."""
+    _text(training.data, vocab_size=model.vocab_size, sequence_length=training.sequence_length,
+          seed=training.seed, tokenizer_dirs=model.file_dirs, model_eos=model.eos_token_id)
 
 
 def _text(spec: DataSpec, *, vocab_size: int, sequence_length: int, seed: int,
-          huggingface: HuggingFaceSpec | None) -> TextCorpus:
+          tokenizer_dirs: Sequence[Path], model_eos: int | None) -> TextCorpus:
     if spec.path is None:
         raise DataError("training.data.path is required for a text corpus")
-    tokenizer = spec.tokenizer or _default_tokenizer(huggingface)
-    model_eos = None
-    if huggingface is not None:
-        eos = resolve_config(huggingface).get("eos_token_id")
-        model_eos = eos[0] if isinstance(eos, list) and eos else eos if isinstance(eos, int) else None
+    tokenizer = spec.tokenizer or _default_tokenizer(tokenizer_dirs)
     corpus = tokenized(path=spec.path, tokenizer=tokenizer, cache_dir=spec.cache_dir, model_eos=model_eos,
                        vocab_size=vocab_size)
     return TextCorpus(tokens=corpus.tokens, sequence_length=sequence_length, seed=seed, shuffle=spec.shuffle)
 
 
-def _default_tokenizer(huggingface: HuggingFaceSpec | None) -> str:
-    """The tokenizer next to a Hugging Face model's files: its weights directory, then the
-    directory of its config path."""
-    candidates = []
-    if huggingface is not None and huggingface.weights:
-        candidates.append(Path(huggingface.weights))
-    if huggingface is not None and huggingface.path:
-        p = Path(huggingface.path)
-        candidates.append(p if p.is_dir() else p.parent)
+def _default_tokenizer(candidates: Sequence[Path]) -> str:
+    """The tokenizer next to a model's files (a Hugging Face model's: its weights directory,
+    then the directory of its config path)."""
     for d in candidates:
         if (d / "tokenizer.json").is_file():
             return str(d)

@@ -1,6 +1,6 @@
 """The layer zoo: small but real heterogeneous blocks in plain torch.
 
-Sits under :mod:`adaptis.worker.models.zoo`, which turns an AdaPtisJob ``ModelSpec`` into a list of
+Sits under :mod:`adaptis.worker.models.zoo`, which turns an AdaPtisJob's ``ZooModel`` into a list of
 these layers. Each layer maps ``[batch, seq, hidden]`` to the same shape (the embedding takes token
 ids, the head returns vocabulary logits), so any contiguous run of them is a pipeline stage. The
 blocks carry the heterogeneity of method.md: attention (+MLP) decoder blocks (multi-head or
@@ -135,7 +135,7 @@ class _MLP(nn.Module):
 
 @dataclass(frozen=True, slots=True)
 class BlockOptions:
-    """What the attention and MLP of every block of a model share (from ``ModelSpec``); the
+    """What the attention and MLP of every block of a model share (from ``ZooModel``); the
     defaults are the plain blocks (multi-head, no positions, gelu)."""
 
     kv_heads: int | None = None

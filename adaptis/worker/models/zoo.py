@@ -1,4 +1,5 @@
-"""From an AdaPtisJob ``ModelSpec`` to torch modules: the layer list, stages, the whole model.
+"""From an AdaPtisJob's zoo model (:class:`~adaptis.api.model.ZooModel`) to torch modules: the
+layer list, stages, the whole model.
 
 The model's layer list is the planner's view of it: ``embedding``, each block in order, then
 ``head`` (``2 + sum(counts)`` layers). A plan's ``stages[s] = [lo, hi)`` index this list.
@@ -18,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from adaptis.api.job import BlockSpec, ModelSpec
+from adaptis.api.job import BlockSpec
+from adaptis.api.model import ZooModel
 from adaptis.worker.errors import WorkerError
 from adaptis.worker.models.layers import (
     AttentionBlock,
@@ -59,7 +61,7 @@ class LayerInfo:
     block: BlockSpec | None = None
 
 
-def model_layers(model: ModelSpec) -> list[LayerInfo]:
+def model_layers(model: ZooModel) -> list[LayerInfo]:
     """The layer list in pipeline order: embedding, every block, head."""
     layers = [LayerInfo(name="embedding", kind="embedding")]
     index = 0
@@ -71,7 +73,7 @@ def model_layers(model: ModelSpec) -> list[LayerInfo]:
     return layers
 
 
-def build_layer(model: ModelSpec, *, index: int, seed: int) -> nn.Module:
+def build_layer(model: ZooModel, *, index: int, seed: int) -> nn.Module:
     """Build and initialise layer ``index`` of the layer list (float32, on CPU)."""
     layers = model_layers(model)
     if not 0 <= index < len(layers):
@@ -143,7 +145,7 @@ class StageModule(nn.Module):
 
 
 def build_stages(
-    model: ModelSpec, *, stages: Sequence[tuple[int, int]], seed: int
+    model: ZooModel, *, stages: Sequence[tuple[int, int]], seed: int
 ) -> list[StageModule]:
     """Build the given stages (``[lo, hi)`` ranges) of one process, sharing the tied weight
     when this process holds both the embedding and the head."""
@@ -159,7 +161,7 @@ def build_stages(
     return built
 
 
-def build_model(model: ModelSpec, *, seed: int) -> StageModule:
+def build_model(model: ZooModel, *, seed: int) -> StageModule:
     """The whole model as one stage: the single-process reference of every parity test."""
     n = len(model_layers(model))
     return build_stages(model, stages=[(0, n)], seed=seed)[0]

@@ -70,7 +70,7 @@ def co_runners(spec: JobSpec, *, count: int, dtype: torch.dtype) -> Iterator[Non
         return
     ctx = mp.get_context("spawn")  # a fork would inherit this process's torch thread pools
     stop, ready = ctx.Event(), ctx.Semaphore(0)
-    model = spec.model.model_dump(mode="json", by_alias=True)
+    model = spec.model.wire().model_dump(mode="json", by_alias=True)
     train = spec.training.model_dump(mode="json", by_alias=True)
     procs = [ctx.Process(target=_run, kwargs={"model": model, "training": train, "dtype": str(dtype),
                                               "stop": stop, "ready": ready},
@@ -95,12 +95,13 @@ def co_runners(spec: JobSpec, *, count: int, dtype: torch.dtype) -> Iterator[Non
 
 def _run(*, model: dict[str, Any], training: dict[str, Any], dtype: str, stop: Any, ready: Any) -> None:
     """A co-runner's loop: every layer of the model, forward then backward, until ``stop``."""
-    from adaptis.api.model import ModelSpec
+    from adaptis.api.model import ModelSpec, ZooModel, expect_kind, resolve_model
     from adaptis.api.training import TrainingSpec
     from adaptis.worker.models.zoo import build_layer, model_layers
 
     torch.set_num_threads(1)
-    spec, train = ModelSpec.model_validate(model), TrainingSpec.model_validate(training)
+    spec = expect_kind(resolve_model(ModelSpec.model_validate(model)), ZooModel, what="a co-runner")
+    train = TrainingSpec.model_validate(training)
     kind = getattr(torch, dtype.removeprefix("torch."))
     layers = [build_layer(spec, index=i, seed=train.seed + 1) for i in range(len(model_layers(spec)))]
     b, s = train.microbatch_size, train.sequence_length

@@ -19,8 +19,8 @@ import logging
 
 import torch
 
-from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import JobSpec
+from adaptis.api.model import HuggingFaceModel, expect_kind
 from adaptis.api.problem import Problem
 from adaptis.worker.models.hf.stages import HFStage, build_hf_stages
 from adaptis.worker.models.precision import wrap_stage
@@ -42,9 +42,8 @@ log = logging.getLogger(__name__)
 
 def profile_hf_layers(spec: JobSpec, *, settings: ProfileSettings) -> list[LayerProfile]:
     """Every layer in pipeline order; each distinct kind measured once (its first layer)."""
-    model, train = spec.model, spec.training
-    assert model.huggingface is not None
-    layout = hf_layout(model.huggingface)
+    model, train = expect_kind(spec.model, HuggingFaceModel, what="the layer profiler"), spec.training
+    layout = model.layout
     names = layout.layer_names
     kinds = ["embedding", *layout.kinds, "head"]
     dev, dtype = settings.device, settings.dtype
@@ -100,10 +99,8 @@ def measure_hf_problem(spec: JobSpec, *, devices: int, repeats: int = 3,
     the zoo's (no memory limit), in ``precision`` (bf16: under autocast, as the ranks run)."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     settings = ProfileSettings(warmup=1, repeats=repeats, dtype=dtype)
-    assert spec.model.huggingface is not None
-    layout = hf_layout(spec.model.huggingface)
     return problem_from_profiles(
-        profile_hf_layers(spec, settings=settings), name=f"{layout.model_type}-model",
+        profile_hf_layers(spec, settings=settings), name=spec.model.name,
         microbatches=spec.training.microbatches, devices=devices, memory_bytes=None,
         action_overhead_s=measure_action_overhead(settings=settings),
         # The split weight pass's graph walks, on the default blocks (the zoo's profiler times

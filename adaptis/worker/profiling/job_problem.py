@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import JobSpec
+from adaptis.api.model import HuggingFaceModel
 from adaptis.api.problem import IdenticalDevices, Link, Network, Problem
 from adaptis.planner.hf_estimate import estimate_model_layers
 from adaptis.worker.profiling.hardware import (
@@ -56,7 +56,7 @@ def estimate_problem(spec: JobSpec, *, devices: int, precision: str = "fp32") ->
     gpu = spec.parallelism.gpus_per_worker > 0
     flops = _GPU_FLOPS if gpu else _CPU_FLOPS
     return Problem(
-        name=_problem_name(spec),
+        name=spec.model.name,
         time_unit="ms",
         microbatches=spec.training.microbatches,
         layers=estimate_model_layers(spec.model, spec.training,
@@ -67,24 +67,17 @@ def estimate_problem(spec: JobSpec, *, devices: int, precision: str = "fp32") ->
     )
 
 
-def _problem_name(spec: JobSpec) -> str:
-    hf = spec.model.huggingface
-    if hf is not None:
-        return f"{hf_layout(hf).model_type}-model"
-    return f"{spec.model.blocks[0].kind}-model"  # type: ignore[index]
-
-
 def measure_problem(spec: JobSpec, *, devices: int, repeats: int = 3,
                     precision: str = "fp32") -> Problem:
     """Time each distinct layer kind once on this process (current thread count) with the
     layer profiler, as ``adaptis profile`` does, few repeats, in ``precision`` (bf16: under
     autocast, as the ranks run); no memory limit is set."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    if spec.model.huggingface is not None:
+    if isinstance(spec.model, HuggingFaceModel):  # its own modules (hf_profile)
         return measure_hf_problem(spec, devices=devices, repeats=repeats, precision=precision)
     settings = ProfileSettings(warmup=1, repeats=repeats, dtype=dtype)
     profiles = profile_layers_among_ranks(spec, settings=settings, ranks_on_host=devices)
-    return problem_from_profiles(profiles, name=_problem_name(spec),
+    return problem_from_profiles(profiles, name=spec.model.name,
                                  microbatches=spec.training.microbatches, devices=devices, memory_bytes=None,
                                  action_overhead_s=measure_action_overhead(settings=settings),
                                  graph_visit_s=measure_graph_visit(settings=settings, spec=spec))
@@ -101,15 +94,15 @@ def profile_job(spec: JobSpec, *, settings: ProfileSettings, devices: int, name:
     device's memory (on CPU shared by ``devices`` local ranks) and free links. Either way the
     problem's ``action_overhead_s`` is :func:`measure_action_overhead` here, and its layers'
     ``graph_walk`` come from :func:`measure_graph_visit` here."""
-    if spec.model.huggingface is not None:  # the real modules
+    hf = isinstance(spec.model, HuggingFaceModel)  # its own modules (hf_profile), or the zoo's
+    if hf:  # the real modules
         profiles = profile_hf_layers(spec, settings=settings)
     else:
         on_host = hardware.ranks_per_node if hardware is not None else devices
         profiles = profile_layers_among_ranks(spec, settings=settings, ranks_on_host=on_host)
     overhead = measure_action_overhead(settings=settings)
     # The zoo's own blocks time the graph walks in context; a Hugging Face model's: the default.
-    visit = measure_graph_visit(settings=settings,
-                                spec=spec if spec.model.huggingface is None else None)
+    visit = measure_graph_visit(settings=settings, spec=None if hf else spec)
     dev = settings.device
     label = f"{name} ({device_name(dev)}, torch {torch.__version__}, {str(settings.dtype).removeprefix('torch.')})"
     if hardware is None:

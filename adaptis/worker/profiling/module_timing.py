@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from adaptis.api.job import JobSpec
+from adaptis.api.model import ZooModel, expect_kind
 from adaptis.worker.errors import WorkerError
 from adaptis.worker.models.zoo import build_layer, model_layers
 from adaptis.worker.profiling.hardware import cache_bytes, device_clock
@@ -276,14 +277,15 @@ def measure_graph_visit(*, settings: ProfileSettings, spec: JobSpec | None = Non
     stacked tiny blocks (next to no compute) beyond 32 times one block's, over all the walks."""
     dev, dtype = settings.device, settings.dtype
     once = replace(settings, estimator="min", cold_caches=False)  # a difference of warm runs: calibrated so
-    n_blocks = len(model_layers(spec.model)) - 2 if spec is not None else 0
-    if spec is not None and n_blocks >= 4:
+    model = expect_kind(spec.model, ZooModel, what="the graph walk's timing") if spec is not None else None
+    n_blocks = len(model_layers(model)) - 2 if model is not None else 0
+    if spec is not None and model is not None and n_blocks >= 4:
         half = min(8, n_blocks) // 2
-        layers = [build_layer(spec.model, index=1 + i, seed=spec.training.seed).to(device=dev, dtype=dtype)
+        layers = [build_layer(model, index=1 + i, seed=spec.training.seed).to(device=dev, dtype=dtype)
                   for i in range(2 * half)]
         t = spec.training
         gen = torch.Generator(device=dev).manual_seed(t.seed)
-        x = torch.randn(t.microbatch_size, t.sequence_length, spec.model.hidden, generator=gen, device=dev,
+        x = torch.randn(t.microbatch_size, t.sequence_length, model.hidden, generator=gen, device=dev,
                         dtype=dtype)
         counts = _graph_counts(layers, example=x)
         visits = sum(n for n, _g in counts[:half]) * sum(g for _n, g in counts[half:])

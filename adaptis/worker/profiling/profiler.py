@@ -54,6 +54,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from adaptis.api.job import JobSpec
+from adaptis.api.model import ZooModel, expect_kind
 from adaptis.api.problem import IdenticalDevices, Layer, Network, Problem
 from adaptis.worker.errors import WorkerError
 from adaptis.worker.models.precision import wrap_stage
@@ -171,7 +172,7 @@ _TIMES = ("forward_s", "backward_s", "weight_s", "fused_backward_s", "optimizer_
 
 
 def _profile_pass(spec: JobSpec, *, settings: ProfileSettings) -> list[LayerProfile]:
-    model, train = spec.model, spec.training
+    model, train = expect_kind(spec.model, ZooModel, what="the layer profiler"), spec.training
     infos = model_layers(model)
     b, s, h = train.microbatch_size, train.sequence_length, model.hidden
     dev, dtype = settings.device, settings.dtype

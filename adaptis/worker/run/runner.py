@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 
 from adaptis.api.events import DoneEvent, PreemptedEvent, StartEvent, StepEvent, event_line
-from adaptis.api.hf_model import hf_layout
 from adaptis.api.job import WorkerConfig
 from adaptis.api.plan import predicted_seconds
 from adaptis.worker.data.sources import open_source, shard_position
@@ -172,8 +171,10 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
     tokens_per_step = samples_per_step * t.sequence_length
     ckpt = config.checkpoint_dir
     now, exact = _resume(config, rank=env.rank, executor=executor, metrics=metrics)
-    source = open_source(t.data, vocab_size=_vocab(config), sequence_length=t.sequence_length, seed=t.seed,
-                         huggingface=config.model.huggingface) if executor.holds_first or executor.holds_last else None
+    model = config.model
+    source = (open_source(t.data, vocab_size=model.vocab_size, sequence_length=t.sequence_length, seed=t.seed,
+                          tokenizer_dirs=model.file_dirs, model_eos=model.eos_token_id)
+              if executor.holds_first or executor.holds_last else None)
     emit(StartEvent(rank=env.rank, world_size=env.world_size, pid=os.getpid(), replica=executor.replica,
                     pipeline_rank=executor.pipeline_rank, data_parallel=executor.mesh.replicas,
                     metrics_port=port, resumed_step=now.step, resumed_exact=exact,
@@ -255,8 +256,3 @@ def _preempted(ckpt: str | None, *, executor: Executor, emit: Emit, saved: bool,
                     executor.rank, now.step)
     emit(event)
     return event
-
-
-def _vocab(config: WorkerConfig) -> int:
-    hf = config.model.huggingface
-    return hf_layout(hf).vocab_size if hf is not None else config.model.vocab_size  # type: ignore[return-value]

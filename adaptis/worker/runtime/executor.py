@@ -32,16 +32,14 @@ import torch.distributed as dist
 from torch import nn
 
 from adaptis.api.errors import SpecError
-from adaptis.api.hf_model import hf_layout
-from adaptis.api.job import ModelSpec, TrainingSpec, WorkerConfig
+from adaptis.api.job import Model, TrainingSpec, WorkerConfig
 from adaptis.api.plan import Plan
 from adaptis.api.rules import layer_count
 from adaptis.worker.data.sources import Batch
 from adaptis.worker.errors import PlanMismatchError
-from adaptis.worker.models.hf.stages import build_hf_stages
+from adaptis.worker.models.build import build_model_stages
 from adaptis.worker.models.precision import PRECISION_DTYPE, resolve_precision, wrap_stage
 from adaptis.worker.models.zoo import (
-    build_stages,
     set_aux_loss_scale,
     token_loss,
 )
@@ -166,13 +164,12 @@ class Executor:
         self.stage_ids = sorted(self.plan.placement[self.pipeline_rank])
         ranges = [tuple(self.plan.stages[s]) for s in self.stage_ids]
         # A Hugging Face model's stages come from its own modules (adaptis.worker.models.hf.stages).
-        build = build_hf_stages if spec.huggingface is not None else build_stages
         self.modules: list[nn.Module] = [
-            m.to(device) for m in build(spec, stages=ranges, seed=train.seed)  # type: ignore[arg-type]
+            m.to(device) for m in build_model_stages(spec, stages=ranges, seed=train.seed)  # type: ignore[arg-type]
         ]
         # MoE load-balancing gradients scaled as each microbatch's token loss is (1/m).
         set_aux_loss_scale(self.modules, scale=1.0 / train.microbatches)
-        hidden, vocab, self._tied = _dims(config)
+        hidden, vocab, self._tied = spec.hidden, spec.vocab_size, spec.tied
         self.params = _unique_params(self.modules)
         self._tied_peer, self._count_in_norm = self._tie_embeddings()
         self.reducer = self._reducer()
@@ -229,7 +226,7 @@ class Executor:
         return GradReducer(stage_params=by_stage, group=self.groups.replica, replicas=self.mesh.replicas)
 
     @property
-    def model(self) -> ModelSpec:
+    def model(self) -> Model:
         return self.config.model
 
     @property
@@ -395,13 +392,6 @@ class Executor:
             out.update({k: p for k, p in module.global_parameters().items() if id(p) not in seen})
         return out
 
-def _dims(config: WorkerConfig) -> tuple[int, int, bool]:
-    """Hidden size, vocabulary and tied embeddings of the zoo model or the Hugging Face one."""
-    spec = config.model
-    if spec.huggingface is not None:
-        layout = hf_layout(spec.huggingface)
-        return layout.hidden, layout.vocab_size, layout.tied
-    return spec.hidden, spec.vocab_size, spec.tie_embeddings  # type: ignore[return-value]
 
 
 def _unique_params(modules: list[nn.Module]) -> list[nn.Parameter]:

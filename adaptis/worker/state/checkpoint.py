@@ -57,9 +57,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from adaptis.api.hf_model import hf_layout
-from adaptis.api.job import ModelSpec
 from adaptis.api.mesh import Mesh
+from adaptis.api.model import HuggingFaceModel, Model
 from adaptis.worker.errors import CheckpointError
 from adaptis.worker.runtime.replicas import ZeroOptimizer
 from adaptis.worker.state.named_state import export_state, held_names, held_optimizer, import_state
@@ -84,7 +83,7 @@ class Checkpointed(Protocol):
     @property
     def checkpoint_rank(self) -> int: ...  # whose file this rank restores from first
     @property
-    def model(self) -> ModelSpec: ...  # recorded, and checked on a resume
+    def model(self) -> Model: ...  # recorded, and checked on a resume
     @property
     def zero_stage(self) -> int: ...
     @property
@@ -292,8 +291,8 @@ def _tied_alias(executor: Checkpointed) -> dict[str, str]:
     tied head on one rank are one Parameter, named once (``model.embed_tokens.weight``); a
     plan that puts the head on another rank looks for ``lm_head.weight`` (the zoo's models
     name both layers of a tie, so need none)."""
-    hf = executor.model.huggingface
-    if hf is None or not hf_layout(hf).tied:
+    model = executor.model
+    if not isinstance(model, HuggingFaceModel) or not model.tied:
         return {}
     return {"lm_head.weight": "model.embed_tokens.weight"}
 
@@ -336,11 +335,11 @@ class Scan:
     incompatible: str | None  # why files exist yet cannot be resumed (None: they can, or none)
 
 
-def _model_doc(model: ModelSpec) -> dict[str, Any]:
-    return model.model_dump(mode="json", by_alias=True)
+def _model_doc(model: Model) -> dict[str, Any]:
+    return model.wire().model_dump(mode="json", by_alias=True)
 
 
-def _model_difference(recorded: dict[str, Any], model: ModelSpec) -> str:
+def _model_difference(recorded: dict[str, Any], model: Model) -> str:
     now = _model_doc(model)
     diffs = [f"model.{k}: {recorded.get(k)!r} there, {now.get(k)!r} in this job"
              for k in sorted(set(recorded) | set(now)) if recorded.get(k) != now.get(k)]
@@ -359,7 +358,7 @@ def _rank_files(root: Path) -> dict[int, set[int]]:
     return found
 
 
-def scan_checkpoints(directory: str | Path, *, model: ModelSpec) -> Scan:
+def scan_checkpoints(directory: str | Path, *, model: Model) -> Scan:
     """Whether a job of ``model`` (under any plan) would resume from ``directory``, and from
     which step; mirrors :func:`agree_resume_step` (the newest step every saver has a file of)."""
     root = Path(directory)

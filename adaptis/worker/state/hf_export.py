@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from adaptis.api.job import ModelSpec
+from adaptis.api.model import HuggingFaceModel
 from adaptis.worker.errors import WorkerError
 from adaptis.worker.models.hf.stages import hf_config
 from adaptis.worker.models.hf.weights import HEAD_TENSOR
@@ -24,7 +24,7 @@ __all__ = ["export_checkpoint"]
 log = logging.getLogger(__name__)
 
 
-def export_checkpoint(model: ModelSpec, *, checkpoint: str | Path, out: str | Path) -> Path:
+def export_checkpoint(model: HuggingFaceModel, *, checkpoint: str | Path, out: str | Path) -> Path:
     """Merge the ranks' files of one checkpoint step (a ``step-*`` directory) into ``out``:
     ``config.json`` and ``model.safetensors``, loadable by ``from_pretrained``."""
     from safetensors.torch import save_file

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from adaptis.api.hf_model import HFLayout, hf_layout, resolve_config
-from adaptis.api.job import ModelSpec
+from adaptis.api.model import HuggingFaceModel
 from adaptis.worker.errors import WorkerError
 from adaptis.worker.models.hf.weights import load_stage_weights
 
@@ -36,11 +36,10 @@ __all__ = ["HFStage", "build_hf_model", "build_hf_stages", "hf_config", "init_hf
 _SEED_STRIDE = 1_000_003  # as adaptis.worker.models.zoo: (seed, layer) pairs do not collide
 
 
-def hf_config(model: ModelSpec) -> Any:
+def hf_config(model: HuggingFaceModel) -> Any:
     """The transformers config of the job's model (no download: built from the dict)."""
     from transformers import AutoConfig
 
-    assert model.huggingface is not None
     data = resolve_config(model.huggingface)
     hf_layout(model.huggingface)  # the supported families, with an error naming the field
     fields = {k: v for k, v in data.items() if k not in ("model_type", "architectures",
@@ -158,12 +157,11 @@ def _materialise(module: nn.Module, *, owner: nn.Module, seed: int, index: int) 
             module.apply(owner._init_weights)  # children first, as transformers' smart_apply
 
 
-def _skeleton(model: ModelSpec) -> tuple[nn.Module, Any, HFLayout]:
+def _skeleton(model: HuggingFaceModel) -> tuple[nn.Module, Any, HFLayout]:
     from transformers import AutoModelForCausalLM
 
     config = hf_config(model)
-    assert model.huggingface is not None
-    layout = hf_layout(model.huggingface)
+    layout = model.layout
     with torch.device("meta"):
         causal_lm = AutoModelForCausalLM.from_config(config)
     return causal_lm, config, layout
@@ -197,7 +195,7 @@ def init_hf_model(causal_lm: nn.Module, *, layout: HFLayout, owned: set[int], se
             _materialise(head, owner=causal_lm, seed=seed, index=n - 1)
 
 
-def build_hf_stages(model: ModelSpec, *, stages: Sequence[tuple[int, int]],
+def build_hf_stages(model: HuggingFaceModel, *, stages: Sequence[tuple[int, int]],
                     seed: int) -> list[HFStage]:
     """This process's stages (``[lo, hi)`` ranges): only their layers are materialised, then
     overwritten with the local weights when the spec names them (only these layers' tensors
@@ -211,7 +209,6 @@ def build_hf_stages(model: ModelSpec, *, stages: Sequence[tuple[int, int]],
         raise WorkerError(f"stages {list(stages)} outside the model's {n} layers")
     init_hf_model(causal_lm, layout=layout, owned=owned, seed=seed)
     built = [HFStage(causal_lm, config=config, lo=lo, hi=hi, n_layers=n) for lo, hi in stages]
-    assert model.huggingface is not None
     if model.huggingface.weights is not None:
         wanted: dict[str, nn.Parameter] = {}
         for stage in built:
@@ -220,7 +217,7 @@ def build_hf_stages(model: ModelSpec, *, stages: Sequence[tuple[int, int]],
     return built
 
 
-def build_hf_model(model: ModelSpec, *, seed: int) -> nn.Module:
+def build_hf_model(model: HuggingFaceModel, *, seed: int) -> nn.Module:
     """The whole ``AutoModelForCausalLM``, initialised as the stages are: the single-process
     reference of the parity tests and what ``adaptis export`` fills."""
     causal_lm, _config, layout = _skeleton(model)
