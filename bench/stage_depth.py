@@ -17,6 +17,7 @@ take turns for ``--rounds`` rounds and the minimum is kept (noise only adds).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -44,7 +45,7 @@ def deep_spec(spec: JobSpec, *, blocks: int) -> JobSpec:
     """``spec``'s model with its block pattern repeated up to ``blocks`` blocks."""
     pattern = [b.model_copy(update={"count": 1}) for b in spec.model.blocks for _ in range(b.count)]
     chosen = [pattern[i % len(pattern)] for i in range(blocks)]
-    return spec.model_copy(update={"model": spec.model.model_copy(update={"blocks": chosen})})
+    return spec.model_copy(update={"model": dataclasses.replace(spec.model, blocks=chosen)})
 
 
 def run(*, spec: JobSpec, depths: list[int], rounds: int, device: torch.device,

@@ -6,9 +6,17 @@ losses to its loss explicitly, the pipeline attaches their gradients in the back
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from worker_harness import job_spec, parity_ranks, run_ranks, topological_plan, write_cases
+from worker_harness import (
+    job_spec,
+    parity_ranks,
+    run_ranks,
+    topological_plan,
+    write_cases,
+)
 
 from adaptis.api.job import BlockSpec, TrainingSpec
 from adaptis.api.model import ZooModel
@@ -71,8 +79,8 @@ def test_the_aux_loss_changes_the_reference_gradients() -> None:
     """Guards the parity test from passing vacuously: the aux term moves the routers' and the
     earlier layers' gradients."""
     torch.set_num_threads(1)
-    off = MODEL.model_copy(update={"blocks": [
-        b.model_copy(update={"aux_loss_coef": 0.0}) for b in MODEL.blocks]})
+    off = dataclasses.replace(MODEL, blocks=[
+        b.model_copy(update={"aux_loss_coef": 0.0}) for b in MODEL.blocks])
     with_aux = reference_step(MODEL, TRAINING, batch=_batch())
     without = reference_step(off, TRAINING, batch=_batch())
     assert with_aux.loss == without.loss

@@ -6,6 +6,7 @@ code in the test process, where mutation testing (bench/mutation.py) can see it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -95,7 +96,7 @@ def test_the_file_records_the_step_the_writers_and_state_by_name(tmp_path: Path)
         "format": 2, "step": 3, "position": 12, "tokens": 96, "samples": 12, "world_size": 1,
         "data_parallel": 1, "zero_stage": 0, "savers": [0], "optimizer_name": "adamw"}
     assert "fingerprint" not in doc  # a plan is no part of a checkpoint: any plan resumes it
-    assert doc["model_spec"] == SMALL_MODEL.model_dump(mode="json", by_alias=True)
+    assert doc["model_spec"] == SMALL_MODEL.wire().model_dump(mode="json", by_alias=True)
     named = ex.named_parameters()
     assert set(doc["model"]) == set(named) and "0.weight" in named and "4.weight" in named
     for name, p in named.items():
@@ -197,7 +198,7 @@ def test_a_missing_or_unreadable_file_and_another_model_are_refused(tmp_path: Pa
     with pytest.raises(CheckpointError, match=r"checkpoint file .*rank-0.pt cannot be read"):
         load_checkpoint(tmp_path, executor=ex, step=1)
     save_checkpoint(tmp_path, executor=ex, step=2, position=0, tokens=0, samples=0)
-    other = SMALL_MODEL.model_copy(update={"vocab_size": 128})
+    other = dataclasses.replace(SMALL_MODEL, vocab_size=128)
     with pytest.raises(CheckpointError) as refused:
         load_checkpoint(tmp_path, executor=_executor(_one_stage(), model=other), step=2)
     assert str(refused.value) == (f"checkpoint of step 2 in {tmp_path} is of another model "
@@ -324,9 +325,9 @@ def test_a_scan_names_the_directory_and_why_it_cannot_resume(tmp_path: Path) -> 
     assert torn.incompatible == ("no step has the files of every rank that wrote it (step 2 has the files of "
                                  "ranks 0, its files are unreadable)")
     # Two fields changed: both named, one after the other.
-    spec = SMALL_MODEL.model_dump(mode="json", by_alias=True)
+    spec = SMALL_MODEL.wire().model_dump(mode="json", by_alias=True)
     _file(tmp_path, step=4, rank=0, doc={"savers": [0], "model_spec": spec})
-    other = SMALL_MODEL.model_copy(update={"vocab_size": 128, "hidden": 32})
+    other = dataclasses.replace(SMALL_MODEL, vocab_size=128, hidden=32)
     assert scan_checkpoints(tmp_path, model=other).incompatible == (
         "step 4's checkpoint is of another model (model.hidden: 16 there, 32 in this job; "
         "model.vocabSize: 256 there, 128 in this job)")
@@ -338,7 +339,7 @@ def test_a_scan_names_the_directory_and_why_it_cannot_resume(tmp_path: Path) -> 
 
 
 def test_a_step_with_one_torn_file_takes_its_savers_from_a_readable_one(tmp_path: Path) -> None:
-    spec = SMALL_MODEL.model_dump(mode="json", by_alias=True)
+    spec = SMALL_MODEL.wire().model_dump(mode="json", by_alias=True)
     _file(tmp_path, step=3, rank=0, doc={"savers": [0, 1], "model_spec": spec})
     _file(tmp_path, step=3, rank=1, doc=b"torn")
     assert scan_checkpoints(tmp_path, model=SMALL_MODEL).resume_step == 3

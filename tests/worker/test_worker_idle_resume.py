@@ -9,6 +9,7 @@ instead. Its losses equal the uninterrupted run's within the data-parallel parit
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -25,8 +26,8 @@ from adaptis.worker.run.launcher import LocalLauncher
 
 TOLERANCE = 1e-5
 # Smooth (no top-1 routing): two plans' summation orders must not flip an expert choice.
-MODEL = SMALL_MODEL.model_copy(update={"blocks": [BlockSpec(kind="mamba"), BlockSpec(kind="attention"),
-                                                  BlockSpec(kind="dense")]})
+MODEL = dataclasses.replace(SMALL_MODEL, blocks=[BlockSpec(kind="mamba"), BlockSpec(kind="attention"),
+                                                  BlockSpec(kind="dense")])
 STEPS = 12
 IDLE_MIDDLE = topological_plan(stages=[(0, 2), (2, 5)], placement=[[0], [], [1]], microbatches=4,
                                split=True, defer_w=False, lag=1)

@@ -175,7 +175,7 @@ def test_a_step_is_complete_when_its_recorded_savers_are_seen_together() -> None
 
 
 def test_scan_resumes_any_plan_and_names_what_is_missing(tmp_path: Path) -> None:
-    doc = {"model_spec": SMALL_MODEL.model_dump(mode="json", by_alias=True), "savers": [0, 1, 2]}
+    doc = {"model_spec": SMALL_MODEL.wire().model_dump(mode="json", by_alias=True), "savers": [0, 1, 2]}
     for step, ranks in ((4, (0, 1, 2)), (6, (0, 2))):
         d = tmp_path / f"step-{step:08d}"
         d.mkdir()

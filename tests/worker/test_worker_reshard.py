@@ -16,6 +16,7 @@ magnitude from the second resumed step on, since AdamW's update depends on them.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -34,8 +35,8 @@ TOLERANCE = 1e-5  # the data-parallel parity tolerance (docs/parallelism.md)
 # Without the mixture of experts: top-1 routing is discontinuous, and two plans' different
 # summation orders (1e-8 apart) flip a token's expert at step 9 of SMALL_MODEL's uninterrupted
 # 1F1B and ZB-V runs (1.5e-5 apart from there on), which says nothing about checkpoints.
-SMOOTH_MODEL = SMALL_MODEL.model_copy(update={"blocks": [BlockSpec(kind="mamba"), BlockSpec(kind="attention"),
-                                                         BlockSpec(kind="dense")]})
+SMOOTH_MODEL = dataclasses.replace(SMALL_MODEL, blocks=[BlockSpec(kind="mamba"), BlockSpec(kind="attention"),
+                                                         BlockSpec(kind="dense")])
 
 
 def _config(*, pipeline: int, strategy: str, steps: int, microbatches: int = 4, replicas: int = 1, zero: int = 0,

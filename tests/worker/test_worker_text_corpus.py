@@ -15,8 +15,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from adaptis.api.hf_model import HuggingFaceSpec
-from adaptis.api.model import HuggingFaceModel
 from adaptis.api.job import DataSpec
+from adaptis.api.model import HuggingFaceModel
 from adaptis.worker.data.corpus import tokenized
 from adaptis.worker.data.sources import TextCorpus, open_source, shard_position
 from adaptis.worker.errors import DataError
