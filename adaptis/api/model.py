@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 from pydantic import (
     BaseModel,
@@ -344,7 +344,7 @@ class HuggingFaceModel:
         """The config's ``eos_token_id`` (the first, when it lists several)."""
         eos = resolve_config(self.huggingface).get("eos_token_id")
         if isinstance(eos, list) and eos:
-            return eos[0]  # type: ignore[no-any-return]
+            return cast(int, eos[0])  # as config.json lists them
         return eos if isinstance(eos, int) else None
 
 

@@ -62,9 +62,9 @@ def test_a_zoo_model_made_directly_is_checked_as_a_manifests_is() -> None:
     made = ZooModel(vocab_size=64, hidden=16, heads=2, tie_embeddings=True,
                     blocks=[BlockSpec(kind="attention", count=2), BlockSpec(kind="moe", experts=4)])
     assert made == JobSpec.model_validate({"model": ZOO}).model
-    with pytest.raises(ValidationError, match="must divide model.hidden"):
+    with pytest.raises(ValidationError, match=r"must divide model\.hidden"):
         ZooModel(vocab_size=64, hidden=15, heads=2, blocks=[BlockSpec(kind="dense")])
-    with pytest.raises(ValidationError, match="must divide model.hidden"):
+    with pytest.raises(ValidationError, match=r"must divide model\.hidden"):
         dataclasses.replace(made, hidden=15)
 
 

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from worker_harness import SMALL_MODEL
 
-from adaptis.api.job import ModelSpec
 from adaptis.api.mesh import Mesh
+from adaptis.api.model import Model
 from adaptis.worker.state.checkpoint import Checkpointed, load_checkpoint, save_checkpoint
 
 
@@ -24,7 +24,7 @@ class _Rank:
     world_size: int = 1
     mesh: Mesh = field(default_factory=lambda: Mesh(pods=1, per_pod=1))
     checkpoint_rank: int = 0
-    model: ModelSpec = SMALL_MODEL
+    model: Model = SMALL_MODEL
     zero_stage: int = 0
     optimizer_name: str = "adamw"
     optimizer: torch.optim.Optimizer = field(init=False)
