@@ -109,7 +109,10 @@ class KubeCluster:
                 ca_certs=config.ssl_ca_cert, cert_file=config.cert_file,
                 key_file=config.key_file, **options)
 
-        self._pool = pool(num_pools=4, maxsize=8, timeout=urllib3.Timeout(total=timeout_s),
+        # Two reconcile workers each creating a gang eight pods at a time (create_many) use 16
+        # connections: a smaller pool drops the extra ones after each burst ("Connection pool
+        # is full") and pays a TLS handshake for each the next time.
+        self._pool = pool(num_pools=4, maxsize=16, timeout=urllib3.Timeout(total=timeout_s),
                           retries=api_retry())
         # Watches hold their connection for minutes: a pool of their own, so that they never
         # take the connections of the reconcile workers' calls.
