@@ -343,3 +343,13 @@ def test_a_node_that_comes_or_goes_after_the_first_list_wakes_the_jobs() -> None
     assert woken == []  # the first list: no job waits on it yet
     nodes.follow(version, stop=threading.Event(), timeout_s=1)
     assert len(woken) == 2 and sorted(inventory.nodes()) == ["n0", "n2"]
+
+
+def test_a_snapshot_copies_only_the_pods_asked_for_and_every_sum() -> None:
+    book = HoldBook()
+    book.put(("ops", "profiler"), GpuHold(node="n0", gpus=1, owner=("ops", "a")))
+    book.put(("t", "x"), GpuHold(node="n0", gpus=2, owner=None))
+    holds = book.snapshot(pods=[("ops", "profiler"), ("ops", "gone")])
+    assert set(holds.pods) == {("ops", "profiler")}
+    assert holds.unowned == {"n0": 2} and holds.owned == {("ops", "a"): {"n0": 1}}
+    assert set(book.snapshot().pods) == {("ops", "profiler"), ("t", "x")}

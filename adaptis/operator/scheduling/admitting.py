@@ -40,7 +40,7 @@ def _free(ledger: CapacityLedger, inventory: Inventory, *, key: JobKey,
     ignore = frozenset((str((p.get("metadata") or {}).get("namespace")),
                         str((p.get("metadata") or {}).get("name"))) for p in own)
     return ledger.free_gpus(allocatable={c.name: c.gpus for c in candidates},
-                            holds=inventory.gpu_holds(), job=key, ignore=ignore)
+                            holds=inventory.gpu_holds(pods=ignore), job=key, ignore=ignore)
 
 
 def hold_placement(ledger: CapacityLedger, inventory: Inventory, *, key: JobKey, record: PlanRecord,

@@ -142,8 +142,9 @@ def hold_of(pod: Mapping[str, Any]) -> GpuHold | None:
 
 @dataclass(frozen=True, slots=True)
 class GpuHolds:
-    """A snapshot of what pods hold: by pod, and summed per node for anyone's pods and per
-    job for the operator's. Never changed once made (a :class:`HoldBook` makes new ones)."""
+    """A snapshot of what pods hold: by pod (all of them, or those asked for), and summed per
+    node for anyone's pods and per job for the operator's. Never changed once made (a
+    :class:`HoldBook` makes new ones)."""
 
     pods: Mapping[PodKey, GpuHold]
     unowned: Mapping[str, int]  # node -> GPUs held by pods of no job
@@ -199,10 +200,13 @@ class HoldBook:
         else:
             self._owned.pop(hold.owner, None)
 
-    def snapshot(self) -> GpuHolds:
+    def snapshot(self, *, pods: Iterable[PodKey] | None = None) -> GpuHolds:
+        """The holds now; by pod only those of ``pods`` when given (copying every pod's would
+        make each admission cost as much as the cluster's pods)."""
         with self._lock:
-            return GpuHolds(pods=dict(self._pods), unowned=dict(self._unowned),
-                            owned=dict(self._owned))
+            by_pod = (dict(self._pods) if pods is None
+                      else {k: self._pods[k] for k in pods if k in self._pods})
+            return GpuHolds(pods=by_pod, unowned=dict(self._unowned), owned=dict(self._owned))
 
 
 def unschedulable_since(pods: Iterable[Mapping[str, Any]]) -> tuple[datetime | None, set[str]]:

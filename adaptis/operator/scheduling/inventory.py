@@ -28,7 +28,7 @@ from adaptis.operator.profiling.profile_store import (
     profile_selector,
     read_stored_profiles,
 )
-from adaptis.operator.scheduling.capacity import GpuHolds, HoldBook, hold_of
+from adaptis.operator.scheduling.capacity import GpuHolds, HoldBook, PodKey, hold_of
 
 __all__ = ["ACTIVE_PODS", "Inventory", "ListedInventory", "WatchedInventory"]
 
@@ -50,8 +50,8 @@ class Inventory(Protocol):
         """The measured node profiles (profile_store), by node."""
         ...
 
-    def gpu_holds(self) -> GpuHolds:
-        """What the non-terminated pods of every namespace hold."""
+    def gpu_holds(self, *, pods: frozenset[PodKey] = frozenset()) -> GpuHolds:
+        """What the non-terminated pods of every namespace hold (by pod: at least ``pods``)."""
         ...
 
     def priority(self, priority_class: str | None) -> int:
@@ -80,8 +80,8 @@ class ListedInventory:
         return read_stored_profiles(self._cluster.list_config_maps(
             self._profile_namespace, selector=profile_selector()))
 
-    def gpu_holds(self) -> GpuHolds:
-        with self._lock:
+    def gpu_holds(self, *, pods: frozenset[PodKey] = frozenset()) -> GpuHolds:  # noqa: ARG002
+        with self._lock:  # by pod every one, a superset of ``pods``
             now = self._clock()
             if self._holds is None or now - self._holds[0] >= self._ttl_s:
                 self._holds = (now, GpuHolds.of_pods(self._cluster.list_active_pods()))
@@ -181,8 +181,8 @@ class WatchedInventory:
         with self._lock:
             return self._stored
 
-    def gpu_holds(self) -> GpuHolds:
-        return self._holds.snapshot()
+    def gpu_holds(self, *, pods: frozenset[PodKey] = frozenset()) -> GpuHolds:
+        return self._holds.snapshot(pods=pods)
 
     def priority(self, priority_class: str | None) -> int:
         if not priority_class:
