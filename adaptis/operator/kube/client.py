@@ -6,7 +6,9 @@ process; every other room talks to it through the protocol
 (exactly what the API serves), so the client is a thin JSON-over-HTTPS layer on ``urllib3``:
 credentials come from ``kubernetes.config`` (kubeconfig or in-cluster service account), but the
 generated model classes are skipped because deserialising 256 Node objects into them on every
-reconcile costs more than the reconcile itself. A create that answers 409 means "already
+reconcile costs more than the reconcile itself. It also serves the informers
+(:mod:`adaptis.operator.kube.informer`): a list and a streamed watch of one collection, the
+watches on a connection pool of their own. A create that answers 409 means "already
 there" and a delete that answers 404 means "already gone": both are success, which is what
 makes repeated reconciles and operator restarts safe. Idempotent calls are retried a few times
 on 429 and 502-504 (API priority and fairness, an API server restarting behind its load
@@ -220,7 +222,8 @@ class KubeCluster:
 
     def list_active_pods(self) -> list[dict[str, Any]]:
         # Every namespace, terminated pods excluded: what holds a node's GPUs now. From the
-        # watch cache (resourceVersion=0): the allocation ledger re-reads it every few seconds.
+        # watch cache (resourceVersion=0). The operator keeps them from a watch instead
+        # (scheduling.inventory); this list serves ListedInventory.
         query = {"resourceVersion": "0",
                  "fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"}
         return list(self.request("GET", "/api/v1/pods", query=query)[1].get("items") or [])
