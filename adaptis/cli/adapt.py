@@ -177,7 +177,7 @@ class Adapter:
                       min_gain=self.spec.min_gain, time_limit_s=self.time_limit_s)
 
     def _record(self, d: Decision, *, step: int, measured: float | None) -> ReplanRecord:
-        speeds = [s.speed / p for s, p in zip(d.problem.device_specs(), self.profiled)]
+        speeds = [s.speed / p for s, p in zip(d.problem.device_specs(), self.profiled, strict=False)]
         return ReplanRecord(time=datetime.now(UTC).isoformat(timespec="seconds"), step=step,
                             action="suggested", reason=d.reason,
                             old_predicted_iteration_seconds=d.old_iteration_seconds,

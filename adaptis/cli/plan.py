@@ -179,7 +179,8 @@ def format_table(comparison: Comparison, *, problem: Problem) -> str:
 
     def line(cells: list[str]) -> str:
         # Names left, figures right: columns of numbers read best right-aligned.
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        pairs = enumerate(zip(cells, widths, strict=False))
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in pairs)
 
     layers = len(problem.expanded_layers())
     replicas = f" x {problem.data_parallel} replicas" if problem.data_parallel > 1 else ""

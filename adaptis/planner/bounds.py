@@ -58,8 +58,8 @@ def pipeline_bound(costs: Costs) -> float:
     """The pipeline terms of the lower bound (the bound before granularity was counted)."""
     m = costs.microbatches
     back = costs.least_backward()  # a plan may run any backward fused or split
-    grad = [min(b, fu) for b, fu in zip(costs.backward, costs.fused)]  # input gradient ready
-    work = [f + bw for f, bw in zip(costs.forward, back)]
+    grad = [min(b, fu) for b, fu in zip(costs.backward, costs.fused, strict=True)]  # input gradient ready
+    work = [f + bw for f, bw in zip(costs.forward, back, strict=True)]
     vmax = max(costs.speed)
     spread = sum(work) * m / sum(costs.speed)
     heaviest = max(work) * m / vmax
@@ -67,7 +67,7 @@ def pipeline_bound(costs: Costs) -> float:
     chain = (sum(costs.forward) + sum(grad) + tail) / vmax
     per_layer = 0.0
     f_before = b_before = 0.0
-    for f, g, bw in zip(costs.forward, grad, back):
+    for f, g, bw in zip(costs.forward, grad, back, strict=True):
         per_layer = max(per_layer, f_before + m * (f + g) + b_before, f_before + m * (f + bw))
         f_before += f
         b_before += g
@@ -80,7 +80,7 @@ def assignment_bound(costs: Costs, *, deadline: float | None = None) -> float:
     Past ``deadline`` (:func:`time.monotonic`) the bisection stops where it is: its lower end
     is a bound already, only a looser one (seconds are spent here on thousands of layers)."""
     m = costs.microbatches
-    work = sorted(m * (f + bw) for f, bw in zip(costs.forward, costs.least_backward()))
+    work = sorted(m * (f + bw) for f, bw in zip(costs.forward, costs.least_backward(), strict=True))
     speeds = sorted(costs.speed)
     if not work or work[-1] <= 0:
         return 0.0
@@ -115,7 +115,7 @@ def _greedy_makespan(work: list[float], speeds: list[float]) -> float:
     for w in reversed(work):
         d = min(range(len(speeds)), key=lambda i: (load[i] + w) / speeds[i])
         load[d] += w
-    return max(x / v for x, v in zip(load, speeds))
+    return max(x / v for x, v in zip(load, speeds, strict=True))
 
 
 def _may_fit(work: list[float], speeds: list[float], t: float) -> bool:

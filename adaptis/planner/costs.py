@@ -187,12 +187,12 @@ class Costs:
         held = [self.output_bytes[lo - 1] if lo > 0 else 0.0 for lo, _hi in stages]
         return StageCosts(
             forward=sc.forward,
-            backward=pick(sc.backward, [b + f for b, f in zip(sc.backward, sc.forward)]),
+            backward=pick(sc.backward, [b + f for b, f in zip(sc.backward, sc.forward, strict=True)]),
             weight=sc.weight,
-            fused=pick(sc.fused, [b + f for b, f in zip(sc.fused, sc.forward)]),
+            fused=pick(sc.fused, [b + f for b, f in zip(sc.fused, sc.forward, strict=True)]),
             activation_bytes=pick(sc.activation_bytes, held),
             param_bytes=pick(sc.param_bytes, [p + a - h for p, a, h in
-                                              zip(sc.param_bytes, sc.activation_bytes, held)]),
+                                              zip(sc.param_bytes, sc.activation_bytes, held, strict=True)]),
             output_bytes=sc.output_bytes,
         )
 
@@ -200,7 +200,7 @@ class Costs:
         # sum_j g_j * (P_j - P_lo), P the prefix sums of walk: O(1) a stage from two more prefix sums.
         pre_walk = [0.0, *accumulate(self.walk)]
         pre_g = [0.0, *accumulate(self.groups)]
-        pre_gp = [0.0, *accumulate(g * p for g, p in zip(self.groups, pre_walk))]
+        pre_gp = [0.0, *accumulate(g * p for g, p in zip(self.groups, pre_walk, strict=False))]
         return tuple((pre_gp[hi] - pre_gp[lo]) - pre_walk[lo] * (pre_g[hi] - pre_g[lo]) for lo, hi in stages)
 
     def allreduce_time(self, nbytes: float) -> float:
@@ -224,8 +224,8 @@ class Costs:
 
     def layer_work(self) -> tuple[float, ...]:
         """F + B + W of each layer: the balancing weight of partitions."""
-        return tuple(f + b + w for f, b, w in zip(self.forward, self.backward, self.weight))
+        return tuple(f + b + w for f, b, w in zip(self.forward, self.backward, self.weight, strict=True))
 
     def least_backward(self) -> tuple[float, ...]:
         """The cheaper way to run each layer's backward: split B + W, or fused."""
-        return tuple(min(b + w, fu) for b, w, fu in zip(self.backward, self.weight, self.fused))
+        return tuple(min(b + w, fu) for b, w, fu in zip(self.backward, self.weight, self.fused, strict=True))

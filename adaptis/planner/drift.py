@@ -107,7 +107,7 @@ class DriftWindow:
         per_rank = [(b1[r] - b0[r]) / steps for r in range(len(b0))]
         slowest = [max(per_rank[rep * devices + d] for rep in range(self.replicas))
                    for d in range(devices)]
-        measured = {d: m / p for d, (m, p) in enumerate(zip(slowest, self.predicted)) if p > 0}
+        measured = {d: m / p for d, (m, p) in enumerate(zip(slowest, self.predicted, strict=True)) if p > 0}
         unknown = statistics.median(measured.values())  # an idle device: see the class docstring
         return [measured.get(d, unknown) for d in range(devices)]
 
@@ -142,7 +142,7 @@ def scaled_speeds(problem: Problem, *, factors: Sequence[float]) -> Problem:
     specs = problem.device_specs()
     if len(factors) != len(specs):
         raise PlannerError(f"{len(factors)} ratios for {len(specs)} devices")
-    devices = [s.model_copy(update={"speed": s.speed * f}) for s, f in zip(specs, factors)]
+    devices = [s.model_copy(update={"speed": s.speed * f}) for s, f in zip(specs, factors, strict=True)]
     return problem.model_copy(update={"devices": DeviceList(list=devices)})
 
 

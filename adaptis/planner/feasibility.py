@@ -41,7 +41,7 @@ def memory_partition(costs: Costs, *, order: list[int], limit: float = math.inf)
     each device holds its stage's parameters and one microbatch's activations and its work
     / speed is at most ``limit``; None when the layers do not all fit."""
     n = costs.layers
-    mem = [0.0, *accumulate(p + a for p, a in zip(costs.param_bytes, costs.activation_bytes))]
+    mem = [0.0, *accumulate(p + a for p, a in zip(costs.param_bytes, costs.activation_bytes, strict=True))]
     work = [0.0, *accumulate(costs.layer_work())]
     stages: Stages = []
     owner: list[int] = []
@@ -73,7 +73,7 @@ def _tightest(costs: Costs, *, order: list[int]) -> tuple[Stages, list[int]] | N
     if found is None:
         return None
     work = [0.0, *accumulate(costs.layer_work())]
-    hi = max((work[b] - work[a]) / costs.speed[d] for (a, b), d in zip(*found))
+    hi = max((work[b] - work[a]) / costs.speed[d] for (a, b), d in zip(*found, strict=True))
     lo = 0.0
     while hi - lo > _REL_TOL * hi:
         mid = (lo + hi) / 2

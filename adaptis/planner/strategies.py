@@ -330,7 +330,7 @@ def _least_memory_reason(costs: Costs, seen: dict[str, Outcome]) -> str:
         return f"no partition fits in device memory; {memory_lever(costs)}"
 
     def worst(name: str) -> float:
-        return max(p / c if c > 0 else math.inf for p, c in zip(peaks[name], costs.memory))
+        return max(p / c if c > 0 else math.inf for p, c in zip(peaks[name], costs.memory, strict=True))
 
     lean = min(peaks, key=worst)
     over = over_memory(peaks[lean], costs.memory) or "every device fits"  # not reached: none fit

@@ -209,7 +209,7 @@ def _busy_panel(ux: Any, *, layout: TimelineLayout) -> None:
     ux.barh(ys, busy, height=_BAR_H, color=_BUSY, linewidth=0)
     ux.barh(ys, [1 - b for b in busy], left=busy, height=_BAR_H, color=_IDLE, linewidth=0)
     size = min(7.5, layout.row_in * 72 * 0.4)
-    for y, b in zip(ys, busy):
+    for y, b in zip(ys, busy, strict=True):
         ux.text(1.04, y, f"{b:.0%}", ha="left", va="center", fontsize=size, color="#333333")
     ux.set_xlim(0, 1)
     ux.set_xticks([0, 0.5, 1], ["0", "50%", "100%"], fontsize=7)
