@@ -6,6 +6,9 @@ export ADAPTIS_VENV := $(VENV)
 LINT_CACHE ?= $(or $(ADAPTIS_LINT_CACHE),$(HOME)/.cache/adaptis/lint)
 export ADAPTIS_LINT_CACHE := $(LINT_CACHE)
 
+# Checked by mypy --strict, clean; a room whose baseline reaches zero joins them, none leaves.
+MYPY_STRICT := adaptis/api adaptis/planner
+
 .PHONY: run test lint bench mutation
 run:  ## set up, then train the embedded default job locally, from scratch each time (--fresh)
 	bash scripts/setup.sh
@@ -15,14 +18,12 @@ test:  ## set up (Python env, control-plane binaries, Prometheus), then run ever
 	bash scripts/setup.sh --test
 	$(VENV)/bin/python -m pytest
 
-# PENDING (issue 28): --strict goes through a baseline too until api and planner are clean; then plain `mypy --strict`.
 lint:  ## set up, then ruff, the import contracts, mypy --strict on api and planner, mypy on the rest against its baseline
 	bash scripts/setup.sh >/dev/null
 	RUFF_CACHE_DIR=$(LINT_CACHE)/ruff $(VENV)/bin/ruff check --no-fix .
 	$(VENV)/bin/lint-imports --no-cache
-	$(VENV)/bin/python scripts/mypy_baseline.py --strict --baseline scripts/mypy-baseline-strict.txt \
-		--cache-dir $(LINT_CACHE)/mypy-strict adaptis/api adaptis/planner
-	$(VENV)/bin/python scripts/mypy_baseline.py --cache-dir $(LINT_CACHE)/mypy
+	$(VENV)/bin/mypy --strict --cache-dir $(LINT_CACHE)/mypy-strict $(MYPY_STRICT)
+	$(VENV)/bin/python scripts/mypy_baseline.py --cache-dir $(LINT_CACHE)/mypy $(MYPY_STRICT:%=--strict-path %)
 
 bench:  ## the planner benchmark on the paper's workloads (writes bench/RESULTS.md)
 	bash scripts/setup.sh

@@ -50,8 +50,7 @@ def test_the_file_round_trips_and_bad_lines_name_themselves() -> None:
 
 
 def test_the_committed_baselines_parse() -> None:
-    for name in ("mypy-baseline.txt", "mypy-baseline-strict.txt"):
-        path = REPO / "scripts" / name
-        if path.exists():
-            counts = mb.read_baseline(path.read_text())
-            assert all(n > 0 for n in counts.values()), name
+    counts = mb.read_baseline((REPO / "scripts" / "mypy-baseline.txt").read_text())
+    assert counts and all(n > 0 for n in counts.values())
+    # api and planner are checked by `mypy --strict`, clean: the baseline never covers them.
+    assert not [f for f, _code in counts if f.startswith(("adaptis/api/", "adaptis/planner/"))]
