@@ -30,12 +30,17 @@ JOB_RULES = {
 # No patch on nodes: measured profiles are kept in the release namespace (a node patch would
 # also let the operator relabel, taint or cordon any node).
 # Nodes, plus what the allocation ledger reads: every pod's GPU requests, PriorityClass values.
-CLUSTER_RULES = {("", "nodes", verb) for verb in ("list", "watch")} | {
-    ("", "pods", "list"), ("scheduling.k8s.io", "priorityclasses", "get")}
+# Cluster-wide: what the informers list and watch (nodes, the pods holding GPUs, priority
+# classes) and the one GET a priority class the cache has not seen yet costs.
+CLUSTER_RULES = {
+    (group, resource, verb)
+    for group, resource in (("", "nodes"), ("", "pods"), ("scheduling.k8s.io", "priorityclasses"))
+    for verb in ("list", "watch")
+} | {("scheduling.k8s.io", "priorityclasses", "get")}
 # In the release namespace only: the profiler pods, the stored profiles and the plan records
 # (deleted with their job). No tenant writes there, which is what makes them unforgeable.
 PROFILE_RULES = {("", "pods", verb) for verb in ("list", "watch", "create", "delete")} | {
-    ("", "configmaps", verb) for verb in ("get", "list", "create", "patch", "delete")
+    ("", "configmaps", verb) for verb in ("get", "list", "watch", "create", "patch", "delete")
 }
 
 
