@@ -10,6 +10,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from layer_strategies import LAYER
 
 from adaptis.api.problem import parse_problem
 from adaptis.planner.baselines import BASELINES
@@ -51,21 +52,11 @@ def test_the_bound_rises_as_memory_shrinks() -> None:
     assert times == sorted(times) and times[-1] > times[0]
 
 
-_layer = st.fixed_dictionaries({
-    "forward": st.floats(min_value=0.05, max_value=5.0),
-    "backward": st.floats(min_value=0.0, max_value=5.0),
-    "weight": st.floats(min_value=0.0, max_value=3.0),
-    "activation_bytes": st.floats(min_value=1e6, max_value=2e9),
-    "param_bytes": st.one_of(st.just(0.0), st.floats(min_value=1e6, max_value=1e9)),
-    "output_bytes": st.floats(min_value=1e6, max_value=5e8),
-})
-
-
 @st.composite
 def tight(draw: st.DrawFn) -> dict[str, Any]:
     """Problems whose memory is short: caps from a tenth of to twice one microbatch's
     activations, so plans throttle, recompute or do not fit."""
-    layers = [{"name": f"l{i}", **draw(_layer)} for i in range(draw(st.integers(min_value=1, max_value=10)))]
+    layers = [{"name": f"l{i}", **draw(LAYER)} for i in range(draw(st.integers(min_value=1, max_value=10)))]
     count = draw(st.integers(min_value=1, max_value=5))
     acts = sum(layer["activation_bytes"] for layer in layers)
     params = sum(layer["param_bytes"] for layer in layers)

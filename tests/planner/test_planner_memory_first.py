@@ -14,6 +14,7 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from layer_strategies import LAYER
 
 from adaptis.api.plan import Plan
 from adaptis.api.problem import parse_problem
@@ -100,21 +101,11 @@ def test_confirm_skips_estimates_at_or_past_the_plan_in_hand() -> None:
     assert ev.confirm([cand]) is not None and ev.evals == 1
 
 
-_layer = st.fixed_dictionaries({
-    "forward": st.floats(min_value=0.05, max_value=5.0),
-    "backward": st.floats(min_value=0.0, max_value=5.0),
-    "weight": st.floats(min_value=0.0, max_value=3.0),
-    "activation_bytes": st.floats(min_value=1e6, max_value=2e9),
-    "param_bytes": st.one_of(st.just(0.0), st.floats(min_value=1e6, max_value=1e9)),
-    "output_bytes": st.floats(min_value=1e6, max_value=5e8),
-})
-
-
 @st.composite
 def tight(draw: st.DrawFn) -> dict[str, Any]:
     """Memory for every parameter and from 0.3x to 3x one microbatch's activations, so the
     pipeline's depth often does not fit; mixed speeds."""
-    layers = [{"name": f"l{i}", **draw(_layer)} for i in range(draw(st.integers(min_value=1, max_value=14)))]
+    layers = [{"name": f"l{i}", **draw(LAYER)} for i in range(draw(st.integers(min_value=1, max_value=14)))]
     acts = sum(layer["activation_bytes"] for layer in layers)
     params = sum(layer["param_bytes"] for layer in layers)
     count = draw(st.integers(min_value=1, max_value=6))
