@@ -56,7 +56,7 @@ def planned_case(strategy: str, workers: int, microbatches: int) -> str:
     plain = len(record.plan.to_json())
     t0 = time.perf_counter()
     job = JobRef(name="plan", namespace="bench", uid="u")
-    cm = render_config_map(job, spec, record)
+    cm = render_config_map(job, spec, record=record)
     stored = render_record(job, record=record, namespace="ops", worker_data=cm["data"])
     written = time.perf_counter() - t0
     size = sum(len(k) + len(v.encode()) for k, v in cm["data"].items())

@@ -103,8 +103,8 @@ def _render_pods() -> tuple[list[dict[str, Any]], dict[str, Any], Any]:
     if UPDATE_DOCS:
         record = _measured(record, spec=spec)
     ref = JobRef(name=JOB, namespace=NAMESPACE, uid="0000-test")
-    config_map = render_config_map(ref, spec, record)
-    pods = [render_pod(ref, spec, record, rank=r, attempt=0, settings=ManifestSettings())
+    config_map = render_config_map(ref, spec, record=record)
+    pods = [render_pod(ref, spec, record=record, rank=r, attempt=0, settings=ManifestSettings())
             for r in range(len(record.nodes))]
     return pods, config_map, record
 

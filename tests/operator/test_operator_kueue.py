@@ -28,7 +28,7 @@ def _pods(make_node: Any, make_job: Any, *, queue_name: str | None,
     profiled = [profile_node(make_node(f"gpu-{i}", gpus=1), topology_keys=DEFAULT_TOPOLOGY_KEYS)
                 for i in range(nodes)]
     record = plan_job(spec, profiled, name="ns/demo")
-    return [render_pod(JOB, spec, record, rank=r, attempt=attempt, settings=ManifestSettings())
+    return [render_pod(JOB, spec, record=record, rank=r, attempt=attempt, settings=ManifestSettings())
             for r in range(nodes)]
 
 

@@ -52,7 +52,7 @@ def planned(make_node: Any, make_job: Any) -> tuple[JobSpec, PlanRecord]:
 def test_config_map_carries_the_worker_config_and_the_plan(
         planned: tuple[JobSpec, PlanRecord]) -> None:
     spec, record = planned
-    cm = render_config_map(JOB, spec, record)
+    cm = render_config_map(JOB, spec, record=record)
     assert cm["metadata"]["name"] == "demo-config"
     assert cm["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     config = WorkerConfig.model_validate_json(cm["data"]["worker.json"])
@@ -76,7 +76,7 @@ def test_headless_service_selects_the_gang(planned: tuple[JobSpec, PlanRecord]) 
 
 def test_pod_of_a_rank(planned: tuple[JobSpec, PlanRecord]) -> None:
     spec, record = planned
-    pod = render_pod(JOB, spec, record, rank=3, attempt=2, settings=ManifestSettings())
+    pod = render_pod(JOB, spec, record=record, rank=3, attempt=2, settings=ManifestSettings())
     meta, ps = pod["metadata"], pod["spec"]
     assert meta["name"] == "demo-worker-3"
     assert meta["labels"]["app.kubernetes.io/managed-by"] == "adaptis"
@@ -110,7 +110,7 @@ def test_pod_of_a_rank(planned: tuple[JobSpec, PlanRecord]) -> None:
     assert is_current_pod(pod, plan=plan_hash(record), attempt=2)
     assert not is_current_pod(pod, plan=plan_hash(record), attempt=3)
     # Rendering is deterministic: the same inputs give byte-identical pods.
-    again = render_pod(JOB, spec, record, rank=3, attempt=2, settings=ManifestSettings())
+    again = render_pod(JOB, spec, record=record, rank=3, attempt=2, settings=ManifestSettings())
     assert json.dumps(again, sort_keys=True) == json.dumps(pod, sort_keys=True)
 
 
@@ -118,7 +118,7 @@ def test_cpu_workers_request_no_gpu(planned: tuple[JobSpec, PlanRecord]) -> None
     spec, record = planned
     cpu = spec.model_copy(update={"parallelism": spec.parallelism.model_copy(
         update={"gpus_per_worker": 0})})
-    pod = render_pod(JOB, cpu, record, rank=0, attempt=0,
+    pod = render_pod(JOB, cpu, record=record, rank=0, attempt=0,
                      settings=ManifestSettings(image="default:2"))
     c = pod["spec"]["containers"][0]
     assert "nvidia.com/gpu" not in json.dumps(c["resources"])
@@ -147,7 +147,7 @@ def test_a_64_rank_4096_microbatch_plan_fits_its_config_map_and_round_trips() ->
     from adaptis.worker.runtime.executor import parse_plan
 
     spec, record = _large_record()
-    cm = render_config_map(JOB, spec, record)
+    cm = render_config_map(JOB, spec, record=record)
     size = sum(len(k) + len(v.encode()) for k, v in cm["data"].items())
     # Plain JSON the plan alone is ~11 MB; packed the whole ConfigMap is a small share of 1 MiB.
     assert size < CONFIG_MAP_LIMIT_BYTES // 8, size
@@ -168,4 +168,4 @@ def test_a_plan_too_large_even_packed_names_the_fields_to_shrink(
     monkeypatch.setattr(manifests, "CONFIG_MAP_LIMIT_BYTES", 1000)
     with pytest.raises(PlanTooLarge, match=r"^spec\.training\.microbatches, "
                        r"spec\.parallelism\.workers: .* over the API server's 1000"):
-        render_config_map(JOB, spec, record)
+        render_config_map(JOB, spec, record=record)

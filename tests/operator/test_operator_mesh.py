@@ -120,7 +120,7 @@ def test_the_record_and_worker_config_carry_the_mesh(
     assert len(record.plan.placement) == 4  # the plan: one replica's 4 pipeline ranks
     assert record.predicted_step_seconds is not None
     assert record.predicted_step_seconds > record.predicted_iteration_seconds
-    cm = render_config_map(JOB, spec, record)
+    cm = render_config_map(JOB, spec, record=record)
     config = WorkerConfig.model_validate_json(cm["data"]["worker.json"])
     assert config.data_parallel == 2
     store = PlanStore(FakeCluster(), namespace="ops")
@@ -132,7 +132,7 @@ def test_the_record_and_worker_config_carry_the_mesh(
 def test_a_pod_of_two_gpus_runs_two_ranks_under_torchrun(
         mesh_record: tuple[JobSpec, PlanRecord]) -> None:
     spec, record = mesh_record
-    pod = render_pod(JOB, spec, record, rank=3, attempt=0, settings=ManifestSettings())
+    pod = render_pod(JOB, spec, record=record, rank=3, attempt=0, settings=ManifestSettings())
     (container,) = pod["spec"]["containers"]
     assert container["command"] == [
         "python", "-m", "torch.distributed.run", "--nnodes", "4", "--nproc-per-node", "2",
@@ -158,7 +158,7 @@ def test_a_pod_of_one_gpu_runs_the_worker_itself(make_node: Any, make_job: Any) 
     nodes = _profiles([make_node("n0", gpus=4)])
     spec = _spec(make_job, workers=4, gpus=1, replicas=2)
     record = plan_job(spec, nodes, name="ns/demo")
-    pod = render_pod(JOB, spec, record, rank=3, attempt=0, settings=ManifestSettings())
+    pod = render_pod(JOB, spec, record=record, rank=3, attempt=0, settings=ManifestSettings())
     (container,) = pod["spec"]["containers"]
     assert container["command"] == ["adaptis", "worker", "--config", "/etc/adaptis/worker.json"]
     env = {e["name"]: e.get("value") for e in container["env"]}

@@ -74,7 +74,7 @@ def worker_pod(make_node: Any, make_job: Any) -> dict[str, Any]:
     nodes = [profile_node(make_node(n, gpus=2), topology_keys=DEFAULT_TOPOLOGY_KEYS)
              for n in ("gpu-a", "gpu-b")]
     record = plan_job(spec, nodes, name="ns/demo")
-    return render_pod(JOB, spec, record, rank=0, attempt=0,
+    return render_pod(JOB, spec, record=record, rank=0, attempt=0,
                       settings=ManifestSettings(run_as_user=4242, run_as_group=4343))
 
 

@@ -140,7 +140,7 @@ class Adapter:
             p.condition(ConditionType.REPLAN_SUGGESTED, "False", reason=Reason.NOT_WORTH_IT,
                         message=decision.reason)
             return record
-        factors = _factors(decision.problem, problem, record.device_speed)
+        factors = _factors(decision.problem, problem, before=record.device_speed)
         rec = ReplanRecord(
             time=p.stamp, step=step, action="suggested", reason=decision.reason,
             old_predicted_iteration_seconds=round(decision.old_iteration_seconds, 6),
@@ -282,7 +282,7 @@ class Adapter:
             "predicted_speedup_over_i1f1b": None,  # not re-measured on the corrected problem
             "budget_reason": None, "budget_note": None})
         # The plan first: a crash after it restarts the gang on the new plan anyway.
-        rendered = render_config_map(p.job, spec, new)
+        rendered = render_config_map(p.job, spec, record=new)
         self._cluster.replace_config_map(rendered)
         self._plans.write(p.job, record=new, worker_data=rendered["data"])
         history = [*(p.status.adaptation.history if p.status.adaptation else []), rec]
@@ -310,9 +310,10 @@ class Adapter:
         p.update(adaptation=current.model_copy(update=changes))
 
 
-def _factors(corrected: Problem, base: Problem, before: list[float]) -> list[float]:
+def _factors(corrected: Problem, base: Problem, *, before: list[float]) -> list[float]:
     """Each device's corrected speed relative to its profiled speed (``base`` already carries
-    the factors ``before``)."""
+    the factors ``before``). The three are one per pipeline device of the same plan: the
+    correction keeps the devices, and ``before`` is the record's factors for them."""
     old = before or [1.0] * len(base.device_specs())
     return [c.speed / b.speed * f for c, b, f in zip(corrected.device_specs(),
-                                                      base.device_specs(), old)]
+                                                      base.device_specs(), old, strict=True)]

@@ -71,26 +71,6 @@ def _kopf_settings() -> kopf.OperatorSettings:
 def run_operator(options: OperatorOptions, *, stop_flag: threading.Event | None = None) -> None:
     """Run until stopped (a signal, or ``stop_flag`` when embedded in another program)."""
     cluster = KubeCluster()
-    # A job that releases GPUs wakes the jobs waiting for them, in queue order; a finished
-    # plan wakes its job.
-    ledger = CapacityLedger(strict_after_s=options.queue_strict_after_s,
-                            wake=lambda key: queue.add(key))
-    planner = PlanRunner(limits=options.planner, wake=lambda key: queue.add(key))
-    metrics = OperatorMetrics(queue_depth=lambda: queue.depth())
-    # Nodes, pods' GPUs, priority classes and measured profiles, kept from watches: no pass
-    # lists the cluster. The first pass waits for the first lists (an empty copy would admit
-    # onto GPUs others hold).
-    inventory = WatchedInventory(cluster, profile_namespace=options.reconcile.profile_namespace,
-                                 on_nodes_changed=lambda: queue.add_all())
-    inventory.start()
-    if not inventory.wait_synced(_SYNC_TIMEOUT_S):
-        inventory.stop()
-        raise OperatorError(f"the nodes, pods and priority classes could not be listed within "
-                            f"{_SYNC_TIMEOUT_S:.0f}s: is the API server reachable, and may the "
-                            "operator's service account list and watch them (charts/adaptis "
-                            "rbac.yaml)?")
-    reconciler = Reconciler(cluster, settings=options.reconcile, ledger=ledger, planner=planner,
-                            inventory=inventory, observer=metrics)
 
     def process(key: JobKey) -> float | None:
         with metrics.observe_pass(key) as done:
@@ -100,8 +80,30 @@ def run_operator(options: OperatorOptions, *, stop_flag: threading.Event | None 
             queue.forget(key)
         return result.requeue_after
 
+    # The queue comes first (its workers start below, once everything is built), so what wakes
+    # jobs holds its bound methods: a node that comes just after the inventory's first lists,
+    # before the reconciler exists, is queued instead of meeting a name not yet bound.
     queue: WorkQueue[JobKey] = WorkQueue(process, workers=options.reconcile_workers,
                                          resync_s=options.resync_seconds)
+    # A job that releases GPUs wakes the jobs waiting for them, in queue order; a finished
+    # plan wakes its job.
+    ledger = CapacityLedger(strict_after_s=options.queue_strict_after_s, wake=queue.add)
+    planner = PlanRunner(limits=options.planner, wake=queue.add)
+    metrics = OperatorMetrics(queue_depth=queue.depth)
+    # Nodes, pods' GPUs, priority classes and measured profiles, kept from watches: no pass
+    # lists the cluster. The first pass waits for the first lists (an empty copy would admit
+    # onto GPUs others hold).
+    inventory = WatchedInventory(cluster, profile_namespace=options.reconcile.profile_namespace,
+                                 on_nodes_changed=queue.add_all)
+    inventory.start()
+    if not inventory.wait_synced(_SYNC_TIMEOUT_S):
+        inventory.stop()
+        raise OperatorError(f"the nodes, pods and priority classes could not be listed within "
+                            f"{_SYNC_TIMEOUT_S:.0f}s: is the API server reachable, and may the "
+                            "operator's service account list and watch them (charts/adaptis "
+                            "rbac.yaml)?")
+    reconciler = Reconciler(cluster, settings=options.reconcile, ledger=ledger, planner=planner,
+                            inventory=inventory, observer=metrics)
     registry = build_registry(queue)
     server = metrics.serve(port=options.metrics_port) if options.metrics_port else None
     swept = reconciler.sweep()

@@ -49,15 +49,16 @@ def build_registry(queue: WorkQueue[JobKey]) -> kopf.OperatorRegistry:
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         return kopf.login_via_client(**kwargs)
 
+    # kopf passes a handler's arguments by name: the handlers take them keyword-only.
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    def job_event(type: str | None, body: kopf.Body, namespace: str, name: str,
+    def job_event(*, type: str | None, body: kopf.Body, namespace: str, name: str,
                   **_: Any) -> None:
         key = (namespace, name)
         if wants_reconcile(type, body):  # a deletion too: its pass frees the job's GPUs
             queue.add(key)
 
     @kopf.on.event("v1", "pods", labels={LABEL_MANAGED_BY: MANAGED_BY}, registry=registry)
-    def pod_event(labels: kopf.Labels, namespace: str, **_: Any) -> None:
+    def pod_event(*, labels: kopf.Labels, namespace: str, **_: Any) -> None:
         job = labels.get(LABEL_JOB)
         if job:
             # Profiler pods run in the operator's namespace and name their job's namespace.

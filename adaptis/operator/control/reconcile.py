@@ -288,7 +288,7 @@ class Reconciler:
         if missing:
             children.create_child(self._cluster, render_service(p.job, spec))
         # A rank whose previous pod is still terminating waits; that deletion wakes us.
-        pods_to_create = [render_pod(p.job, spec, record, rank=rank, attempt=attempt,
+        pods_to_create = [render_pod(p.job, spec, record=record, rank=rank, attempt=attempt,
                                      settings=self._settings.manifests)
                           for rank in missing if rank not in blocked]
         created, refused = create_many(self._cluster, pods_to_create)

@@ -112,7 +112,7 @@ def _meta(job: JobRef, name: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def worker_config(job: JobRef, spec: JobSpec, record: PlanRecord) -> WorkerConfig:
+def worker_config(job: JobRef, spec: JobSpec, *, record: PlanRecord) -> WorkerConfig:
     model = spec.model
     if isinstance(model, HuggingFaceModel):
         # A ConfigMap's config reaches the worker through its volume (hf_config_volume), not
@@ -131,9 +131,9 @@ def worker_config(job: JobRef, spec: JobSpec, record: PlanRecord) -> WorkerConfi
     )
 
 
-def render_config_map(job: JobRef, spec: JobSpec, record: PlanRecord) -> dict[str, Any]:
+def render_config_map(job: JobRef, spec: JobSpec, *, record: PlanRecord) -> dict[str, Any]:
     """The job's ConfigMap; :class:`PlanTooLarge` when it would not fit the API server's limit."""
-    config = worker_config(job, spec, record)
+    config = worker_config(job, spec, record=record)
     data = {"worker.json": config.model_dump_json(by_alias=True, exclude_none=True, indent=1)}
     size = sum(len(k.encode()) + len(v.encode()) for k, v in data.items())
     if size > CONFIG_MAP_LIMIT_BYTES:
@@ -228,8 +228,8 @@ def worker_command(job: JobRef, *, pod: int, pods: int, per_pod: int) -> list[st
 def render_pod(
     job: JobRef,
     spec: JobSpec,
-    record: PlanRecord,
     *,
+    record: PlanRecord,
     rank: int,
     attempt: int,
     settings: ManifestSettings,

@@ -161,7 +161,7 @@ class Placer:
         p.condition(ConditionType.PROFILING, "False", reason=Reason.PROFILED, message=profile_msg)
         children.probe_then_store(self._cluster, overwriting(rendered, current=scene.config_map),
                                   replace=scene.config_map is not None,
-                                  probe=render_pod(p.job, spec, record, rank=0, attempt=0,
+                                  probe=render_pod(p.job, spec, record=record, rank=0, attempt=0,
                                                    settings=self._settings.manifests))
         self._plans.write(p.job, record=record, worker_data=rendered["data"])
         self._announce(p, record=record, scene=scene, candidates=candidates)
@@ -231,7 +231,7 @@ class Placer:
                                 message=made.message,
                                 event="Normal")
                     return None  # the reservation is held while it plans
-                rendered = render_config_map(p.job, spec, made)
+                rendered = render_config_map(p.job, spec, record=made)
             except (Unsatisfiable, PlanTooLarge, PlannerError, ValidationError) as err:
                 reason = (err.reason if isinstance(err, Unsatisfiable)
                           else Reason.PLAN_TOO_LARGE if isinstance(err, PlanTooLarge)

@@ -37,6 +37,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 from pydantic import ValidationError
+from typing_extensions import override
 
 from adaptis.api.conditions import Reason
 from adaptis.api.job import JobSpec
@@ -140,15 +141,18 @@ def _plan(plan: PlanFunction, request: PlanRequest, *, strategy: str | None) -> 
                    if request.speed_correction else {}))
 
 
-class InlinePlanner:
+class InlinePlanner(Planner):
     """Plans in the caller's thread (the reconciler's) within the spec's time limit only."""
 
     def __init__(self, plan: PlanFunction = plan_job) -> None:
         self._plan = plan
 
+    @override
     def request(self, key: Key, *, inputs: str, request: PlanRequest) -> PlanRecord | Planning:
+        # Plans every time it is asked: neither the key nor the inputs are kept.
         return _plan(self._plan, request, strategy=None)
 
+    @override
     def forget(self, key: Key) -> None:
         pass  # nothing kept
 
@@ -168,7 +172,7 @@ def planned_reason(record: PlanRecord) -> tuple[str, str, str]:
 
 
 # --- the child process ----------------------------------------------------------------------
-def _child(conn: Connection, plan: PlanFunction, request: PlanRequest, strategy: str | None,
+def _child(conn: Connection, plan: PlanFunction, *, request: PlanRequest, strategy: str | None,
            memory_bytes: int | None) -> None:
     """Entry point of a planner process: plan, send ("ok", record JSON) or (kind, message)."""
     if memory_bytes is not None:
@@ -280,7 +284,8 @@ class PlanRunner:
         limit = float(request.spec.planner.time_limit_seconds) + self._limits.kill_grace_s
         receive, send = self._context.Pipe(duplex=False)
         proc = self._context.Process(
-            target=_child, args=(send, self._plan, request, strategy, self._limits.memory_bytes),
+            target=_child, args=(send, self._plan),
+            kwargs={"request": request, "strategy": strategy, "memory_bytes": self._limits.memory_bytes},
             name=f"adaptis-plan {request.name}", daemon=True)
         proc.start()
         send.close()  # ours: the child's end closing is how we see it die

@@ -261,7 +261,7 @@ class PlanStore:
         name = config_map_name(p.job.name)
         if current is not None and data_digest(current.get("data")) == stored.worker_digest:
             return
-        rendered = render_config_map(p.job, spec, stored.record)
+        rendered = render_config_map(p.job, spec, record=stored.record)
         if current is None:
             self._cluster.create(rendered)
             p.events.append(("Warning", Reason.CONFIG_MAP_RESTORED,
