@@ -226,7 +226,7 @@ def train(*, config: WorkerConfig, problem: Problem, plan: Plan, spec: Adaptatio
         segments.append(seg)
         ranks_run = launcher(config)
 
-        def on_event(event: StartEvent | StepEvent | DoneEvent | PreemptedEvent, seg: Segment = seg,
+        def on_event(event: StartEvent | StepEvent | DoneEvent | PreemptedEvent, *, seg: Segment = seg,
                      ranks_run: Any = ranks_run) -> None:
             if isinstance(event, StartEvent):
                 starts.setdefault(event.rank, event)

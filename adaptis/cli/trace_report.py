@@ -57,8 +57,10 @@ def _aligned(plan: Plan, *, rank: int, calls: list[list[Any]]) -> list[dict[str,
     return out
 
 
-def _producer(kind: str, stage: int, mb: int, *, last: int) -> list[tuple[str, int, int]]:
-    """The actions whose output this one consumes from another stage (none for W)."""
+def _producer(action: tuple[str, int, int], *, last: int) -> list[tuple[str, int, int]]:
+    """The actions (kind, stage, microbatch) whose output ``action`` consumes from another
+    stage (none for W)."""
+    kind, stage, mb = action
     if kind == "F":
         return [("F", stage - 1, mb)] if stage > 0 else []
     if kind in ("B", "BW") and stage < last:
@@ -86,7 +88,7 @@ def trace_report(directory: Path, *, plan: Plan, problem: Problem, ranks: int) -
         predicted = sim.timeline[r]
         gaps = [b["start"] - a["end"] for a, b in itertools.pairwise(acts)]
         for prev, a in zip([None, *acts], acts, strict=False):
-            for key in _producer(a["kind"], a["stage"], a["microbatch"], last=last):
+            for key in _producer((a["kind"], a["stage"], a["microbatch"]), last=last):
                 src = where.get(key)
                 # Waited: the input came from another rank after this rank was free.
                 if src and src[0] != r and (prev is None or src[1]["end"] > prev["end"]):

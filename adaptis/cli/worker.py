@@ -9,6 +9,7 @@ JSON lines, logs to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -82,7 +83,5 @@ def _write_termination_message(done: DoneEvent) -> None:
         return  # the kubelet creates the file in a pod; elsewhere there is nobody to tell
     keys = ("rank", "steps", "loss", "bubble_ratio", "tokens", "seconds")
     doc = done.model_dump(mode="json")
-    try:
+    with contextlib.suppress(OSError):  # not in a pod (e.g. /dev not writable): nothing to report to
         path.write_text(json.dumps({k: doc[k] for k in keys}))
-    except OSError:
-        pass  # not in a pod (e.g. /dev not writable): nothing to report to
