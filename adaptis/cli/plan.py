@@ -95,7 +95,7 @@ class ProgressLine:
         self._last: tuple[int, int, float] | None = None
 
     # planner.strategies.Progress: the search calls it positionally (evals, budget, best).
-    def __call__(self, evals: int, budget: int, best: float) -> None:  # noqa: PLR0917  Progress's signature
+    def __call__(self, evals: int, budget: int, best: float) -> None:  # noqa: PLR0917 - Progress's signature
         self._last = (evals, budget, best)
         now = self._clock()
         if not self._tty or now - self._t0 < _PROGRESS_AFTER_S or now - self._drawn_at < _REDRAW_EVERY_S:

@@ -35,7 +35,7 @@ __all__ = [
 # Prefixed so that they do not clash with the volumes a job adds (spec.worker.volumes).
 TMP_VOLUME = "adaptis-tmp"
 HOME_VOLUME = "adaptis-home"
-TMP_DIR = "/tmp"  # noqa: S108  where the pod's own emptyDir (TMP_VOLUME) is mounted in the container
+TMP_DIR = "/tmp"  # noqa: S108 - where the pod's own emptyDir (TMP_VOLUME) is mounted in the container
 HOME_DIR = "/home/adaptis"
 # Bounded so that a runaway cache cannot fill the node's disk: the kubelet evicts the pod.
 _TMP_LIMIT = "4Gi"
