@@ -387,7 +387,8 @@ def main() -> None:
         args.raw.write_text(json.dumps(data))
     overhead = args.action_overhead_ms
     if overhead is None:
-        probe = [r for r in evaluate(data, estimator=args.estimator, action_overhead_ms=None) if r["family"] == "overhead"]
+        probe = [r for r in evaluate(data, estimator=args.estimator, action_overhead_ms=None)
+                 if r["family"] == "overhead"]
         overhead = fit_action_overhead(probe) if probe else 0.0
     rows = [r for r in evaluate(data, estimator=args.estimator, action_overhead_ms=overhead)
             if r["family"] != "overhead"]

@@ -98,7 +98,8 @@ def report(rows: list[dict[str, Any]], *, args: argparse.Namespace) -> list[str]
             out.append(f"| {r['rep']} | {r['policy']} | failed: {r.get('error')} | | | | | | | |")
             continue
         off = next((o for o in rows if o["rep"] == r["rep"] and o["policy"] == "off" and "losses" in o), None)
-        diff = (max(abs(a - b) / abs(b) for a, b in zip(r["losses"], off["losses"]))
+        # One loss per step in both (a relaunch's repeated steps are kept once), same --steps.
+        diff = (max(abs(a - b) / abs(b) for a, b in zip(r["losses"], off["losses"], strict=True))
                 if off is not None and r is not off else None)
         replan = r.get("replan_step", "none")
         layers = " -> ".join(map(str, r["layers"])) if "layers" in r else str(r["segments"][0]["layers_per_device"])

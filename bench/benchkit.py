@@ -24,9 +24,9 @@ from typing import IO, Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from controlplane import ControlPlane, wait_until  # noqa: E402
+from controlplane import ControlPlane, ControlPlaneError, wait_until  # noqa: E402
 
-__all__ = ["ControlPlane", "Operator", "REPO", "bin_dir", "create_nodes", "epoch", "fake_node",
+__all__ = ["ControlPlane", "ControlPlaneError", "Operator", "REPO", "bin_dir", "create_nodes", "epoch", "fake_node",
            "free_port", "install_crd", "rss_kib", "wait_until"]
 
 KINDS = (("NVIDIA-H100-80GB-HBM3", 81559, "hopper"), ("NVIDIA-A100-SXM4-80GB", 81920, "ampere"))

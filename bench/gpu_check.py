@@ -126,7 +126,8 @@ def profile_families(*, device: torch.device, dtype: torch.dtype, dry: bool, dea
         (out / f"{family}.yaml").write_text(header + yaml.safe_dump(doc, sort_keys=False, width=120))
         kinds = {p.kind: p for p in profiles}
         base = kinds[BASE[family]].forward_s
-        ratios = {k: tuple(round(x / base, 2) for x in (p.forward_s, p.backward_s, p.weight_s)) for k, p in kinds.items()}
+        ratios = {k: tuple(round(x / base, 2) for x in (p.forward_s, p.backward_s, p.weight_s))
+                  for k, p in kinds.items()}
         report[family] = {
             "seconds": round(time.monotonic() - t0, 1),
             "ms": {k: [round(x * 1e3, 3) for x in (p.forward_s, p.backward_s, p.weight_s)] for k, p in kinds.items()},
@@ -178,10 +179,10 @@ def executor_check(*, device: torch.device, dry: bool, report: dict[str, Any]) -
             plan = outcome.plan.model_copy(update={"precision": precision})
             config = WorkerConfig(job_name="gpu-check", model=spec.model, training=spec.training,
                                   plan=plan.model_dump(mode="json", exclude_none=True))
-            steps: list[StepEvent] = []
+            events: list[object] = []
             with tempfile.TemporaryDirectory() as work:
-                LocalLauncher(config, world_size=1, workdir=Path(work), device=device.type).run(
-                    lambda e: steps.append(e) if isinstance(e, StepEvent) else None)
+                LocalLauncher(config, world_size=1, workdir=Path(work), device=device.type).run(events.append)
+            steps = [e for e in events if isinstance(e, StepEvent)]
             steady = steps[2:] or steps
             measured = statistics.median(e.iteration_seconds for e in steady) * 1e3
             measured_step = statistics.median(e.step_seconds for e in steady) * 1e3
@@ -259,7 +260,7 @@ def main() -> int:
             continue
         try:
             fn()
-        except Exception:  # report and go on: one section's failure must not hide the others'
+        except Exception:  # noqa: BLE001 - report and go on: one section's failure must not hide the others'
             failed = True
             report[f"{section}_error"] = traceback.format_exc()[-2000:]
             print(f"{section} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)

@@ -31,6 +31,7 @@ load is above the core count are marked as not to be trusted).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -47,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchkit import (
     ControlPlane,
+    ControlPlaneError,
     Operator,
     bin_dir,
     create_nodes,
@@ -177,10 +179,9 @@ def churn(cp: ControlPlane, op: Operator, args: argparse.Namespace) -> dict[str,
         return sum(s.get("phase") in {"Succeeded", "Failed"} for s in last.values()) == len(
             everything)
 
-    try:
+    # Timed out (wait_until's ControlPlaneError): report the starved ones instead.
+    with contextlib.suppress(ControlPlaneError):
         wait_until(all_done, timeout=args.timeout, interval=1.0, what="every job finished")
-    except Exception:  # noqa: BLE001 - report the starved ones instead
-        pass
     makespan = time.monotonic() - t0
     waits = [epoch(s["startTime"]) - epoch(s["created"]) for s in last.values()
              if s.get("startTime")]

@@ -116,11 +116,12 @@ def _x(speedup: float | None) -> str:
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table; every row has one cell per column of ``head``."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
 
     def line(cells: list[str]) -> str:
         return "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+                                 for i, (c, w) in enumerate(zip(cells, widths, strict=True))) + " |"
 
     rule = "|" + "|".join("-" * (w + 1) + ":" if i else ":" + "-" * (w + 1) for i, w in enumerate(widths)) + "|"
     return [line(head), rule, *(line(r) for r in rows)]
@@ -313,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
              "`adaptis.planner.strategies.lower_bound` (its module docstring says how it is computed); no "
              "plan beats it, so baseline / lower bound is the most any planner can gain over a baseline "
              "(the targets' *ceiling*); `pipeline LB` is the same bound without its granularity term (layers are "
-             "indivisible: `adaptis.planner.bounds.assignment_bound`). Means over the configurations where the baseline fits in memory. "
+             "indivisible: `adaptis.planner.bounds.assignment_bound`). Means over the configurations where the "
+             "baseline fits in memory. "
              "`search s`: the joint search alone; `compare s`: every strategy, wall clock.", ""]
     e2e = run_suite("end-to-end", pick(workloads.end_to_end()))
     lines += suite_tables("End-to-end: 3 families x 3 sizes x sequence 2K and 4K", e2e)
@@ -324,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
                               run_suite("scaling", pick(workloads.scaling_series())))
         lines += memory_sweep([d for d in pick(workloads.end_to_end()) if "-M-" in d["name"]])
     measured = pick(workloads.measured(args.profiles))
-    title = f"Measured profiles ({args.profiles.relative_to(ROOT) if args.profiles.is_relative_to(ROOT) else args.profiles})"
+    shown = args.profiles.relative_to(ROOT) if args.profiles.is_relative_to(ROOT) else args.profiles
+    title = f"Measured profiles ({shown})"
     if measured:
         lines += suite_tables(title, run_suite("measured", measured))
     else:

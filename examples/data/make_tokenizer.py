@@ -21,13 +21,14 @@ from adaptis.worker.data.corpus import corpus_files, read_documents
 
 HERE = Path(__file__).resolve().parent
 VOCAB = 256
-SPECIAL = ["<unk>", "</s>"]
+UNK, EOS = "<unk>", "</s>"  # the special tokens: unknown piece, end of document
+SPECIAL = [UNK, EOS]
 
 
 def build(out: Path) -> Tokenizer:
     """Train the tokenizer on the tiny corpus and write its two files into ``out``."""
     out.mkdir(exist_ok=True)
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok = Tokenizer(models.BPE(unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
     trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIAL, show_progress=False)
@@ -35,7 +36,7 @@ def build(out: Path) -> Tokenizer:
     tok.train_from_iterator(docs, trainer=trainer)
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(
-        {"eos_token": "</s>", "unk_token": "<unk>", "tokenizer_class": "PreTrainedTokenizerFast"},
+        {"eos_token": EOS, "unk_token": UNK, "tokenizer_class": "PreTrainedTokenizerFast"},
         indent=2) + "\n")
     return tok
 
