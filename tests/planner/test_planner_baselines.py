@@ -48,7 +48,9 @@ TIMES = [(1.0, 1.0, 1.0), (1.0, 1.5, 0.5), (2.0, 1.0, 1.0)]
 @pytest.mark.parametrize(("p", "m"), SHAPES)
 @pytest.mark.parametrize(("f", "b", "w"), TIMES)
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
-def test_gpipe_and_1f1b_bubble_is_p_minus_1_stage_times(name: str, p: int, m: int, f: float, b: float, w: float) -> None:
+def test_gpipe_and_1f1b_bubble_is_p_minus_1_stage_times(
+    name: str, p: int, m: int, f: float, b: float, w: float
+) -> None:
     costs = uniform(p=p, m=m, layers=p, f=f, b=b, w=w)
     sim = simulate(costs, BASELINES[name](costs))
     for d in range(p):
@@ -191,7 +193,8 @@ def test_every_baseline_names_its_strategy() -> None:
 
 # --- partitions ---------------------------------------------------------------------------------
 def _model(kinds_work: list[tuple[str | None, float]]) -> Costs:
-    layers = [{"name": f"l{i}", "forward": work, **({"kind": k} if k else {})} for i, (k, work) in enumerate(kinds_work)]
+    layers = [{"name": f"l{i}", "forward": work, **({"kind": k} if k else {})}
+              for i, (k, work) in enumerate(kinds_work)]
     return Costs.from_problem(parse_problem({"microbatches": 1, "layers": layers, "devices": {"count": 1}}))
 
 

@@ -30,9 +30,9 @@ def _optimum(works: list[float], speeds: list[float]) -> float:
     best = float("inf")
     for assign in itertools.product(range(len(speeds)), repeat=len(works)):
         load = [0.0] * len(speeds)
-        for w, d in zip(works, assign):
+        for w, d in zip(works, assign, strict=True):
             load[d] += w
-        best = min(best, max(x / v for x, v in zip(load, speeds)))
+        best = min(best, max(x / v for x, v in zip(load, speeds, strict=True)))
     return best
 
 
@@ -63,7 +63,7 @@ def test_mixed_speeds_count_whole_layers() -> None:
 )
 def test_never_above_the_exact_optimum(works: list[float], speeds: list[float]) -> None:
     costs = _costs(works, speeds=speeds)
-    per_layer = [f + b for f, b in zip(costs.forward, costs.least_backward())]
+    per_layer = [f + b for f, b in zip(costs.forward, costs.least_backward(), strict=True)]
     exact = _optimum(per_layer, speeds)
     bound = assignment_bound(costs)
     assert bound <= exact * (1 + 1e-9)
@@ -79,6 +79,6 @@ def test_never_above_the_exact_optimum(works: list[float], speeds: list[float]) 
 def test_exact_on_identical_devices_with_few_layer_kinds(works: list[float], devices: int) -> None:
     """The bin-packing DP makes the bound the exact optimum there (the paper's models' case)."""
     costs = _costs(works, speeds=[1.0] * devices)
-    per_layer = [f + b for f, b in zip(costs.forward, costs.least_backward())]
+    per_layer = [f + b for f, b in zip(costs.forward, costs.least_backward(), strict=True)]
     exact = _optimum(per_layer, [1.0] * devices)
     assert abs(assignment_bound(costs) - exact) <= 1e-6 * exact

@@ -36,7 +36,7 @@ def _feed(window: DriftWindow, *, per_step: list[float], steps: range, start: li
            ) -> list[float]:
     totals = list(start or [0.0] * len(per_step))
     for step in steps:
-        totals = [t + p for t, p in zip(totals, per_step)]
+        totals = [t + p for t, p in zip(totals, per_step, strict=True)]
         window.observe(step=step, busy_seconds_total=totals)
     return totals
 
@@ -60,13 +60,13 @@ def test_slow_device_is_detected_and_replan_moves_work_off_it() -> None:
 
 
 def test_uniform_model_error_is_not_drift() -> None:
-    problem, _plan, busy, window = _running(10)
+    _, _plan, busy, window = _running(10)
     _feed(window, per_step=[b * 1.3 for b in busy], steps=range(1, 12))
     assert window.drift(threshold=0.15) is None
 
 
 def test_one_slow_step_is_not_sustained_drift() -> None:
-    problem, _plan, busy, window = _running(10)
+    _, _plan, busy, window = _running(10)
     totals = _feed(window, per_step=busy, steps=range(1, 10))
     totals = _feed(window, per_step=[b * (6.0 if d == 2 else 1.0) for d, b in enumerate(busy)],
                    steps=range(10, 11), start=totals)

@@ -1,4 +1,5 @@
-"""Layer costs estimated from model sizes (the operator has no torch to profile with; `adaptis run --profile estimate`)."""
+"""Layer costs estimated from model sizes (the operator has no torch to profile with;
+`adaptis run --profile estimate`)."""
 
 from __future__ import annotations
 
@@ -150,7 +151,8 @@ def test_each_operator_adds_its_fixed_cost_to_the_pass_that_runs_it() -> None:
     training = TrainingSpec(sequence_length=128)  # two chunks of the Mamba scan
     plain = estimate_layers(model, training)
     costly = estimate_layers(model, training, kernel_s=1e-5)  # 0.01 ms an operator
-    added = [(c.forward - p.forward, c.backward - p.backward, c.weight - p.weight) for p, c in zip(plain, costly)]
+    added = [(c.forward - p.forward, c.backward - p.backward, c.weight - p.weight)
+             for p, c in zip(plain, costly, strict=True)]
     # Embedding: its gather forward; its whole backward is W (the first stage's).
     assert added[0] == pytest.approx((0.01 * EMBEDDING_OPS[0], 0.0, 0.01 * EMBEDDING_OPS[1]), abs=1e-5)  # F floor
     # Dense block: the MLP's operators; the backward pass two thirds B, one third W.

@@ -34,7 +34,7 @@ def _check_adaptis(doc: dict[str, Any]) -> None:
     sim = simulate(costs, ours.plan)  # replays at its claimed time, within memory
     assert sim.feasible
     assert sim.iteration_time == pytest.approx(ours.result.iteration_time, rel=1e-12)
-    assert all(p <= c * (1 + 1e-9) for p, c in zip(sim.peak_memory, costs.memory))
+    assert all(p <= c * (1 + 1e-9) for p, c in zip(sim.peak_memory, costs.memory, strict=True))
 
 
 def test_small_devices_are_left_empty() -> None:
@@ -99,14 +99,14 @@ def test_adaptis_is_feasible_whenever_a_witness_fits(doc: dict[str, Any]) -> Non
         sim = simulate(costs, ours.plan)
         assert sim.feasible
         assert sim.iteration_time == pytest.approx(ours.result.iteration_time, rel=1e-12)
-        assert all(p <= c * (1 + 1e-9) for p, c in zip(sim.peak_memory, costs.memory))
+        assert all(p <= c * (1 + 1e-9) for p, c in zip(sim.peak_memory, costs.memory, strict=True))
 
 
 def _witness(costs: Costs) -> bool:
     """Brute force, independent of the planner: a cut of the layers into at most one
     contiguous run per device, in index order, that holds params + one microbatch."""
     n = costs.layers
-    need = [p + a for p, a in zip(costs.param_bytes, costs.activation_bytes)]
+    need = [p + a for p, a in zip(costs.param_bytes, costs.activation_bytes, strict=True)]
     reach = {0}  # layers covered so far
     for d in range(costs.devices):
         nxt = set(reach)

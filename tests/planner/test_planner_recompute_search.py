@@ -66,7 +66,7 @@ def test_variants_that_cannot_beat_the_time_are_not_scheduled() -> None:
     costs = _small([2600.0, 1e9])
     found = recompute_variants(costs, stages=stages, owner=owner)
     bounds = [busiest_work(costs, stages=stages, owner=owner, recompute=flags) for *_r, flags in found]
-    for (*_r, sched, _flags), bound in zip(found, bounds):
+    for (*_r, sched, _flags), bound in zip(found, bounds, strict=True):
         assert bound <= sched.iteration_time  # a true bound: pruning by it loses nothing
     assert recompute_variants(costs, stages=stages, owner=owner, beat=min(bounds)) == []
     kept = recompute_variants(costs, stages=stages, owner=owner, beat=max(bounds) * 1.0001)
@@ -105,7 +105,7 @@ def test_tight_memory_sweep_plan_recomputes_and_is_faster(factor: float, monkeyp
     sim = simulate(costs, ours.plan)
     assert sim.feasible
     assert sim.iteration_time == pytest.approx(ours.result.iteration_time, rel=1e-12)
-    assert all(p <= c * (1 + 1e-9) for p, c in zip(sim.peak_memory, costs.memory))
+    assert all(p <= c * (1 + 1e-9) for p, c in zip(sim.peak_memory, costs.memory, strict=True))
     monkeypatch.setattr(strategies, "recompute_variants", lambda *a, **k: [])
     monkeypatch.setattr(strategies, "memory_first", lambda *a, **k: [])  # it recomputes too
     without = strategies.plan_strategy(problem, "adaptis")
@@ -137,7 +137,7 @@ def test_a_memory_driven_cut_recomputes_where_the_searchs_structure_cannot_win()
     assert ours.result.iteration_time == pytest.approx(60.8, rel=1e-12)
     sim = simulate(costs, ours.plan)
     assert sim.feasible and sim.iteration_time == pytest.approx(60.8, rel=1e-12)
-    assert all(p <= c for p, c in zip(sim.peak_memory, costs.memory))
+    assert all(p <= c for p, c in zip(sim.peak_memory, costs.memory, strict=True))
 
 
 def test_recomputation_stops_at_the_calls_deadline() -> None:

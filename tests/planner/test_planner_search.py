@@ -172,7 +172,7 @@ def test_split_weight_pays_the_graph_walks_of_earlier_layers_in_its_stage() -> N
     the prefix-sum form must equal the double sum, and the first stage (fused) pays nothing."""
     groups, walks = [2, 3, 1, 4, 2, 5], [0.1, 0.2, 0.05, 0.3, 0.0, 0.4]
     layers = [{"name": f"l{i}", "forward": 1.0, "backward": 1.0, "weight": 1.0,
-               "weight_groups": g, "graph_walk": w} for i, (g, w) in enumerate(zip(groups, walks))]
+               "weight_groups": g, "graph_walk": w} for i, (g, w) in enumerate(zip(groups, walks, strict=True))]
     costs = Costs.from_problem(parse_problem(_problem(layers=layers, devices={"count": 3}, m=2)))
     stages = [(0, 2), (2, 5), (5, 6)]
     sc = costs.stage_costs(stages)
@@ -228,7 +228,8 @@ def test_refinement_moves_boundaries_off_the_busiest_device_too() -> None:
             return super().run(pattern, owner, stages, policy)
 
     _refine(costs, best=start, ev=Recording(costs, budget=100))
-    moved = [next(i for i, (a, b) in enumerate(zip(t, stages)) if a != b) for t in tried]
+    # One stage per device of ``owner`` in every candidate tried.
+    moved = [next(i for i, (a, b) in enumerate(zip(t, stages, strict=True)) if a != b) for t in tried]
     assert any(i >= 2 for i in moved), tried  # a boundary between devices 1..3 was moved
 
 

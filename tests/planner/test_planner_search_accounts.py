@@ -63,8 +63,11 @@ def test_a_structure_that_does_not_fit_at_all_is_not_called_throttled() -> None:
 
 # --- confirming screened estimates ---------------------------------------------------------------
 
+_PLAIN = Policy()  # frozen: one instance serves every candidate that takes the default
+
+
 def _estimate(costs: Costs, *, stages: list[tuple[int, int]], owner: list[int], est: float,
-              pattern: str = "p", policy: Policy = Policy()) -> Candidate:
+              pattern: str = "p", policy: Policy = _PLAIN) -> Candidate:
     return Candidate(pattern, owner, stages, None, policy, est)
 
 
@@ -379,8 +382,13 @@ def test_a_search_on_any_budget_returns_the_best_candidate_it_tried(devices: int
                    for i, f in enumerate(forward)]}))
     full = joint_search(costs)
     assert full is not None
+    seen: list[float] = []
+
+    def record(_evals: int, _budget: int, best: float) -> None:
+        seen.append(best)
+
     for budget in range(1, full.evaluations + 1):
-        seen: list[float] = []
-        found = joint_search(costs, max_evaluations=budget, on_progress=lambda e, b, t: seen.append(t))
+        seen.clear()
+        found = joint_search(costs, max_evaluations=budget, on_progress=record)
         assert found is not None
         assert found.schedule.iteration_time == min(seen), f"budget {budget}: {found.pattern}"

@@ -56,7 +56,7 @@ MARGINS = {
 }
 
 
-@pytest.mark.parametrize(("workload", "margins"), list(MARGINS.items()), ids=lambda v: str(v))
+@pytest.mark.parametrize(("workload", "margins"), list(MARGINS.items()), ids=str)
 def test_the_search_itself_beats_every_baseline_by_its_margin(
     workload: tuple[str, str, int], margins: tuple[float, float]
 ) -> None:
