@@ -39,5 +39,6 @@ def test_base_install_needs_no_torch_or_kubernetes() -> None:
         "bad = [m for m in ('torch', 'kopf', 'kubernetes') if m in sys.modules];"
         "print(bad); sys.exit(1 if bad else 0)"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -86,7 +86,8 @@ def test_a_decompression_bomb_is_refused_from_its_header_before_it_is_inflated()
     small = PackLimits.of(devices=4, stages=8, microbatches=16)
     for limits in (CRD_LIMITS, small):
         tracemalloc.start()
-        with pytest.raises(PackingError, match=r"claims 1 devices and 59652321 actions|longer than any plan within 4 devices"):
+        with pytest.raises(PackingError,
+                           match=r"claims 1 devices and 59652321 actions|longer than any plan within 4 devices"):
             unpack_actions(bomb, limits=limits)
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import urllib3
@@ -27,10 +27,12 @@ from adaptis.operator.kube.cluster import ApiError
 
 
 class _Api(BaseHTTPRequestHandler):
-    requests: list[tuple[str, str, dict[str, str], Any]] = []
-    existing = {"/api/v1/namespaces/ns/pods"}
+    # Class-level on purpose: the server makes a handler per request, the tests read what all
+    # of them saw (the fixture empties the requests and the script before each test).
+    requests: ClassVar[list[tuple[str, str, dict[str, str], Any]]] = []
+    existing: ClassVar[frozenset[str]] = frozenset({"/api/v1/namespaces/ns/pods"})
     # (method, path) -> the next answers (status, headers) before the normal one.
-    script: dict[tuple[str, str], list[tuple[int, dict[str, str]]]] = {}
+    script: ClassVar[dict[tuple[str, str], list[tuple[int, dict[str, str]]]]] = {}
 
     def _reply(self, status: int, body: dict[str, Any],
                headers: dict[str, str] | None = None) -> None:
@@ -78,7 +80,7 @@ class _Api(BaseHTTPRequestHandler):
             self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
         self.wfile.write(b"0\r\n\r\n")
 
-    watch_events: list[dict[str, Any]] = []
+    watch_events: ClassVar[list[dict[str, Any]]] = []
 
     do_GET = do_POST = do_PATCH = do_DELETE = _handle
 

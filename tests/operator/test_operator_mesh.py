@@ -181,7 +181,7 @@ def test_status_placement_lists_every_rank_of_every_replica(
 
 def test_a_record_of_other_ranks_per_pod_or_hostnames_is_planned_again(
         make_node: Any, mesh_record: tuple[JobSpec, PlanRecord]) -> None:
-    spec, record = mesh_record
+    _, record = mesh_record
     by_name = {p.name: p for p in _profiles([make_node("n0", gpus=4), make_node("n1", gpus=4)])}
     assert record.still_valid(spec_hash_now=record.spec_hash, candidates=by_name, ranks_per_pod=2)
     assert not record.still_valid(spec_hash_now=record.spec_hash, candidates=by_name,
