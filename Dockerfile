@@ -22,17 +22,27 @@ RUN groupadd --system --gid 10001 adaptis \
       --shell /usr/sbin/nologin adaptis
 
 # The build stages see only what the package needs (.dockerignore keeps the rest out).
-FROM base AS source
+# Dependencies first, from the pins alone, then the package: a change to adaptis/ re-runs only
+# the last step of a stage (seconds), not the worker's gigabytes of torch and CUDA libraries.
+FROM base AS deps
 WORKDIR /src
-COPY pyproject.toml constraints.txt README.md ./
 COPY deploy/install-venv.sh deploy/install-venv.sh
 COPY deploy/constraints/ deploy/constraints/
-COPY adaptis/ adaptis/
 
-FROM source AS build-operator
+FROM deps AS deps-operator
+RUN sh deploy/install-venv.sh /opt/adaptis operator --deps-only
+
+FROM deps AS deps-worker
+RUN sh deploy/install-venv.sh /opt/adaptis worker --deps-only
+
+FROM deps-operator AS build-operator
+COPY pyproject.toml constraints.txt README.md ./
+COPY adaptis/ adaptis/
 RUN sh deploy/install-venv.sh /opt/adaptis operator /src
 
-FROM source AS build-worker
+FROM deps-worker AS build-worker
+COPY pyproject.toml constraints.txt README.md ./
+COPY adaptis/ adaptis/
 RUN sh deploy/install-venv.sh /opt/adaptis worker /src
 
 FROM base AS operator

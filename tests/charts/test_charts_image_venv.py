@@ -56,12 +56,18 @@ def _pins(extra: str) -> dict[str, str]:
 def operator_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("image")
     context = _build_context(root / "src")
-    # The Dockerfile's stage runs exactly this command in its build context.
-    assert "RUN sh deploy/install-venv.sh /opt/adaptis operator /src" in DOCKERFILE.read_text()
+    # The Dockerfile's stages run exactly these commands in its build context: the pinned
+    # dependencies first (from deploy/ alone), then the package.
+    steps = ["--deps-only", "/src"]
+    for step in steps:
+        assert f"RUN sh deploy/install-venv.sh /opt/adaptis operator {step}" in DOCKERFILE.read_text()
     venv = root / "opt-adaptis"
-    result = subprocess.run(["sh", "deploy/install-venv.sh", str(venv), "operator", str(context)],
-                            cwd=context, capture_output=True, text=True, timeout=600, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
+    for step in steps:
+        arg = str(context) if step == "/src" else step
+        result = subprocess.run(["sh", "deploy/install-venv.sh", str(venv), "operator", arg],
+                                cwd=context, capture_output=True, text=True, timeout=600,
+                                check=False)
+        assert result.returncode == 0, result.stdout + result.stderr
     return venv
 
 
