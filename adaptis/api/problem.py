@@ -114,6 +114,20 @@ class Layer(_Strict):
         "device of speed 1; runs once a step after the gradients are reduced. Optional extension "
         "of the contract, default 0.",
     )
+    tensor_split: float | None = Field(
+        default=None, ge=0, le=1,
+        description="Under tensor_parallel T > 1: the share of the layer's times, parameter and "
+        "activation bytes split over the T ranks of a device (each holds and computes 1/T of "
+        "it); the rest stays whole on each. Default 1; 0 for a layer kept whole (the zoo's "
+        "Mamba blocks). Optional extension of the contract.",
+    )
+    tensor_all_reduces: int | None = Field(
+        default=None, ge=0,
+        description="Under tensor_parallel T > 1: all-reduces of output_bytes over network."
+        "tensor in the layer's forward, and as many in its input-gradient pass (an attention "
+        "block with its MLP: 2, an MLP or embedding: 1, a layer kept whole or the head with its "
+        "vocabulary-parallel loss: 0). Default 2. Optional extension of the contract.",
+    )
 
     @property
     def grad_bytes(self) -> float:
@@ -216,6 +230,18 @@ class Network(_Strict):
         "innermost). Optional extension of the contract.",
     )
 
+    tensor: Link | None = Field(
+        default=None,
+        description="Between the tensor_parallel ranks of one device (a tensor group inside a "
+        "pod), for the layers' all-reduces; default: intra_node. Optional extension of the "
+        "contract.",
+    )
+
+    @property
+    def tensor_link(self) -> Link | None:
+        """The link the tensor-parallel all-reduces run over: tensor, else intra_node."""
+        return self.intra_node if self.tensor is None else self.tensor
+
     @property
     def replica_link(self) -> Link | None:
         """The link the gradient all-reduce runs over: data_parallel, else inter_node."""
@@ -245,6 +271,13 @@ class Problem(_Strict):
         description="Data-parallel replicas of the pipeline: the devices are one replica's, and "
         "each stage all-reduces its gradients with its replicas over network.data_parallel "
         "after its last weight-gradient action. Optional extension of the contract, default 1.",
+    )
+    tensor_parallel: int = Field(
+        default=1, ge=1, le=64,
+        description="Tensor-parallel degree T: each device of the plan is a group of T GPUs "
+        "sharing every layer (memory_bytes is one GPU's). A layer's times and bytes are given "
+        "whole (degree 1); the planner charges 1/T of its tensor_split share plus its "
+        "tensor_all_reduces over network.tensor. Optional extension of the contract, default 1.",
     )
     action_overhead_s: NonNeg = Field(
         default=0.0,

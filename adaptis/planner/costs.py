@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from adaptis.api.problem import TIME_UNIT_SECONDS, Link, Problem, TimeUnit
+from adaptis.planner.tensor_parallel import sharded_layers
 
 __all__ = ["Costs", "StageCosts"]
 
@@ -74,10 +75,14 @@ class Costs:
 
     @classmethod
     def from_problem(cls, problem: Problem) -> Costs:
+        """The problem's costs, each layer's as one rank of a device holds and computes it
+        (under tensor parallelism, :mod:`adaptis.planner.tensor_parallel`)."""
         layers = problem.expanded_layers()
         devices = problem.device_specs()
         nodes: dict[str, int] = {}
         unit = TIME_UNIT_SECONDS[problem.time_unit]
+        rank = sharded_layers(layers, degree=problem.tensor_parallel, link=problem.network.tensor_link,
+                              unit_seconds=unit)
 
         def link(spec: Link | None) -> tuple[float, float] | None:
             if spec is None:
@@ -89,15 +94,12 @@ class Costs:
             microbatches=problem.microbatches,
             names=tuple(lay.name for lay in layers),
             kinds=tuple(lay.kind for lay in layers),
-            forward=tuple(lay.forward for lay in layers),
-            backward=tuple(lay.backward for lay in layers),
-            weight=tuple(lay.weight for lay in layers),
-            fused=tuple(
-                lay.backward + lay.weight if lay.backward_fused is None else lay.backward_fused
-                for lay in layers
-            ),
-            activation_bytes=tuple(lay.activation_bytes for lay in layers),
-            param_bytes=tuple(lay.param_bytes for lay in layers),
+            forward=tuple(r.forward for r in rank),
+            backward=tuple(r.backward for r in rank),
+            weight=tuple(r.weight for r in rank),
+            fused=tuple(r.fused for r in rank),
+            activation_bytes=tuple(r.activation_bytes for r in rank),
+            param_bytes=tuple(r.param_bytes for r in rank),
             output_bytes=tuple(lay.output_bytes for lay in layers),
             speed=tuple(dev.speed for dev in devices),
             memory=tuple(math.inf if dev.memory_bytes is None else dev.memory_bytes for dev in devices),
@@ -109,8 +111,8 @@ class Costs:
             walk=tuple(lay.graph_walk or 0.0 for lay in layers),
             replicas=problem.data_parallel,
             replica_link=link(problem.network.replica_link),
-            grad_bytes=tuple(lay.grad_bytes for lay in layers),
-            optimizer=tuple(lay.optimizer or 0.0 for lay in layers),
+            grad_bytes=tuple(r.grad_bytes for r in rank),
+            optimizer=tuple(r.optimizer for r in rank),
         )
 
     @property

@@ -167,7 +167,18 @@ def _layer(name: str, *, kind: str, f: _Flops, rates: _Rates, output_bytes: floa
         output_bytes=output_bytes,
         gradient_bytes=f.params * _GRADIENT_BYTES,
         optimizer=f.params * rates.optimizer_traffic / rates.memory_bytes_per_s * _MS,
+        # Under tensor parallelism (adaptis.worker.runtime.tensor_parallel): Mamba blocks stay
+        # whole, every other layer is split; its all-reduces of the hidden activation.
+        tensor_split=0.0 if kind == "mamba" else 1.0,
+        tensor_all_reduces=TENSOR_ALL_REDUCES[kind],
     )
+
+
+#: All-reduces of the hidden activation in one forward of each kind under tensor parallelism
+#: (as many in its input-gradient pass): after attention and after the MLP or experts; one
+#: for an MLP alone or the vocabulary-parallel embedding; none for a whole Mamba block or the
+#: head (its vocabulary-parallel loss reduces a few numbers per token, not the activation).
+TENSOR_ALL_REDUCES = {"embedding": 1, "attention": 2, "moe": 2, "dense": 1, "mamba": 0, "head": 0}
 
 
 def estimate_layers(model: ZooModel, training: TrainingSpec, *, element_bytes: int = 2,

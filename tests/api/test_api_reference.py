@@ -91,7 +91,7 @@ def test_every_key_of_every_model_is_documented_with_its_bounds() -> None:
     assert job["gpusPerWorker"][1:3] == ["`1`", "≥ 0, ≤ 16"]
     assert job["gradClip"][0] == "number or null" and job["gradClip"][2] == "> 0"
     assert "At `spec.training.optimizer`." in job_reference()
-    assert ("At `network.intra_node`, `network.inter_node`, `network.data_parallel`."
+    assert ("At `network.intra_node`, `network.inter_node`, `network.data_parallel`, `network.tensor`."
             in problem_reference())
 
 

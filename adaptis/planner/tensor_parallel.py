@@ -1,0 +1,82 @@
+"""A layer's costs at tensor-parallel degree T: what one rank of a T-GPU device computes, holds
+and waits for.
+
+Sits under :mod:`adaptis.planner.costs`, which flattens every problem through
+:func:`sharded_layers` before anything plans: with ``problem.tensor_parallel`` T > 1 a device of
+the plan is a tensor group of T GPUs, and every layer's whole (degree-1) costs become one
+rank's (docs/planner-search.md, "Tensor parallelism"). For a layer whose share ``s``
+(``tensor_split``, default 1) is split over the T ranks and which makes ``n``
+(``tensor_all_reduces``, default 2) all-reduces of its ``output_bytes`` in the forward and as
+many in its input-gradient pass:
+
+- F, B, the fused backward: ``t x (1 - s + s/T)`` plus ``n`` ring all-reduces of
+  ``output_bytes`` over ``network.tensor`` (default the intra-node link), each
+  ``2 (T-1) latency + 2 (T-1)/T x bytes / bandwidth`` — on the critical path: the next layer
+  needs the reduced activation;
+- W and the optimizer step: ``t x (1 - s + s/T)`` (local to the shard, no collective);
+- parameter, gradient and activation bytes: ``x (1 - s + s/T)``; the activation a stage sends
+  on (``output_bytes``) stays whole: the pipeline passes the full activation between stages.
+
+The collectives do not scale with a device's speed, but the simulator divides every time by
+it: on devices of speed 1 (the usual profile) that is exact, elsewhere an approximation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from adaptis.api.problem import Layer, Link
+
+__all__ = ["DEFAULT_ALL_REDUCES", "ShardedLayer", "all_reduce_seconds", "sharded_layers"]
+
+#: All-reduces of a layer's output per forward when the problem does not say: an attention
+#: block's (one after attention, one after its MLP).
+DEFAULT_ALL_REDUCES = 2
+
+
+@dataclass(frozen=True, slots=True)
+class ShardedLayer:
+    """One rank's costs of a layer at degree T (times in the problem's unit, bytes)."""
+
+    forward: float
+    backward: float
+    weight: float
+    fused: float
+    activation_bytes: float
+    param_bytes: float
+    grad_bytes: float
+    optimizer: float
+    collective: float  # of each of F and B: the all-reduces' time included above
+
+
+def all_reduce_seconds(nbytes: float, *, ranks: int, link: Link | None) -> float:
+    """A ring all-reduce of ``nbytes`` among ``ranks``: 2(T-1) steps of latency, each rank
+    sending and receiving 2(T-1)/T of the bytes; 0 on one rank or a free link."""
+    if ranks <= 1 or link is None:
+        return 0.0
+    steps = 2 * (ranks - 1)
+    return steps * link.latency_s + steps / ranks * nbytes / link.bandwidth_bytes_per_s
+
+
+def sharded_layers(layers: list[Layer], *, degree: int, link: Link | None,
+                   unit_seconds: float) -> list[ShardedLayer]:
+    """Every layer's one-rank costs at ``degree`` (1: the layers' own costs)."""
+    out = []
+    for lay in layers:
+        split = 1.0 if lay.tensor_split is None else lay.tensor_split
+        share = 1.0 if degree == 1 else 1.0 - split + split / degree
+        reduces = DEFAULT_ALL_REDUCES if lay.tensor_all_reduces is None else lay.tensor_all_reduces
+        comm = reduces * all_reduce_seconds(lay.output_bytes, ranks=degree, link=link) / unit_seconds
+        fused = lay.backward + lay.weight if lay.backward_fused is None else lay.backward_fused
+        out.append(ShardedLayer(
+            forward=lay.forward * share + comm,
+            backward=lay.backward * share + comm,
+            weight=lay.weight * share,
+            fused=fused * share + comm,
+            activation_bytes=lay.activation_bytes * share,
+            param_bytes=lay.param_bytes * share,
+            grad_bytes=lay.grad_bytes * share,
+            optimizer=(lay.optimizer or 0.0) * share,
+            collective=comm,
+        ))
+    return out
