@@ -93,6 +93,14 @@ class ParallelismSpec(_Spec):
         description="ZeRO optimizer sharding across the data-parallel replicas. 0: every replica "
         "keeps the whole optimizer state of its stages; 1: each keeps about 1/dataParallel of "
         "it and broadcasts the weights it updates (docs/parallelism.md). No effect with one replica.")
+    tensor_parallel: int = Field(
+        default=1, ge=1, le=16,
+        description="Tensor-parallel degree T: each pipeline position is T ranks of one pod "
+        "sharing every layer (attention heads, MLP and expert widths, the vocabulary), as "
+        "Megatron-LM's tensor_model_parallel_size. Must divide max(1, gpusPerWorker), so a "
+        "tensor group never leaves its pod; ranks = dataParallel x pipeline x T, tensor "
+        "innermost (docs/parallelism.md). The model's heads, key/value heads, MLP and expert "
+        "widths and vocabulary must divide by T.")
 
     @property
     def ranks_per_worker(self) -> int:
@@ -106,8 +114,10 @@ class ParallelismSpec(_Spec):
 
     @property
     def pipeline_ranks(self) -> int:
-        """Ranks of one pipeline replica (the devices the plan has); 0 when R does not divide."""
-        return self.ranks // self.data_parallel if self.ranks % self.data_parallel == 0 else 0
+        """Pipeline positions of one replica (the devices the plan has, each T ranks); 0 when
+        R x T does not divide the ranks."""
+        group = self.data_parallel * self.tensor_parallel
+        return self.ranks // group if self.ranks % group == 0 else 0
 
 
 class PlannerSpec(_Spec):
@@ -219,7 +229,8 @@ def _job_cel_rules() -> list[JsonValue]:
     gpus = par("gpusPerWorker")
     ranks = f"({par('workers')} * ({gpus} > 0 ? {gpus} : 1))"
     # The devices of one pipeline replica: what the plan partitions the layers over.
-    workers = f"({ranks} / {par('dataParallel')})"
+    tensor = par("tensorParallel")
+    workers = f"({ranks} / ({par('dataParallel')} * {tensor}))"
     # blocks has maxItems 1024, which bounds the map's cost well within the per-rule limit.
     layers = "(2 + self.model.blocks.map(b, has(b.count) ? b.count : 1).sum())"
     # A huggingface model's layers are in its config, which CEL cannot read: rules.py checks.
@@ -233,8 +244,14 @@ def _job_cel_rules() -> list[JsonValue]:
          "message": f"the blocks' counts must add up to at most {MAX_BLOCKS}"},
         {"rule": f"{ranks} % {par('dataParallel')} == 0", "fieldPath": ".parallelism.dataParallel",
          "message": "dataParallel must divide the ranks (workers x max(1, gpusPerWorker))"},
+        {"rule": f"({gpus} > 0 ? {gpus} : 1) % {tensor} == 0", "fieldPath": ".parallelism.tensorParallel",
+         "message": "tensorParallel must divide max(1, gpusPerWorker): a tensor group stays in its pod"},
+        {"rule": f"{ranks} % ({par('dataParallel')} * {tensor}) == 0",
+         "fieldPath": ".parallelism.dataParallel",
+         "message": "dataParallel x tensorParallel must divide the ranks (workers x max(1, gpusPerWorker))"},
         {"rule": f"{zoo}{workers} <= {layers}", "fieldPath": ".parallelism.workers",
-         "message": "pipeline ranks (workers x max(1, gpusPerWorker) / dataParallel) must not "
+         "message": "pipeline ranks (workers x max(1, gpusPerWorker) / (dataParallel x "
+                    "tensorParallel)) must not "
                     "exceed the model's layers (2 + the sum of block counts)"},
         {"rule": "!has(self.planner) || !has(self.planner.strategy) || "
                  f"!(self.planner.strategy in [{chunked}]) || {zoo}{chunks} * {workers} <= {layers}",
@@ -410,6 +427,10 @@ class WorkerConfig(_Spec):
     checkpoint_every: int = Field(default=0, ge=0)
     data_parallel: int = Field(
         default=1, ge=1, description="Replicas of the plan's pipeline; world size = "
-        "data_parallel x the plan's devices, rank = replica x devices + pipeline rank.")
+        "data_parallel x the plan's devices x tensor_parallel, rank = (replica x devices + "
+        "pipeline rank) x tensor_parallel + tensor rank.")
+    tensor_parallel: int = Field(
+        default=1, ge=1, description="Ranks of each pipeline position, sharing its layers "
+        "(tensor parallelism, torch's DTensor sharding; docs/parallelism.md).")
     zero_stage: Literal[0, 1] = Field(
         default=0, description="1: shard the optimizer state across the replicas (ZeRO-1).")

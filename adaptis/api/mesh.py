@@ -8,9 +8,11 @@ groups with it (:mod:`adaptis.worker.runtime.replicas`). The contract
 
 - a job has W worker pods of N = max(1, gpusPerWorker) ranks each, one rank per GPU (a CPU
   pod runs one rank); pod w holds global ranks w*N .. w*N + N - 1 (LOCAL_RANK 0..N-1);
-- the ranks form a replicas x pipeline mesh, pipeline innermost: rank g is pipeline rank
-  g % P of replica g // P, P = W*N / R. The plan is one replica's pipeline over P devices,
-  each ONE GPU, run R times;
+- the ranks form a replicas x pipeline x tensor mesh, tensor innermost: rank g is tensor rank
+  g % T of pipeline position (g // T) % P of replica g // (P*T), P = W*N / (R*T). T divides N,
+  so the T ranks of one pipeline position share a pod (their all-reduces run every layer).
+  The plan is one replica's pipeline over P devices, each a tensor group of T GPUs, run R
+  times;
 - heterogeneous replicas: the planner sees, at each pipeline position, the slowest and
   smallest GPU that any replica has there (the plan must run on every replica, and the step
   waits for the slowest one); two positions share the intra-node link only if they share a
@@ -33,25 +35,32 @@ __all__ = ["Mesh", "pipeline_devices", "replicas_share_nodes"]
 
 @dataclass(frozen=True, slots=True)
 class Mesh:
-    """W pods of N ranks, R replicas of a P-rank pipeline (W*N = R*P)."""
+    """W pods of N ranks, R replicas of a P-position pipeline of T-rank tensor groups
+    (W*N = R*P*T)."""
 
     pods: int
     per_pod: int
     replicas: int = 1
+    tensor: int = 1
 
     def __post_init__(self) -> None:
-        if self.pods < 1 or self.per_pod < 1 or self.replicas < 1:
-            raise ValueError(f"mesh: pods {self.pods}, ranks a pod {self.per_pod} and replicas "
-                             f"{self.replicas} must be at least 1")
-        if self.world % self.replicas:
-            raise ValueError(f"spec.parallelism.dataParallel: {self.replicas} replicas do not "
-                             f"divide {self.world} ranks; use a divisor of the ranks")
+        if self.pods < 1 or self.per_pod < 1 or self.replicas < 1 or self.tensor < 1:
+            raise ValueError(f"mesh: pods {self.pods}, ranks a pod {self.per_pod}, replicas "
+                             f"{self.replicas} and tensor degree {self.tensor} must be at least 1")
+        if self.per_pod % self.tensor:
+            raise ValueError(f"spec.parallelism.tensorParallel: {self.tensor} does not divide the "
+                             f"{self.per_pod} ranks of a worker pod (gpusPerWorker); a tensor group "
+                             "must not leave its pod")
+        if self.world % (self.replicas * self.tensor):
+            groups = f" of tensor groups of {self.tensor}" if self.tensor > 1 else ""
+            raise ValueError(f"spec.parallelism.dataParallel: {self.replicas} replicas{groups} do "
+                             f"not divide {self.world} ranks; use a divisor of the ranks")
 
     @classmethod
     def of(cls, spec: JobSpec) -> Mesh:
         par = spec.parallelism
         return cls(pods=par.workers, per_pod=par.ranks_per_worker,
-                   replicas=par.data_parallel)
+                   replicas=par.data_parallel, tensor=par.tensor_parallel)
 
     @property
     def world(self) -> int:
@@ -59,8 +68,8 @@ class Mesh:
 
     @property
     def pipeline(self) -> int:
-        """P: the ranks of one replica, the devices of the plan."""
-        return self.world // self.replicas
+        """P: the pipeline positions of one replica, the devices of the plan."""
+        return self.world // (self.replicas * self.tensor)
 
     def pod(self, rank: int) -> int:
         return rank // self.per_pod
@@ -69,21 +78,31 @@ class Mesh:
         return rank % self.per_pod
 
     def replica(self, rank: int) -> int:
-        return rank // self.pipeline
+        return rank // (self.pipeline * self.tensor)
 
     def pipeline_rank(self, rank: int) -> int:
-        return rank % self.pipeline
+        return (rank // self.tensor) % self.pipeline
 
-    def rank(self, *, replica: int, pipeline_rank: int) -> int:
-        return replica * self.pipeline + pipeline_rank
+    def tensor_rank(self, rank: int) -> int:
+        return rank % self.tensor
 
-    def pipeline_ranks(self, replica: int) -> list[int]:
-        """Global ranks of one pipeline replica, in pipeline-rank order."""
-        return [self.rank(replica=replica, pipeline_rank=p) for p in range(self.pipeline)]
+    def rank(self, *, replica: int, pipeline_rank: int, tensor_rank: int = 0) -> int:
+        return (replica * self.pipeline + pipeline_rank) * self.tensor + tensor_rank
 
-    def replica_ranks(self, pipeline_rank: int) -> list[int]:
-        """Global ranks holding the same stages (one per replica), in replica order."""
-        return [self.rank(replica=r, pipeline_rank=pipeline_rank) for r in range(self.replicas)]
+    def pipeline_ranks(self, replica: int, *, tensor_rank: int = 0) -> list[int]:
+        """Global ranks of one pipeline replica (those of one tensor rank), in pipeline order."""
+        return [self.rank(replica=replica, pipeline_rank=p, tensor_rank=tensor_rank)
+                for p in range(self.pipeline)]
+
+    def replica_ranks(self, pipeline_rank: int, *, tensor_rank: int = 0) -> list[int]:
+        """Global ranks holding the same shards of the same stages (one per replica)."""
+        return [self.rank(replica=r, pipeline_rank=pipeline_rank, tensor_rank=tensor_rank)
+                for r in range(self.replicas)]
+
+    def tensor_ranks(self, *, replica: int, pipeline_rank: int) -> list[int]:
+        """Global ranks of one tensor group (one pipeline position of one replica)."""
+        first = self.rank(replica=replica, pipeline_rank=pipeline_rank)
+        return list(range(first, first + self.tensor))
 
 
 def pipeline_devices(mesh: Mesh, *, nodes: Sequence[str], speeds: Sequence[float],

@@ -29,7 +29,7 @@ from adaptis.api.job import (
     JobSpec,
     ParallelismSpec,
 )
-from adaptis.api.model import Model
+from adaptis.api.model import Model, ZooModel
 
 __all__ = [
     "JOB_CEL_RULES",
@@ -108,8 +108,12 @@ def job_violations(*, name: str, spec: JobSpec) -> list[Violation]:
                     f"divide the job's {par.ranks} ranks (workers x max(1, gpusPerWorker)); "
                     "use a divisor of the ranks"))
         return out
+    tensor = _tensor_violations(spec)
+    if tensor:
+        return [*out, *tensor]
     workers = par.pipeline_ranks  # the devices of one pipeline: what the plan partitions over
-    what = "pipeline ranks (ranks / dataParallel)" if par.ranks != workers else "workers"
+    what = ("pipeline ranks (ranks / (dataParallel x tensorParallel))" if par.ranks != workers
+            else "workers")
     if workers > layers:
         out.append(("spec.parallelism.workers", f"{workers} {what} exceed the model's {layers} "
                     f"layers (embedding, blocks, head): each rank needs one; use at most {layers}"))
@@ -128,6 +132,35 @@ def job_violations(*, name: str, spec: JobSpec) -> list[Violation]:
                     f"spec.training.steps ({spec.training.steps}): no checkpoint would be "
                     "written; use 0 (off) or at most the steps"))
     return out
+
+
+def _tensor_violations(spec: JobSpec) -> list[Violation]:
+    """tensorParallel T: it must divide a pod's ranks, R x T the job's, and every width the
+    tensor-parallel layers split (docs/parallelism.md)."""
+    par, t = spec.parallelism, spec.parallelism.tensor_parallel
+    if t == 1:
+        return []
+    field = "spec.parallelism.tensorParallel"
+    if par.ranks_per_worker % t:
+        return [(field, f"{t} does not divide a worker pod's {par.ranks_per_worker} ranks "
+                 "(max(1, gpusPerWorker)): a tensor group never leaves its pod (its all-reduces "
+                 "run every layer); use a divisor of gpusPerWorker")]
+    if par.ranks % (par.data_parallel * t):
+        return [("spec.parallelism.dataParallel", f"dataParallel x tensorParallel "
+                 f"({par.data_parallel} x {t}) does not divide the job's {par.ranks} ranks; use "
+                 "divisors whose product divides the ranks")]
+    model = spec.model
+    if not isinstance(model, ZooModel):
+        return [(field, f"{t}: tensor parallelism of Hugging Face models is not supported yet; "
+                 "use tensorParallel: 1 (more pipeline ranks) or a zoo model")]
+    widths = {"spec.model.heads": model.heads, "spec.model.kvHeads": model.key_value_heads,
+              "spec.model.vocabSize": model.vocab_size}
+    for i, block in enumerate(model.blocks):
+        if block.kind in ("attention", "dense", "moe"):
+            widths[f"spec.model.blocks[{i}] (MLP width)"] = model.mlp_width(block)
+    return [(name, f"{value} does not divide by tensorParallel {t}: every tensor rank holds an "
+             f"equal share; use a multiple of {t}, or tensorParallel dividing {value}")
+            for name, value in widths.items() if value % t]
 
 
 def format_violations(violations: Sequence[Violation]) -> str:

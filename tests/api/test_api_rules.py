@@ -75,6 +75,17 @@ CASES = [
     Case("more-pipeline-ranks-than-layers",  # 3 pods x 4 GPUs = 12 ranks, one replica
          {"spec.parallelism.workers": 3, "spec.parallelism.gpusPerWorker": 4},
          "spec.parallelism.workers", (".spec", ".parallelism.workers")),
+    Case("tensor-group-leaves-its-pod",  # 2 pods x 3 GPUs, tensor groups of 2
+         {"spec.parallelism.gpusPerWorker": 3, "spec.parallelism.tensorParallel": 2},
+         "spec.parallelism.tensorParallel", (".spec", ".parallelism.tensorParallel")),
+    Case("replicas-of-tensor-groups-do-not-divide-the-ranks",  # 6 ranks, 2 x 2 do not divide
+         {"spec.parallelism.workers": 3, "spec.parallelism.gpusPerWorker": 2,
+          "spec.parallelism.tensorParallel": 2, "spec.parallelism.dataParallel": 2},
+         "spec.parallelism.dataParallel", (".spec", ".parallelism.dataParallel")),
+    Case("heads-do-not-divide-by-tensor",  # 4 heads over 8 tensor ranks
+         {"spec.parallelism.workers": 1, "spec.parallelism.gpusPerWorker": 8,
+          "spec.parallelism.tensorParallel": 8},
+         "spec.model.heads", None),
     Case("more-blocks-than-can-be-planned", {"spec.model.blocks.0.count": 4096},
          "spec.model.blocks", (".spec", ".model.blocks")),
     Case("zb-v-needs-two-layers-per-rank",
