@@ -14,6 +14,7 @@ URL``; stops on SIGTERM.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import threading
 import urllib.request
@@ -101,10 +102,8 @@ def main() -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     while not stop.is_set():
-        try:
+        with contextlib.suppress(OSError):  # the operator is not up yet
             gang.predict(predicted_busy(args.operator, job=args.job))
-        except OSError:
-            pass  # the operator is not up yet
         gang.step()
         stop.wait(args.step_seconds)
     server.shutdown()

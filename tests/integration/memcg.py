@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 _ROOT = Path("/sys/fs/cgroup")
@@ -35,7 +36,8 @@ def available() -> str | None:
 
 
 class MemoryCgroup:
-    """A child cgroup of the memory hierarchy with a limit; processes join by PID."""
+    """A child cgroup of the memory hierarchy with a limit; a process starts inside it through
+    :meth:`command`."""
 
     def __init__(self, name: str, *, limit_bytes: int) -> None:
         self.path = _base() / name
@@ -49,9 +51,11 @@ class MemoryCgroup:
     def _read(self, name: str) -> str:
         return (self.path / name).read_text()
 
-    def join(self) -> None:
-        """Move the calling process in (a ``preexec_fn``: the child joins before it execs)."""
-        self._write("cgroup.procs", str(os.getpid()))
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` started inside this cgroup: a shell writes its own PID into cgroup.procs,
+        then execs ``argv`` as that same PID. (Not a ``preexec_fn``: that runs Python between
+        fork and exec, unsafe in the threaded test process.)"""
+        return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.path / "cgroup.procs"), *argv]
 
     def pids(self) -> set[int]:
         return {int(line) for line in self._read("cgroup.procs").split()}

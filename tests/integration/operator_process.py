@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from memcg import MemoryCgroup
 
 REPO = Path(__file__).resolve().parents[2]
 #: The operator's own namespace (profiles, plan records) when --profile-namespace is not given.
@@ -72,8 +73,8 @@ class OperatorProcess:
         self.namespace = namespace
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, *, extra_args: Sequence[str] = (),
-              preexec: Callable[[], None] | None = None) -> None:
+    def start(self, *, extra_args: Sequence[str] = (), cgroup: MemoryCgroup | None = None) -> None:
+        """Start the operator (inside ``cgroup``, as a pod's memory limit would hold it)."""
         # Its own namespace, where it keeps plan records (and profiles), as the chart's release
         # namespace would be.
         args = list(extra_args)
@@ -82,11 +83,14 @@ class OperatorProcess:
         if self.cp.kubectl("get", "namespace", own, check=False).returncode != 0:
             self.cp.kubectl("create", "namespace", own, check=False)
         log = self.log_path.open("ab")
+        argv = [sys.executable, "-m", "adaptis", "-v", "operator", "--namespace", self.namespace,
+                "--resync-seconds", "3", *extra_args]
         self.proc = subprocess.Popen(  # our own CLI
-            [sys.executable, "-m", "adaptis", "-v", "operator", "--namespace", self.namespace,
-             "--resync-seconds", "3", *extra_args],
-            cwd=REPO, env=self.cp.env(), stdout=log, stderr=subprocess.STDOUT,
-            preexec_fn=preexec)  # e.g. join a memory cgroup (memcg.MemoryCgroup.join)
+            argv if cgroup is None else cgroup.command(argv),
+            cwd=REPO, env=self.cp.env(), stdout=log, stderr=subprocess.STDOUT)
+        if cgroup is not None:  # the shell moves in before it execs the operator
+            pid = self.proc.pid
+            self.wait("the operator in its memory cgroup", lambda: pid in cgroup.pids(), timeout=10)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

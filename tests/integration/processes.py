@@ -10,7 +10,6 @@ is the error every part of the test control plane raises.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import socket
@@ -91,14 +90,24 @@ def tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM the child when the test process dies (no orphans on a crash)."""
-    with contextlib.suppress(Exception):
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux to SIGTERM the child when the test process dies (no
+    orphans on a crash); None where there is no prctl. libc is loaded here, in the parent: the
+    child only makes the one foreign call, no import and no lock between fork and exec."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
         import ctypes
 
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:
+        return None
+    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
+
+    def in_child() -> None:
+        prctl(pr_set_pdeathsig, sigterm)
+
+    return in_child
 
 
 @dataclass
@@ -125,7 +134,9 @@ class ManagedProcess:
             stderr=subprocess.STDOUT,
             env=dict(env),
             start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            # prctl has no spawn-time spelling in subprocess; in_child imports nothing and takes
+            # no lock of ours (above).
+            preexec_fn=_die_with_parent(),  # noqa: PLW1509 - one libc call, loaded beforehand
         )
 
     @property

@@ -103,11 +103,12 @@ def _dry_run_create(cp: ControlPlane, doc: dict[str, Any], *, namespace: str) ->
     (_with(training={"data": {"source": "token-file", "path": "/t", "tokenizer": "/tok"}}),
      "spec.training.data.tokenizer"),
     (_with(training={"data": {"source": "text", "path": "/corpus"}}), "spec.training.data.tokenizer"),
-    (_with(parallelism={"workers": 2, "gpusPerWorker": 3, "tensorParallel": 2}), "spec.parallelism.tensorParallel"),
+    (_with(parallelism={"workers": 2, "gpusPerWorker": 3, "tensorParallel": 2}),
+     "spec.parallelism.tensorParallel"),
     (_with(parallelism={"workers": 3, "gpusPerWorker": 2, "tensorParallel": 2, "dataParallel": 2}),
      "spec.parallelism.dataParallel"),
-], ids=["workers>layers", "dp-divides", "gpu-ranks>layers", "zb-v", "i1f1b", "everySteps>steps", "topK>experts", "name-too-long",
-        "hf+blocks", "hf-config+path", "text-without-path", "tokenizer-without-text",
+], ids=["workers>layers", "dp-divides", "gpu-ranks>layers", "zb-v", "i1f1b", "everySteps>steps", "topK>experts",
+        "name-too-long", "hf+blocks", "hf-config+path", "text-without-path", "tokenizer-without-text",
         "text-without-tokenizer", "tp-leaves-pod", "dp-x-tp-divides"])
 def test_api_server_refuses_with_422_naming_the_field(
         control_plane: ControlPlane, namespace: str, doc: dict[str, Any], field: str) -> None:
@@ -131,8 +132,8 @@ def test_api_server_refuses_with_422_naming_the_field(
     _hf(),  # the config kept as given (nested objects, floats), the zoo's defaults harmless
     _with(training={"data": {"source": "text", "path": "/corpus", "tokenizer": "/tok", "cacheDir": "/c"}}),
     _hf_text(),
-], ids=["base", "workers=layers", "dp-exact", "gpu-ranks=layers", "tp-ranks=layers", "zb-v-exact", "everySteps=steps", "name-63", "defaults",
-        "huggingface", "text-corpus", "hf-text-default-tokenizer"])
+], ids=["base", "workers=layers", "dp-exact", "gpu-ranks=layers", "tp-ranks=layers", "zb-v-exact", "everySteps=steps",
+        "name-63", "defaults", "huggingface", "text-corpus", "hf-text-default-tokenizer"])
 def test_api_server_admits_the_boundary_cases(
         control_plane: ControlPlane, namespace: str, doc: dict[str, Any]) -> None:
     result = _dry_run_create(control_plane, doc, namespace=namespace)

@@ -15,11 +15,12 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from memcg import MemoryCgroup
 from operator_process import OperatorProcess, install_crd
 
 from adaptis.api.events import DoneEvent, parse_event_line
@@ -57,13 +58,13 @@ class Operator(OperatorProcess):
         self.metrics = ""
 
     def start(self, *, extra_args: Sequence[str] = (),
-              preexec: Callable[[], None] | None = None) -> None:
+              cgroup: MemoryCgroup | None = None) -> None:
         self.liveness = f"http://127.0.0.1:{_free_port()}/healthz"
         port = _free_port()
         self.metrics = f"http://127.0.0.1:{port}/metrics"
         super().start(extra_args=["--liveness", self.liveness, "--metrics-port", str(port), "--topology-keys",
                                   "topology.kubernetes.io/zone,topology.adaptis.io/rack",
-                                  *extra_args], preexec=preexec)
+                                  *extra_args], cgroup=cgroup)
 
     def scrape(self) -> dict[str, float]:
         """The operator's metrics, by sample name with labels, e.g. ``adaptis_operator_jobs{phase="Failed"}``."""
@@ -182,7 +183,8 @@ def test_job_is_planned_bound_as_planned_and_succeeds(operator: Operator) -> Non
                             lambda: (m := operator.scrape()).get('adaptis_operator_jobs{phase="Succeeded"}', 0) >= 1
                             and m)
     assert metrics['adaptis_operator_reconciles_total{result="ok"}'] >= 3  # pending, planned, running...
-    assert metrics["adaptis_operator_reconcile_seconds_count"] >= metrics['adaptis_operator_reconciles_total{result="ok"}']
+    assert (metrics["adaptis_operator_reconcile_seconds_count"]
+            >= metrics['adaptis_operator_reconciles_total{result="ok"}'])
     assert "adaptis_operator_queue_depth" in metrics
 
 
@@ -366,7 +368,7 @@ def test_rendered_worker_pods_really_train(operator: Operator, tmp_path: Path) -
     for proc in procs:
         out, err = proc.communicate(timeout=240)
         outputs.append((proc.returncode, out.decode(), err.decode()))
-    for rc, out, err in outputs:
+    for rc, _out, err in outputs:
         assert rc == 0, f"worker failed ({rc}):\n{err[-3000:]}"
     events = [e for rc, out, _ in outputs for e in map(parse_event_line, out.splitlines()) if e is not None]
     done = sorted((e.rank, e.steps) for e in events if isinstance(e, DoneEvent))

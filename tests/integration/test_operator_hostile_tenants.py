@@ -110,7 +110,7 @@ def tenants(control_plane: Any, tmp_path_factory: pytest.TempPathFactory
     group = MemoryCgroup(f"adaptis-hostile-{os.getpid()}", limit_bytes=LIMIT)
     op = Tenants(cp, tmp_path_factory.mktemp("operator") / "operator.log")
     op.namespace = A
-    op.start(extra_args=["--namespace", B], preexec=group.join)
+    op.start(extra_args=["--namespace", B], cgroup=group)
     assert op.proc is not None and op.proc.pid in group.pids(), "the operator is not in its cgroup"
     try:
         yield op, group
@@ -259,7 +259,7 @@ def test_what_a_tenant_rewrites_is_restored_and_the_operator_holds(
     assert written is not None and set(written["data"]) == {"worker.json"}
     steering = _steering(op.live_pods(A, "victim"))
     b_started = False
-    for i, (what, tamper) in enumerate(TAMPERINGS):
+    for what, tamper in TAMPERINGS:
         cm = op.config_map(A, "victim-config")
         assert cm is not None
         tamper(cm["data"])

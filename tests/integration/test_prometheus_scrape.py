@@ -218,7 +218,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     ports = [promkit.free_port() for _ in pods]
     targets = [promkit.Target(port=port, labels={
         "namespace": NAMESPACE, "pod": pod["metadata"]["name"], "adaptis_job": JOB,
-        "rank": pod["metadata"]["labels"]["adaptis.io/rank"]}) for pod, port in zip(pods, ports)]
+        "rank": pod["metadata"]["labels"]["adaptis.io/rank"]}) for pod, port in zip(pods, ports, strict=True)]
     config = promkit.write_config(workdir / "prometheus.yml", targets=targets,
                                   rule_files=[chartkit.RULES_FILE])
     ranks: list[Rank] = []
@@ -229,7 +229,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         chartkit.poll_until(lambda: len(prom.query(f'up{{adaptis_job="{JOB}"}}')) == len(pods),
                             timeout=60, what="prometheus to try every rank's port once")
         try:
-            for pod, port in zip(pods, ports):
+            for pod, port in zip(pods, ports, strict=True):
                 ranks.append(_start_rank(pod, config_map, workdir=workdir,
                                          master_port=master_port, port=port))
             done_at = chartkit.poll_until(lambda: _all_scraped(prom, ranks, steps=steps),
