@@ -47,12 +47,14 @@ def test_grouped_query_attention_is_mha_with_shared_key_value_heads() -> None:
     kv, d = 2, H // HEADS
     gqa = _Attention(hidden=H, heads=HEADS, kv_heads=kv)
     mha = _Attention(hidden=H, heads=HEADS)
-    torch.nn.init.normal_(gqa.qkv.weight, std=0.2, generator=torch.Generator().manual_seed(1))
-    wq, wk, wv = gqa.qkv.weight.split([H, kv * d, kv * d])
+    gen = torch.Generator().manual_seed(1)
+    for proj in (gqa.q, gqa.k, gqa.v):
+        torch.nn.init.normal_(proj.weight, std=0.2, generator=gen)
     group = HEADS // kv  # query head i uses key/value head i // group
-    rep = [w.view(kv, d, H).repeat_interleave(group, dim=0).reshape(H, H) for w in (wk, wv)]
     with torch.no_grad():
-        mha.qkv.weight.copy_(torch.cat([wq, *rep]))
+        mha.q.weight.copy_(gqa.q.weight)
+        for mine, shared in ((mha.k, gqa.k), (mha.v, gqa.v)):
+            mine.weight.copy_(shared.weight.view(kv, d, H).repeat_interleave(group, dim=0).reshape(H, H))
         mha.out.weight.copy_(gqa.out.weight)
         x = torch.randn(2, 9, H, generator=torch.Generator().manual_seed(2))
         torch.testing.assert_close(gqa(x), mha(x), rtol=0, atol=1e-6)
@@ -97,7 +99,8 @@ def test_rope_attention_layer_is_shift_invariant_and_causal() -> None:
         plain = build_layer(_model(), index=1, seed=0)
         rope = build_layer(_model(positions="rope"), index=1, seed=0)
         for layer in (plain, rope):  # sharper attention than the 0.02 init gives
-            layer.attn.qkv.weight.mul_(50.0)
+            for proj in (layer.attn.q, layer.attn.k):
+                proj.weight.mul_(50.0)
         assert not torch.allclose(plain(x), rope(x), atol=1e-3)  # same weights, rope applied
         y = rope(x)
         x2 = x.clone()
@@ -258,7 +261,8 @@ def test_mamba_saved_activations_grow_linearly_with_the_sequence() -> None:
 def test_attention_block_keeps_parameter_names() -> None:
     block = AttentionBlock(hidden=H, heads=HEADS, opts=BlockOptions(kv_heads=2, rope_theta=1e4))
     assert sorted(n for n, _ in block.named_parameters()) == [
-        "attn.out.weight", "attn.qkv.weight", "mlp.down.weight", "mlp.up.weight",
+        "attn.k.weight", "attn.out.weight", "attn.q.weight", "attn.v.weight", "mlp.down.weight",
+        "mlp.up.weight",
         "norm1.weight", "norm2.weight"]
 
 

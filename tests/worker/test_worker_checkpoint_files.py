@@ -98,7 +98,7 @@ def test_the_file_records_the_step_the_writers_and_state_by_name(tmp_path: Path)
     assert "fingerprint" not in doc  # a plan is no part of a checkpoint: any plan resumes it
     assert doc["model_spec"] == SMALL_MODEL.wire().model_dump(mode="json", by_alias=True)
     named = ex.named_parameters()
-    assert set(doc["model"]) == set(named) and "0.weight" in named and "4.weight" in named
+    assert set(doc["model"]) == set(named) and "0.weight" in named and "4.proj.weight" in named
     for name, p in named.items():
         assert torch.equal(doc["model"][name], p.detach())
     # Every parameter had a gradient, so AdamW holds (and the file records) a state for each.

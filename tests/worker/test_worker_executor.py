@@ -197,7 +197,7 @@ def test_the_optimizer_is_the_one_the_job_names_over_every_parameter_once(name: 
     assert group["weight_decay"] == 0.25
     # The tied embedding and head on one rank are one Parameter, under two names, optimized once.
     named = ex.named_parameters()
-    assert named["0.weight"] is named["4.weight"]
+    assert named["0.weight"] is named["4.proj.weight"]
     assert len(group["params"]) == len({id(p) for p in named.values()}) == len(named) - 1
     assert {id(p) for p in group["params"]} == {id(p) for p in named.values()}
 

@@ -47,7 +47,7 @@ def test_weights_do_not_depend_on_the_partition() -> None:
 def test_tied_head_shares_the_embedding_weight() -> None:
     net = build_model(MODEL, seed=0)
     params = layer_parameters(net)
-    assert params["0.weight"] is params["6.weight"]
+    assert params["0.weight"] is params["6.proj.weight"]
     # Built apart (as two ranks do), the copies start equal.
     emb, head = build_layer(MODEL, index=0, seed=0), build_layer(MODEL, index=6, seed=0)
     assert torch.equal(emb.weight, head.weight)  # type: ignore[arg-type]

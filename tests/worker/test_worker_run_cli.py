@@ -218,21 +218,21 @@ def test_local_replicas_charge_the_all_reduce_over_loopback() -> None:
     """A local run of R replicas plans with the replicas' all-reduce over loopback, unless its
     problem file says otherwise; one replica leaves the problem as it is."""
     from adaptis.api.problem import Link, parse_problem
-    from adaptis.cli.run import _LOCAL_LINK, _local_replicas
+    from adaptis.cli.run import _LOCAL_LINK, _local_mesh
     from adaptis.planner.strategies import plan_strategy
 
     doc = {"microbatches": 4, "devices": {"count": 2},
            "layers": [{"name": f"l{i}", "forward": 1.0, "backward": 1.0, "weight": 1.0,
                        "param_bytes": 4e8} for i in range(4)]}
     one = parse_problem(doc)
-    assert _local_replicas(one, replicas=1) is one
-    two = _local_replicas(one, replicas=2)
+    assert _local_mesh(one, replicas=1, tensor=1) is one
+    two = _local_mesh(one, replicas=2, tensor=1)
     assert two.data_parallel == 2 and two.network.data_parallel == _LOCAL_LINK
     step = {p.data_parallel: plan_strategy(p, "1f1b").plan.predicted.step_time for p in (one, two)}
     assert step[2] > step[1], "the replicas' gradient all-reduce is charged to the step"
     own = parse_problem({**doc, "data_parallel": 2,
                          "network": {"data_parallel": {"bandwidth_bytes_per_s": 1e9}}})
-    assert _local_replicas(own, replicas=2).network.data_parallel == Link(bandwidth_bytes_per_s=1e9)
+    assert _local_mesh(own, replicas=2, tensor=1).network.data_parallel == Link(bandwidth_bytes_per_s=1e9)
 
 
 def test_local_ranks_sharing_cores_are_planned_slower() -> None:

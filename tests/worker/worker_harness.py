@@ -47,7 +47,7 @@ def parity_reference() -> tuple[float, dict[str, torch.Tensor], float]:
     t = PARITY_TRAINING
     data = SyntheticTokens(vocab_size=PARITY_MODEL.vocab_size, sequence_length=t.sequence_length, seed=t.seed)
     ref = reference_step(PARITY_MODEL, t, batch=data.batch(position=0, sequences=t.microbatches * t.microbatch_size))
-    norm = sum(float(g.double().pow(2).sum()) for k, g in ref.grads.items() if k != f"{PARITY_LAYERS - 1}.weight")
+    norm = sum(float(g.double().pow(2).sum()) for k, g in ref.grads.items() if k != f"{PARITY_LAYERS - 1}.proj.weight")
     return ref.loss, ref.grads, norm**0.5
 
 
@@ -230,6 +230,8 @@ def dp_parity_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: 
     step's gradients (after the replica average, before clipping is irrelevant: clipping
     scales them after) and the final weights, per rank."""
     from adaptis.worker.data.sources import SyntheticTokens, shard_position
+    from adaptis.worker.runtime.dtensors import gathered as whole
+    from adaptis.worker.runtime.dtensors import local
     from adaptis.worker.runtime.executor import Executor
 
     init_gloo(rank, world, port)
@@ -241,6 +243,7 @@ def dp_parity_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: 
         per_step = t.microbatches * t.microbatch_size
         losses, norms, waits, overlapped = [], [], [], []
         grads: dict[str, torch.Tensor] = {}
+        first_grads: dict[str, torch.Tensor] = {}
         for step in range(t.steps):
             start = shard_position(position=step * per_step * cfg.data_parallel, replica=ex.replica,
                                    sequences=per_step)
@@ -248,7 +251,7 @@ def dp_parity_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: 
             real_clip, captured = ex._clip, {}
 
             def clip(real_clip=real_clip, captured=captured) -> float:
-                captured.update({k: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
+                captured.update({k: whole(p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
                                  for k, p in ex.named_parameters().items()})
                 return real_clip()
 
@@ -260,10 +263,47 @@ def dp_parity_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: 
             waits.append(stats.reduce_wait_seconds)
             overlapped.append((ex.reducer.overlapped, ex.reducer.stages) if ex.reducer is not None else None)
             grads = captured
-        weights = {k: p.detach().clone() for k, p in ex.named_parameters().items()}
+            first_grads = first_grads or captured
+        weights = {k: whole(p).detach().clone() for k, p in ex.named_parameters().items()}
+        numels = {k: (local(p).numel(), p.numel()) for k, p in ex.named_parameters().items()}
         torch.save({"losses": losses, "norms": norms, "grads": grads, "weights": weights, "waits": waits,
+                    "numels": numels, "first_grads": first_grads,
                     "overlapped": overlapped, "optimizer_state": _state_bytes(ex.optimizer)},
                    Path(out_dir) / f"{case['name']}-{rank}.pt")
+    dist.destroy_process_group()
+
+
+def resume_ranks(rank: int, world: int, port: int, config_file: str, ckpt_dir: str, out_file: str,
+                 steps: str) -> None:
+    """``steps`` "first:last": resume from ``ckpt_dir`` when it holds a step (a fresh start
+    else), train to step ``last``, checkpoint there (every rank of a saving position joins),
+    dump rank 0's losses and every rank's whole weights."""
+    from adaptis.worker.data.sources import SyntheticTokens, shard_position
+    from adaptis.worker.runtime.dtensors import gathered
+    from adaptis.worker.runtime.executor import Executor
+    from adaptis.worker.state.checkpoint import agree_resume_step, load_checkpoint, save_checkpoint
+
+    init_gloo(rank, world, port)
+    cfg = WorkerConfig.model_validate_json(Path(config_file).read_text())
+    t = cfg.training
+    ex = Executor(cfg, rank=rank, world_size=world, device=torch.device("cpu"))
+    first, last = (int(x) for x in steps.split(":"))
+    found = agree_resume_step(ckpt_dir)
+    assert (found or 0) == first, f"resume from {found}, expected {first}"
+    if found is not None:
+        load_checkpoint(ckpt_dir, executor=ex, step=found)
+    data = SyntheticTokens(vocab_size=cfg.model.vocab_size, sequence_length=t.sequence_length, seed=t.seed)
+    per_step = t.microbatches * t.microbatch_size
+    losses = []
+    for step in range(first, last):
+        start = shard_position(position=step * per_step * cfg.data_parallel, replica=ex.replica, sequences=per_step)
+        ex.set_learning_rate(step=step)
+        losses.append(ex.step(data.batch(position=start, sequences=per_step), number=step + 1).loss)
+    if ex.joins_checkpoint:
+        save_checkpoint(ckpt_dir, executor=ex, step=last, position=last * per_step * cfg.data_parallel,
+                        tokens=0, samples=0)
+    weights = {k: gathered(p).detach().clone() for k, p in ex.named_parameters().items()}
+    torch.save({"losses": losses, "weights": weights}, f"{out_file}-{rank}.pt")
     dist.destroy_process_group()
 
 
@@ -275,17 +315,21 @@ def model_vocab(model: Model) -> int:
 def _state_bytes(optimizer: Any) -> int:
     if hasattr(optimizer, "state_bytes"):
         return int(optimizer.state_bytes())
-    return sum(t.numel() * t.element_size() for s in optimizer.state.values()
+    from adaptis.worker.runtime.dtensors import local
+
+    return sum(local(t).numel() * t.element_size() for s in optimizer.state.values()
                for t in s.values() if isinstance(t, torch.Tensor))
 
 
 def write_dp_cases(path: Path, cases: dict[str, tuple[Plan, int]], *, replicas: int, steps: int,
-                   model: Model = PARITY_MODEL, training: TrainingSpec = DP_TRAINING) -> None:
-    """``cases``: name -> (plan of one pipeline replica, ZeRO stage)."""
+                   model: Model = PARITY_MODEL, training: TrainingSpec = DP_TRAINING,
+                   tensor: int = 1) -> None:
+    """``cases``: name -> (plan of one pipeline replica, ZeRO stage); ``tensor``: the ranks of
+    each pipeline position (tensor parallelism)."""
     t = training.model_copy(update={"steps": steps})
     docs = [{"name": name, "config": WorkerConfig(
         model=model, training=t, plan=plan.model_dump(mode="json"), data_parallel=replicas,
-        zero_stage=zero).model_dump(mode="json")} for name, (plan, zero) in cases.items()]
+        zero_stage=zero, tensor_parallel=tensor).model_dump(mode="json")} for name, (plan, zero) in cases.items()]
     path.write_text(json.dumps(docs))
 
 

@@ -37,27 +37,32 @@ __all__ = [
 _INIT_STD = 0.02
 
 
-class Embedding(nn.Module):
-    """Token ids ``[b, s]`` (int64) to hidden states ``[b, s, h]``."""
+class Embedding(nn.Embedding):
+    """Token ids ``[b, s]`` (int64) to hidden states ``[b, s, h]``. An ``nn.Embedding`` so that
+    torch's tensor parallelism can shard it on the vocabulary (``RowwiseParallel``)."""
 
     def __init__(self, *, vocab_size: int, hidden: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden))
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return F.embedding(tokens, self.weight)
+        # An explicit empty weight: nn.Embedding's own init would draw from the global RNG,
+        # which init_parameters never touches.
+        super().__init__(vocab_size, hidden, _weight=torch.empty(vocab_size, hidden))
 
 
 class Head(nn.Module):
-    """Final norm and the vocabulary projection; the loss is applied outside (by the schedule)."""
+    """Final norm and the vocabulary projection ``proj`` (an ``nn.Linear``, so that tensor
+    parallelism can shard it on the vocabulary); the loss is applied outside (by the schedule)."""
 
     def __init__(self, *, vocab_size: int, hidden: int) -> None:
         super().__init__()
         self.norm = nn.RMSNorm(hidden)
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden))
+        self.proj = nn.Linear(hidden, vocab_size, bias=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The ``[vocab, hidden]`` projection (the tied embedding's twin)."""
+        return self.proj.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(x), self.weight)
+        return self.proj(self.norm(x))
 
 
 def apply_rotary(x: torch.Tensor, *, theta: float, offset: int = 0) -> torch.Tensor:
@@ -76,44 +81,46 @@ def apply_rotary(x: torch.Tensor, *, theta: float, offset: int = 0) -> torch.Ten
 
 class _Attention(nn.Module):
     """Causal self-attention; grouped-query when ``kv_heads < heads`` (each key/value head
-    serves ``heads / kv_heads`` query heads); rotary positions when ``rope_theta`` is set."""
+    serves ``heads / kv_heads`` query heads); rotary positions when ``rope_theta`` is set.
+
+    Separate ``q``, ``k`` and ``v`` projections (not one fused one): tensor parallelism shards
+    each on its heads (``ColwiseParallel``) and ``out`` on its input (``RowwiseParallel``), and
+    the forward reads the head counts from the projections' widths, so the same code runs a
+    rank's ``heads / T`` local heads."""
 
     def __init__(self, *, hidden: int, heads: int, kv_heads: int | None = None,
                  rope_theta: float | None = None) -> None:
         super().__init__()
         self.heads = heads
         self.kv_heads = heads if kv_heads is None else kv_heads
+        self.head_dim = hidden // heads
         self.rope_theta = rope_theta
-        kv_width = self.kv_heads * (hidden // heads)
-        # One fused projection, rows [q | k | v]: with kv_heads == heads exactly today's layout.
-        self.qkv = nn.Linear(hidden, hidden + 2 * kv_width, bias=False)
+        kv_width = self.kv_heads * self.head_dim
+        self.q = nn.Linear(hidden, hidden, bias=False)
+        self.k = nn.Linear(hidden, kv_width, bias=False)
+        self.v = nn.Linear(hidden, kv_width, bias=False)
         self.out = nn.Linear(hidden, hidden, bias=False)
 
     def project(self, x: torch.Tensor, *, offset: int = 0) -> tuple[torch.Tensor, ...]:
-        """Queries ``[b, heads, s, d]``, keys and values ``[b, kv_heads, s, d]``, positions
-        applied (tokens at ``offset ..``)."""
-        b, s, h = x.shape
-        d = h // self.heads
-        if self.kv_heads == self.heads:
-            q, k, v = self.qkv(x).view(b, s, 3, self.heads, d).permute(2, 0, 3, 1, 4)
-        else:
-            q, k, v = self.qkv(x).split([h, self.kv_heads * d, self.kv_heads * d], dim=-1)
-            q = q.view(b, s, self.heads, d).transpose(1, 2)
-            k = k.view(b, s, self.kv_heads, d).transpose(1, 2)
-            v = v.view(b, s, self.kv_heads, d).transpose(1, 2)
+        """Queries ``[b, heads, s, d]``, keys and values ``[b, kv_heads, s, d]`` (this rank's
+        heads under tensor parallelism), positions applied (tokens at ``offset ..``)."""
+        b, s, _ = x.shape
+        d = self.head_dim
+        q, k, v = (proj(x) for proj in (self.q, self.k, self.v))
+        q = q.view(b, s, q.shape[-1] // d, d).transpose(1, 2)
+        k = k.view(b, s, k.shape[-1] // d, d).transpose(1, 2)
+        v = v.view(b, s, v.shape[-1] // d, d).transpose(1, 2)
         if self.rope_theta is not None:
             q = apply_rotary(q, theta=self.rope_theta, offset=offset)
             k = apply_rotary(k, theta=self.rope_theta, offset=offset)
         return q, k, v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
+        b, s, _ = x.shape
         q, k, v = self.project(x)
-        if self.kv_heads == self.heads:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        return self.out(y.transpose(1, 2).reshape(b, s, h))
+        gqa = q.shape[1] != k.shape[1]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return self.out(y.transpose(1, 2).reshape(b, s, q.shape[1] * self.head_dim))
 
 
 class _MLP(nn.Module):

@@ -18,13 +18,28 @@ model instead *collects* the aux losses and adds them to its loss explicitly
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["MixtureOfExperts", "load_balancing_loss"]
+__all__ = ["ExpertSharding", "MixtureOfExperts", "load_balancing_loss"]
+
+
+class ExpertSharding(Protocol):
+    """What sharded experts need of the tensor group (the runtime's
+    :class:`adaptis.worker.runtime.tensor_parallel.DTensorExperts`): a model holds no process
+    group of its own, so its collectives are handed in."""
+
+    def local(self, weight: torch.Tensor) -> torch.Tensor:
+        """This rank's shard of an expert weight."""
+
+    def reduce_in_backward(self, t: torch.Tensor) -> torch.Tensor:
+        """Identity forward; the gradient summed over the tensor group."""
+
+    def sum_partials(self, t: torch.Tensor) -> torch.Tensor:
+        """The tensor group's sum of the ranks' partial ``t``."""
 
 
 def load_balancing_loss(*, probs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
@@ -69,6 +84,9 @@ class MixtureOfExperts(nn.Module):
         self.aux_loss_coef = aux_loss_coef
         self.aux_grad_scale = 1.0
         self.collected: list[torch.Tensor] | None = None
+        #: Set once the experts are sharded on their inner width over a tensor group
+        #: (:mod:`adaptis.worker.runtime.tensor_parallel`); None: whole experts.
+        self.sharding: ExpertSharding | None = None
         self.router = nn.Linear(hidden, experts, bias=False)
         self.w_up = nn.Parameter(torch.empty(experts, hidden, inner))
         if mlp == "swiglu":
@@ -76,9 +94,13 @@ class MixtureOfExperts(nn.Module):
         self.w_down = nn.Parameter(torch.empty(experts, inner, hidden))
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        # Under tensor parallelism the weights are DTensor shards of the inner width: the
+        # expert computes on this rank's slice, its output is a partial sum.
+        local = self.sharding.local if self.sharding is not None else _whole
+        up, down = local(self.w_up)[e], local(self.w_down)[e]
         if self.mlp == "swiglu":
-            return (F.silu(x @ self.w_gate[e]) * (x @ self.w_up[e])) @ self.w_down[e]
-        return F.gelu(x @ self.w_up[e]) @ self.w_down[e]
+            return (F.silu(x @ local(self.w_gate)[e]) * (x @ up)) @ down
+        return F.gelu(x @ up) @ down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -86,11 +108,19 @@ class MixtureOfExperts(nn.Module):
         probs = torch.softmax(self.router(flat), dim=-1)
         weights, chosen = probs.topk(self.top_k, dim=-1)
         weights = weights / weights.sum(dim=-1, keepdim=True)
+        xe, we = flat, weights
+        if self.sharding is not None:
+            # Each rank's experts see a shard: the gradients of their inputs and of the routing
+            # weights are partial, summed over the tensor group in the backward.
+            xe = self.sharding.reduce_in_backward(flat)
+            we = self.sharding.reduce_in_backward(weights)
         out = torch.zeros_like(flat)
         for e in range(self.w_up.shape[0]):
             token, slot = torch.nonzero(chosen == e, as_tuple=True)
-            routed = self._expert(e, flat[token]) * weights[token, slot].unsqueeze(-1)
+            routed = self._expert(e, xe[token]) * we[token, slot].unsqueeze(-1)
             out = out.index_add(0, token, routed)
+        if self.sharding is not None:
+            out = self.sharding.sum_partials(out)  # one all-reduce for every expert
         out = out.view(shape)
         if self.aux_loss_coef > 0 and torch.is_grad_enabled():
             aux = load_balancing_loss(probs=probs, chosen=chosen)
@@ -99,3 +129,7 @@ class MixtureOfExperts(nn.Module):
             else:
                 out = _AttachAuxLoss.apply(out, aux, self.aux_loss_coef * self.aux_grad_scale)
         return out
+
+
+def _whole(weight: torch.Tensor) -> torch.Tensor:
+    return weight

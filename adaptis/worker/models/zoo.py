@@ -134,12 +134,12 @@ class StageModule(nn.Module):
         return layer_parameters(self)
 
     @property
-    def embedding_weight(self) -> nn.Parameter | None:
+    def embedding_weight(self) -> torch.Tensor | None:
         emb = find_layer([self], Embedding)
         return emb.weight if emb is not None else None
 
     @property
-    def head_weight(self) -> nn.Parameter | None:
+    def head_weight(self) -> torch.Tensor | None:
         head = find_layer([self], Head)
         return head.weight if head is not None else None
 
@@ -157,7 +157,7 @@ def build_stages(
         emb = find_layer(built, Embedding)
         head = find_layer(built, Head)
         if emb is not None and head is not None:
-            head.weight = emb.weight
+            head.proj.weight = emb.weight
     return built
 
 

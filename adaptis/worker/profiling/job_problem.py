@@ -64,6 +64,7 @@ def estimate_problem(spec: JobSpec, *, devices: int, precision: str = "fp32") ->
                                      memory_bytes_per_s=None if gpu else _CPU_BYTES,
                                      kernel_s=0.0 if gpu else _CPU_KERNEL_S),
         devices=IdenticalDevices(count=devices, per_node=max(devices, 1)),
+        tensor_parallel=spec.parallelism.tensor_parallel,
     )
 
 
@@ -77,10 +78,12 @@ def measure_problem(spec: JobSpec, *, devices: int, repeats: int = 3,
         return measure_hf_problem(spec, devices=devices, repeats=repeats, precision=precision)
     settings = ProfileSettings(warmup=1, repeats=repeats, dtype=dtype)
     profiles = profile_layers_among_ranks(spec, settings=settings, ranks_on_host=devices)
-    return problem_from_profiles(profiles, name=spec.model.name,
-                                 microbatches=spec.training.microbatches, devices=devices, memory_bytes=None,
-                                 action_overhead_s=measure_action_overhead(settings=settings),
-                                 graph_visit_s=measure_graph_visit(settings=settings, spec=spec))
+    problem = problem_from_profiles(profiles, name=spec.model.name,
+                                    microbatches=spec.training.microbatches, devices=devices, memory_bytes=None,
+                                    action_overhead_s=measure_action_overhead(settings=settings),
+                                    graph_visit_s=measure_graph_visit(settings=settings, spec=spec))
+    # The layers are profiled whole; the planner charges them at the job's degree.
+    return problem.model_copy(update={"tensor_parallel": spec.parallelism.tensor_parallel})
 
 
 def profile_job(spec: JobSpec, *, settings: ProfileSettings, devices: int, name: str,

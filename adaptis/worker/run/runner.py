@@ -201,7 +201,7 @@ def _loop(config: WorkerConfig, *, env: RankEnv, executor: Executor, metrics: Wo
                          busy_total=busy_total, precision=executor.precision,
                          predicted=forecast))
         saved = bool(ckpt and config.checkpoint_every and now.step % config.checkpoint_every == 0)
-        if saved and executor.saves_checkpoint:
+        if saved and executor.joins_checkpoint:
             now.save(ckpt, executor=executor)
         if now.step < t.steps and stop.agreed():
             return _preempted(ckpt, executor=executor, emit=emit, saved=saved, now=now)
@@ -247,7 +247,7 @@ def _step_event(last: StepStats, *, rank: int, now: _Progress, tokens: int, data
 
 def _preempted(ckpt: str | None, *, executor: Executor, emit: Emit, saved: bool, now: _Progress) -> PreemptedEvent:
     """Every rank agreed to stop after ``now.step``: checkpoint it (unless just done) and say so."""
-    if ckpt and not saved and executor.saves_checkpoint:
+    if ckpt and not saved and executor.joins_checkpoint:
         now.save(ckpt, executor=executor)
     event = PreemptedEvent(rank=executor.rank, step=now.step, tokens=now.tokens, samples=now.samples,
                            checkpoint_dir=ckpt or None)

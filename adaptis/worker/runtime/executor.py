@@ -20,19 +20,24 @@ pipelining runs in a group of the busy ranks only) but joins every collective of
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import resource
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from adaptis.api.errors import SpecError
 from adaptis.api.job import Model, TrainingSpec, WorkerConfig
+from adaptis.api.model import ZooModel
 from adaptis.api.plan import Plan
 from adaptis.api.rules import layer_count
 from adaptis.worker.data.sources import Batch
@@ -43,11 +48,13 @@ from adaptis.worker.models.zoo import (
     set_aux_loss_scale,
     token_loss,
 )
+from adaptis.worker.runtime.dtensors import is_sharded, local, settle_grad
 from adaptis.worker.runtime.lr_schedule import learning_rate
 from adaptis.worker.runtime.ownership import reducing_stage, tie_peer
 from adaptis.worker.runtime.pipelining import IdleRuntime, PipelineRuntime, StageShapes
 from adaptis.worker.runtime.replicas import GradReducer, ZeroOptimizer, create_groups, world_mesh
 from adaptis.worker.runtime.slowdown import slowed
+from adaptis.worker.runtime.tensor_parallel import loss_parallel, shard_stages, vocab_parallel_loss
 from adaptis.worker.runtime.timers import ActionTimer, device_timer
 from adaptis.worker.runtime.trace import traced
 
@@ -145,9 +152,11 @@ class Executor:
         self.rank = rank
         self.world_size = world_size
         self.device = device
-        self.mesh = world_mesh(world_size=world_size, data_parallel=config.data_parallel)
+        self.mesh = world_mesh(world_size=world_size, data_parallel=config.data_parallel,
+                               tensor_parallel=config.tensor_parallel)
         self.replica = self.mesh.replica(rank)
         self.pipeline_rank = self.mesh.pipeline_rank(rank)
+        self.tensor_rank = self.mesh.tensor_rank(rank)
         self.plan = parse_plan(config, world_size=self.mesh.pipeline)
         # Before any PipelineStage exists (see create_groups). A rank the plan gives no action
         # (an idle rank) is left out of the group torch's pipelining runs in.
@@ -167,6 +176,7 @@ class Executor:
         self.modules: list[nn.Module] = [
             m.to(device) for m in build_model_stages(spec, stages=ranges, seed=train.seed)  # type: ignore[arg-type]
         ]
+        self.tensor_mesh = self._shard_tensor_parallel()
         # MoE load-balancing gradients scaled as each microbatch's token loss is (1/m).
         set_aux_loss_scale(self.modules, scale=1.0 / train.microbatches)
         hidden, vocab, self._tied = spec.hidden, spec.vocab_size, spec.tied
@@ -177,12 +187,37 @@ class Executor:
         self.set_learning_rate(step=0)  # sets self._lr, which the step statistics report
         self.timer = timer if timer is not None else device_timer(device)
         dtype = PRECISION_DTYPE[self.precision]
+        # The last stage's output is this rank's vocabulary shard of the logits.
         shapes = StageShapes(microbatch_size=train.microbatch_size, sequence_length=train.sequence_length,
-                             hidden=hidden, vocab_size=vocab, dtype=dtype, device=device)
+                             hidden=hidden, vocab_size=vocab // self.mesh.tensor, dtype=dtype, device=device)
         self.runtime = self._runtime(recompute=recompute, shapes=shapes)
         act = activation_bytes(train, hidden=hidden, dtype=dtype)
         self.sent_bytes, self.received_bytes = transfer_bytes(self.plan, rank=self.pipeline_rank,
                                                               activation_bytes=act)
+
+    def _shard_tensor_parallel(self) -> DeviceMesh | None:
+        """With tensor parallelism, shard this rank's stages over its tensor group (torch's
+        DTensor sharding, :mod:`adaptis.worker.runtime.tensor_parallel`); returns the group's
+        1-D device mesh (None: T = 1)."""
+        if self.mesh.tensor == 1:
+            return None
+        if not isinstance(self.config.model, ZooModel):
+            raise PlanMismatchError("tensor_parallel > 1 needs a zoo model: Hugging Face models "
+                                    "are not sharded yet (use tensorParallel: 1)")
+        group = self.groups.tensor
+        if group is None:  # created by create_groups whenever the mesh has T > 1
+            raise PlanMismatchError("tensor_parallel > 1 but no tensor group was created")
+        mesh = DeviceMesh.from_group(group, self.device.type)
+        shard_stages(self.modules, mesh=mesh)
+        return mesh
+
+    def _loss(self, out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One microbatch's token loss, scaled by 1/m; on vocabulary-sharded logits under
+        tensor parallelism."""
+        scale = 1.0 / self.config.training.microbatches
+        if self.tensor_mesh is not None:
+            return vocab_parallel_loss(out, targets, mesh=self.tensor_mesh, scale=scale)
+        return token_loss(out, targets, scale=scale)
 
     def _optimizer(self) -> torch.optim.Optimizer | ZeroOptimizer:
         """The training optimizer over this rank's parameters; ZeRO-1 shards its state across
@@ -208,7 +243,7 @@ class Executor:
             modules=runnable, stage_ids=self.stage_ids, num_stages=len(self.plan.stages),
             actions=[[(k, s, mb) for k, s, mb in self.plan.actions[r]] for r in self.busy_ranks],
             microbatches=m, shapes=shapes, timer=self.timer,
-            loss_fn=lambda out, tgt: token_loss(out, tgt, scale=1.0 / m),
+            loss_fn=self._loss,
             group=self.groups.work,
             on_stage_grads=self.reducer.stage_ready if self.reducer is not None else None,
         )
@@ -238,16 +273,26 @@ class Executor:
         return self.config.training.optimizer.name
 
     @property
-    def saves_checkpoint(self) -> bool:
-        """Whether this rank writes checkpoint files: with ZeRO-1 every rank (each holds its own
-        optimizer shard), else only replica 0 (the other replicas hold the same state)."""
+    def joins_checkpoint(self) -> bool:
+        """Whether this rank takes part in writing checkpoints: with ZeRO-1 every rank (each
+        holds its own optimizer shard), else only replica 0 (the other replicas hold the same
+        state). Under tensor parallelism all T ranks of a position join (their shards are
+        gathered whole) and tensor rank 0 writes the file."""
         return self.replica == 0 or isinstance(self.optimizer, ZeroOptimizer)
 
     @property
+    def saves_checkpoint(self) -> bool:
+        """Whether this rank writes a checkpoint file."""
+        return self.joins_checkpoint and self.tensor_rank == 0
+
+    @property
     def checkpoint_rank(self) -> int:
-        """The rank whose checkpoint file this rank restores from: its own, or the replica-0
-        rank of its pipeline position when it saves none."""
-        return self.rank if self.saves_checkpoint else self.pipeline_rank
+        """The rank whose checkpoint file this rank restores from: its own, or the one of tensor
+        rank 0 of its position (of replica 0 when its replica saves none)."""
+        if self.saves_checkpoint:
+            return self.rank
+        replica = self.replica if self.joins_checkpoint else 0
+        return self.mesh.rank(replica=replica, pipeline_rank=self.pipeline_rank)
 
     def set_learning_rate(self, *, step: int) -> float:
         """Set the rate of the coming optimizer step, ``step`` steps having been done; returns it.
@@ -284,7 +329,8 @@ class Executor:
             head = self._head_weight()
             if head is not None:
                 count = [p is not head for p in self.params]
-        return self.mesh.rank(replica=self.replica, pipeline_rank=tie.peer), count
+        return self.mesh.rank(replica=self.replica, pipeline_rank=tie.peer,
+                              tensor_rank=self.tensor_rank), count
 
     def _sync_tied(self, peer: int) -> None:
         """Both copies end with embedding grad + head grad (IEEE addition commutes: the two
@@ -294,14 +340,15 @@ class Executor:
             return
         if weight.grad is None:
             weight.grad = torch.zeros_like(weight)
-        other = torch.empty_like(weight.grad)
+        grad = local(weight.grad)  # under tensor parallelism: this tensor rank's vocabulary shard
+        other = torch.empty_like(grad)
         if self.rank < peer:  # fixed order on both sides: no deadlock on blocking send/recv
-            dist.send(weight.grad, dst=peer)
+            dist.send(grad, dst=peer)
             dist.recv(other, src=peer)
         else:
             dist.recv(other, src=peer)
-            dist.send(weight.grad, dst=peer)
-        weight.grad.add_(other)
+            dist.send(grad, dst=peer)
+        grad.add_(other)
 
     def _tied_weight(self) -> torch.Tensor | None:
         emb = next((m.embedding_weight for m in self.modules if m.embedding_weight is not None), None)
@@ -324,7 +371,11 @@ class Executor:
         start = self.started_at = time.perf_counter()
         inputs = batch.inputs.to(self.device) if batch is not None and self.holds_first else None
         targets = batch.targets.to(self.device) if batch is not None and self.holds_last else None
-        self.runtime.step(inputs=inputs, targets=targets)
+        # The vocabulary-parallel loss's backward runs inside the runtime's step.
+        with loss_parallel() if self.tensor_mesh is not None else contextlib.nullcontext():
+            self.runtime.step(inputs=inputs, targets=targets)
+        for p in self.params:  # tensor parallelism: each gradient laid out as its parameter
+            settle_grad(p)
         busy_by_kind = self.timer.collect()
         pipeline_end = time.perf_counter()
         # The replica average first: the tied exchange and the norm need the final gradients
@@ -343,9 +394,9 @@ class Executor:
         step_seconds = time.perf_counter() - start
         return StepStats(
             rank=self.rank,
-            # Each replica's loss is the mean over its microbatches; the combined batch's loss
-            # is the mean over the replicas.
-            loss=float(sum(g[0] for g in gathered)) / self.mesh.replicas,
+            # Each replica's loss is the mean over its microbatches (reported by each of its
+            # last stage's T tensor ranks); the combined batch's loss is the mean over replicas.
+            loss=float(sum(g[0] for g in gathered)) / (self.mesh.replicas * self.mesh.tensor),
             iteration_seconds=float(max(g[1] for g in gathered)),
             step_seconds=step_seconds,
             busy_seconds=tuple(float(g[2]) for g in gathered),
@@ -360,11 +411,18 @@ class Executor:
 
     def _clip(self) -> float:
         """Global gradient norm over the pipeline's ranks (clipped when the job asks); returns
-        the norm. Every replica holds the same averaged gradients, so one pipeline suffices."""
+        the norm. Every replica holds the same averaged gradients, so one pipeline suffices.
+
+        Under tensor parallelism the norm is the whole model's, as one process would take it:
+        a sharded gradient (a DTensor with a Shard placement) adds its shard's squares on each
+        tensor rank, a replicated one (norms, Mamba, router: identical on every tensor rank)
+        is counted on tensor rank 0 only; then one sum over the tensor group."""
         sq = torch.zeros(1, dtype=torch.float64, device=self.device)
         for p, counted in zip(self.params, self._count_in_norm, strict=True):
-            if counted and p.grad is not None:
-                sq += p.grad.detach().double().pow(2).sum()
+            if counted and p.grad is not None and (self.tensor_rank == 0 or is_sharded(p.grad)):
+                sq += local(p.grad).detach().double().pow(2).sum()
+        if self.groups.tensor is not None:
+            dist.all_reduce(sq, group=self.groups.tensor)
         dist.all_reduce(sq, group=self.groups.pipeline)
         norm = math.sqrt(float(sq.item()))
         clip = self.config.training.grad_clip
@@ -419,7 +477,13 @@ def _optimizer(params: list[nn.Parameter], config: WorkerConfig) -> torch.optim.
     opt = config.training.optimizer
     # One explicit group: torch refuses an empty parameter list, which an idle rank has (its
     # optimizer then steps nothing, but keeps the learning rate and a state to checkpoint).
-    groups = [{"params": params}]
+    # Under tensor parallelism the sharded (DTensor) parameters get a group of their own:
+    # torch's multi-tensor (foreach) kernels take one kind of tensor per call.
+    groups: list[dict[str, Any]] = [{"params": [p for p in params if not isinstance(p, DTensor)]}]
+    if config.tensor_parallel > 1:
+        groups.append({"params": [p for p in params if isinstance(p, DTensor)]})
+    else:
+        groups = [{"params": params}]
     if opt.name == "sgd":
         return torch.optim.SGD(groups, lr=opt.lr, weight_decay=opt.weight_decay)
     return torch.optim.AdamW(groups, lr=opt.lr, weight_decay=opt.weight_decay)

@@ -29,6 +29,7 @@ from torch import nn
 
 from adaptis.api.mesh import Mesh
 from adaptis.worker.errors import PlanMismatchError
+from adaptis.worker.runtime.dtensors import like_parameter, local, settle_grad
 
 __all__ = ["BUCKET_BYTES", "GradReducer", "MeshGroups", "ZeroOptimizer", "create_groups", "world_mesh"]
 
@@ -39,14 +40,19 @@ log = logging.getLogger(__name__)
 BUCKET_BYTES = 25 * 2**20
 
 
-def world_mesh(*, world_size: int, data_parallel: int) -> Mesh:
-    """The ``replicas x pipeline`` mesh of ``world_size`` ranks (:class:`adaptis.api.mesh.Mesh`;
-    which pod a rank runs in does not matter here, so each rank is a pod of its own)."""
-    if data_parallel < 1 or world_size % data_parallel:
+def world_mesh(*, world_size: int, data_parallel: int, tensor_parallel: int = 1) -> Mesh:
+    """The ``replicas x pipeline x tensor`` mesh of ``world_size`` ranks
+    (:class:`adaptis.api.mesh.Mesh`; which pod a rank runs in does not matter here beyond
+    keeping a tensor group together, so each tensor group is a pod of its own)."""
+    group = data_parallel * tensor_parallel
+    if data_parallel < 1 or tensor_parallel < 1 or world_size % group:
+        tensor = f" x tensor_parallel {tensor_parallel}" if tensor_parallel > 1 else ""
+        what = f"data_parallel {data_parallel}{tensor}"
         raise PlanMismatchError(
-            f"data_parallel {data_parallel} does not divide the world size {world_size}; "
-            "the world must be data_parallel x the plan's devices")
-    return Mesh(pods=world_size, per_pod=1, replicas=data_parallel)
+            f"{what} does not divide the world size {world_size}; the world must be "
+            "data_parallel x the plan's devices x tensor_parallel")
+    return Mesh(pods=world_size // tensor_parallel, per_pod=tensor_parallel,
+                replicas=data_parallel, tensor=tensor_parallel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,42 +60,54 @@ class MeshGroups:
     """This rank's pipeline group and replica group (None: the world group / no replicas), and
     ``work``: the group torch's pipelining runs in, the pipeline's ranks that have actions
     (the pipeline group itself when the plan idles none; None on an idle rank, which is in
-    no such group)."""
+    no such group); ``tensor``: its tensor group (None without tensor parallelism)."""
 
     pipeline: dist.ProcessGroup | None
     replica: dist.ProcessGroup | None
     work: dist.ProcessGroup | None = None
+    tensor: dist.ProcessGroup | None = None
+
+
+def _new_groups(members: Sequence[list[int]], *, rank: int) -> dist.ProcessGroup | None:
+    """Create every group of ``members`` (collective, in order); return the one holding ``rank``."""
+    mine = None
+    for ranks in members:
+        g = dist.new_group(ranks)
+        if rank in ranks:
+            mine = g
+    return mine
 
 
 def create_groups(mesh: Mesh, *, rank: int, busy: Sequence[int] | None = None) -> MeshGroups:
     """Collective: every rank creates every group, in the same order (``new_group`` requires
     it), before any pipeline stage exists: subgroups created next to torch pipelining's peer
-    warm-up broke gloo on torch 2.11. With one replica and no idle rank nothing is created:
-    the pipeline is the world, as before data parallelism.
+    warm-up broke gloo on torch 2.11. With one replica, one tensor rank and no idle rank
+    nothing is created: the pipeline is the world, as before data parallelism.
+
+    A pipeline group is the P ranks of one replica with one tensor rank (torch's pipelining
+    sends between matching tensor ranks of adjacent stages); a replica group the R ranks with
+    one pipeline position and tensor rank; a tensor group the T ranks of one position.
 
     ``busy``: the pipeline ranks the plan gives actions (None: all). torch's pipelining runs
     only a group whose every rank has actions, so a plan that idles ranks gets one more group
-    per replica, of its busy ranks; the idle ranks create it too but stay out of it."""
+    per pipeline, of its busy ranks; the idle ranks create it too but stay out of it."""
     busy = list(range(mesh.pipeline)) if busy is None else sorted(busy)
     idles = len(busy) < mesh.pipeline
-    mine_pipe = mine_rep = None
+    lines = [(r, t) for r in range(mesh.replicas) for t in range(mesh.tensor)]
+    positions = [(p, t) for p in range(mesh.pipeline) for t in range(mesh.tensor)]
+    mine_pipe = mine_rep = mine_tensor = None
+    if mesh.replicas > 1 or mesh.tensor > 1:
+        mine_pipe = _new_groups([mesh.pipeline_ranks(r, tensor_rank=t) for r, t in lines], rank=rank)
     if mesh.replicas > 1:
-        for r in range(mesh.replicas):
-            g = dist.new_group(mesh.pipeline_ranks(r))
-            if mesh.replica(rank) == r:
-                mine_pipe = g
-        for p in range(mesh.pipeline):
-            g = dist.new_group(mesh.replica_ranks(p))
-            if mesh.pipeline_rank(rank) == p:
-                mine_rep = g
+        mine_rep = _new_groups([mesh.replica_ranks(p, tensor_rank=t) for p, t in positions], rank=rank)
+    if mesh.tensor > 1:
+        mine_tensor = _new_groups([mesh.tensor_ranks(replica=r, pipeline_rank=p)
+                                   for r in range(mesh.replicas) for p in range(mesh.pipeline)], rank=rank)
     mine_work = mine_pipe
     if idles:
-        mine_work = None
-        for r in range(mesh.replicas):
-            g = dist.new_group([mesh.rank(replica=r, pipeline_rank=p) for p in busy])
-            if mesh.replica(rank) == r and mesh.pipeline_rank(rank) in busy:
-                mine_work = g
-    return MeshGroups(pipeline=mine_pipe, replica=mine_rep, work=mine_work)
+        mine_work = _new_groups([[mesh.rank(replica=r, pipeline_rank=p, tensor_rank=t) for p in busy]
+                                 for r, t in lines], rank=rank)
+    return MeshGroups(pipeline=mine_pipe, replica=mine_rep, work=mine_work, tensor=mine_tensor)
 
 
 def _buckets(params: Sequence[nn.Parameter], *, bucket_bytes: int) -> list[list[nn.Parameter]]:
@@ -158,9 +176,12 @@ class GradReducer:
 
 
 def _flatten(bucket: list[nn.Parameter]) -> torch.Tensor:
-    p0 = bucket[0]
-    parts = [(p.grad.detach() if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(p0.dtype)
-             for p in bucket]
+    # Tensor-parallel parameters are DTensors: each replica group reduces one tensor rank's
+    # shards, so the local parts are what travels.
+    p0 = local(bucket[0])
+    grads = [settle_grad(p) for p in bucket]
+    parts = [(local(g).detach() if g is not None else torch.zeros_like(local(p))).reshape(-1).to(p0.dtype)
+             for p, g in zip(bucket, grads, strict=True)]
     flags = torch.tensor([p.grad is not None for p in bucket], dtype=p0.dtype, device=p0.device)
     return torch.cat([*parts, flags])
 
@@ -169,13 +190,14 @@ def _unflatten(bucket: list[nn.Parameter], flat: torch.Tensor, *, replicas: int)
     flags = flat[-len(bucket):].tolist()  # one device sync per bucket, not one per parameter
     offset = 0
     for i, p in enumerate(bucket):
-        n = p.numel()
+        mine = local(p)
+        n = mine.numel()
         if flags[i] > 0:  # some replica produced a gradient: average it
-            g = flat[offset:offset + n].view_as(p).div_(replicas)
+            g = flat[offset:offset + n].view_as(mine).div_(replicas)
             if p.grad is None:
-                p.grad = g.to(p.dtype).clone()
+                p.grad = like_parameter(p, g.to(p.dtype).clone())
             else:
-                p.grad.copy_(g)
+                local(p.grad).copy_(g)
         offset += n
 
 
@@ -192,13 +214,14 @@ class ZeroOptimizer:
         self.mesh = mesh
         self.group = group
         self.replica = mesh.replica(rank)
-        self._src = mesh.replica_ranks(mesh.pipeline_rank(rank))  # global rank of each owner
+        # The global rank of each owner: the replicas of this rank's position and tensor rank.
+        self._src = mesh.replica_ranks(mesh.pipeline_rank(rank), tensor_rank=mesh.tensor_rank(rank))
         load = [0] * mesh.replicas
         self.owned: list[list[nn.Parameter]] = [[] for _ in range(mesh.replicas)]
         for p in params:
             owner = min(range(mesh.replicas), key=lambda r: (load[r], r))
             self.owned[owner].append(p)
-            load[owner] += p.numel()
+            load[owner] += local(p).numel()
         mine = self.owned[self.replica]
         # A replica may own nothing (fewer tensors than replicas): it then only receives.
         self.local: torch.optim.Optimizer | None = make(mine) if mine else None
@@ -213,14 +236,15 @@ class ZeroOptimizer:
         for owner, params in enumerate(self.owned):
             if not params:
                 continue
-            flat = torch.cat([p.detach().reshape(-1) for p in params])
+            flat = torch.cat([local(p).detach().reshape(-1) for p in params])
             dist.broadcast(flat, src=self._src[owner], group=self.group)
             if owner != self.replica:
                 offset = 0
                 with torch.no_grad():
                     for p in params:
-                        p.copy_(flat[offset:offset + p.numel()].view_as(p))
-                        offset += p.numel()
+                        mine = local(p)
+                        mine.copy_(flat[offset:offset + mine.numel()].view_as(mine))
+                        offset += mine.numel()
 
     def state_dict(self) -> dict:
         return self.local.state_dict() if self.local is not None else {}

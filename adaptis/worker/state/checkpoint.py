@@ -60,6 +60,7 @@ from torch import nn
 from adaptis.api.mesh import Mesh
 from adaptis.api.model import HuggingFaceModel, Model
 from adaptis.worker.errors import CheckpointError
+from adaptis.worker.runtime.dtensors import gathered, local, shard_like
 from adaptis.worker.runtime.replicas import ZeroOptimizer
 from adaptis.worker.state.named_state import export_state, held_names, held_optimizer, import_state
 
@@ -106,10 +107,11 @@ class Resumed:
 
 
 def savers(executor: Checkpointed) -> list[int]:
-    """The global ranks that write this job's checkpoints (see the module docstring)."""
-    if isinstance(executor.optimizer, ZeroOptimizer):
-        return list(range(executor.world_size))
-    return list(range(executor.mesh.pipeline))
+    """The global ranks that write this job's checkpoints (see the module docstring): tensor
+    rank 0 of each position of replica 0, or of every replica with ZeRO-1."""
+    mesh = executor.mesh
+    replicas = range(mesh.replicas) if isinstance(executor.optimizer, ZeroOptimizer) else range(1)
+    return [mesh.rank(replica=r, pipeline_rank=p) for r in replicas for p in range(mesh.pipeline)]
 
 
 def _rank_file(directory: Path, *, step: int, rank: int) -> Path:
@@ -121,22 +123,31 @@ def _step_dir(directory: Path, step: int) -> Path:
 
 
 def save_checkpoint(directory: str | Path, *, executor: Checkpointed, step: int, position: int,
-                    tokens: int, samples: int) -> Path:
-    """Write this rank's checkpoint after ``step`` steps; prune this rank's older ones."""
+                    tokens: int, samples: int) -> Path | None:
+    """Write this rank's checkpoint after ``step`` steps; prune this rank's older ones.
+
+    Under tensor parallelism every rank of a saving position calls this (collective over its
+    tensor group): the shards are gathered whole, by name, so any degree resumes them, and
+    tensor rank 0 writes the file (None on the others)."""
     root = Path(directory)
     path = _rank_file(root, step=step, rank=executor.rank)
     named = executor.named_parameters()
     held = held_optimizer(executor.optimizer)
     writers = savers(executor)
+    model = {k: gathered(p).detach().cpu() for k, p in named.items()}
+    optimizer_state = export_state(held, named=named)
+    if executor.rank not in writers:
+        return None
     state: dict[str, Any] = {
         "format": 2, "step": step, "position": position, "tokens": tokens, "samples": samples,
         "world_size": executor.world_size,
         "data_parallel": executor.mesh.replicas, "zero_stage": executor.zero_stage,
+        "tensor_parallel": executor.mesh.tensor,
         "savers": writers, "model_spec": _model_doc(executor.model),
-        "model": {k: p.detach().cpu() for k, p in named.items()},
+        "model": model,
         "optimizer_name": executor.optimizer_name,
         "optimizer_covers": held_names(held, named=named),
-        "optimizer_state": export_state(held, named=named),
+        "optimizer_state": optimizer_state,
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -280,7 +291,8 @@ def load_checkpoint(directory: str | Path, *, executor: Checkpointed, step: int)
             "files, so the checkpoint directory must be shared (a ReadWriteMany volume)")
     with torch.no_grad():
         for name, p in named.items():
-            p.copy_(weights[name].to(p.device))
+            # Whole tensors: a tensor-parallel rank takes its shard of each.
+            local(p).copy_(local(shard_like(p, weights[name].to(p.device))))
     exact = _restore_optimizer(executor, states=states, kinds=kinds, step=step)
     return Resumed(step=int(header["step"]), position=int(header["position"]), tokens=int(header["tokens"]),
                    samples=int(header["samples"]), exact=exact)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from adaptis.worker.runtime.dtensors import gathered, shard_like
 from adaptis.worker.runtime.replicas import ZeroOptimizer
 
 __all__ = ["export_state", "held_optimizer", "held_names", "import_state"]
@@ -63,7 +64,9 @@ def export_state(optimizer: torch.optim.Optimizer | None, *,
         state = optimizer.state.get(p)
         if not state:
             continue
-        copied = {k: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+        # Tensor-parallel moments are gathered whole (collective over the tensor group).
+        copied = {k: gathered(v).detach().cpu().clone() if isinstance(v, torch.Tensor) else v
+                  for k, v in state.items()}
         for name in by_param.get(id(p), []):
             out[name] = copied
     return out
@@ -92,7 +95,19 @@ def import_state(optimizer: torch.optim.Optimizer | None, *, named: Mapping[str,
     doc = optimizer.state_dict()
     # Tensors are cloned: the source may be a memory-mapped file that a later prune unlinks,
     # and load_state_dict keeps a tensor already of the parameter's dtype and device as is.
-    doc["state"] = {i: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+    params = _params(optimizer)
+    doc["state"] = {i: {k: _held(v, param=params[i]) for k, v in state.items()}
                     for i, state in enumerate(chosen) if state}
     optimizer.load_state_dict(doc)
     return []
+
+
+def _held(value: Any, *, param: torch.Tensor) -> Any:
+    """A saved state entry as this rank holds it: a whole moment of a tensor-parallel
+    parameter becomes its shard (``step`` and other scalars stay as they are); cloned, since
+    the source may be a memory-mapped file that a later prune unlinks."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.shape == param.shape and value.dim() > 0:
+        return shard_like(param, value.to(param.device)).clone()
+    return value.clone()

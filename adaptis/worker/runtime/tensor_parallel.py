@@ -1,0 +1,132 @@
+"""Tensor parallelism of a rank's stages, with torch's own sharding (DTensor, ``parallelize_module``).
+
+Sits in :mod:`adaptis.worker.runtime` above the blocks it shards (models hold no process group;
+this module knows their layout and hands the MoE block its collectives); the executor
+(:mod:`adaptis.worker.runtime.executor`) calls :func:`shard_stages` once per rank, after
+building the full, seeded stages, so the shards are slices of exactly the weights a single
+process would hold. The T ranks of one pipeline position form a 1-D ``DeviceMesh`` over their
+tensor group. What each block becomes (Megatron-LM's layout, docs/parallelism.md):
+
+- attention: ``q``, ``k``, ``v`` column-parallel (each rank ``heads / T`` query heads and
+  ``kv_heads / T`` key/value heads), ``out`` row-parallel: one all-reduce in the forward (after
+  ``out``) and one in the backward (before ``q/k/v``'s input gradient);
+- dense and SwiGLU MLPs: ``up`` (and ``gate``) column-parallel, ``down`` row-parallel;
+- MoE: every expert's FFN sharded on its inner width like the dense MLP (``w_up``/``w_gate`` on
+  dim 2, ``w_down`` on dim 1), the router replicated. The experts' partial outputs are summed
+  once per layer (one all-reduce for all experts, not one each), and the routing weights'
+  and the experts' input gradients once in the backward. Why not experts sharded by rank
+  (expert parallelism): it needs an all-to-all of routed tokens and load balance across ranks,
+  and it changes what a rank computes with the routing; sharding each FFN keeps every rank's
+  work equal whatever the router does, which is what a pipeline stage's cost model assumes.
+- Mamba blocks, norms and the router: replicated (every rank computes them in full on the
+  replicated activation, so their gradients agree without communication). The Mamba mixer's
+  fused input projection packs x, z, B, C and dt with B and C shared by all heads, so sharding
+  its heads needs a re-laid projection; its cost is charged unsharded by the planner too.
+- embedding: vocabulary-parallel (``RowwiseParallel`` on ``nn.Embedding``); head: the final norm
+  replicated, ``proj`` vocabulary-parallel with its logits left sharded, and the loss taken on
+  the sharded logits by torch's ``loss_parallel`` (:func:`vocab_parallel_loss`): the full
+  ``[tokens, vocab]`` logits never exist on one rank.
+
+Activations between stages stay whole (replicated over the tensor group): the pipeline's
+sends go between matching tensor ranks of adjacent stages, each the full ``[b, s, h]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    loss_parallel,
+    parallelize_module,
+)
+
+from adaptis.worker.models.layers import _MLP, Embedding, Head, _Attention
+from adaptis.worker.models.moe import MixtureOfExperts
+from adaptis.worker.runtime.dtensors import local, reduce_in_backward, sum_partials
+
+__all__ = ["DTensorExperts", "loss_parallel", "shard_stages", "vocab_parallel_loss"]
+
+
+def _module_plan(stage: nn.Module) -> dict[str, ParallelStyle]:
+    plan: dict[str, ParallelStyle] = {}
+    for name, mod in stage.named_modules():
+        prefix = f"{name}." if name else ""
+        if isinstance(mod, _Attention):
+            plan.update({f"{prefix}{p}": ColwiseParallel() for p in ("q", "k", "v")})
+            plan[f"{prefix}out"] = RowwiseParallel()
+        elif isinstance(mod, _MLP):
+            plan[f"{prefix}up"] = ColwiseParallel()
+            if mod.kind == "swiglu":
+                plan[f"{prefix}gate"] = ColwiseParallel()
+            plan[f"{prefix}down"] = RowwiseParallel()
+        elif isinstance(mod, Embedding):
+            plan[name] = RowwiseParallel(input_layouts=Replicate())
+        elif isinstance(mod, Head):
+            # Logits stay sharded on the vocabulary, returned as this rank's local slice.
+            plan[f"{prefix}proj"] = ColwiseParallel(output_layouts=Shard(-1))
+    return plan
+
+
+@dataclass(frozen=True, slots=True)
+class DTensorExperts:
+    """The tensor group's collectives for sharded experts (:class:`adaptis.worker.models.moe.
+    ExpertSharding`), each a DTensor redistribution."""
+
+    mesh: DeviceMesh
+
+    def local(self, weight: torch.Tensor) -> torch.Tensor:
+        return local(weight)
+
+    def reduce_in_backward(self, t: torch.Tensor) -> torch.Tensor:
+        return reduce_in_backward(t, mesh=self.mesh)
+
+    def sum_partials(self, t: torch.Tensor) -> torch.Tensor:
+        return sum_partials(t, mesh=self.mesh)
+
+
+def _shard_experts(moe: MixtureOfExperts, *, mesh: DeviceMesh) -> None:
+    for name, dim in (("w_up", 2), ("w_gate", 2), ("w_down", 1)):
+        param = getattr(moe, name, None)
+        if param is not None:
+            setattr(moe, name, nn.Parameter(distribute_tensor(param.data, mesh, [Shard(dim)])))
+    moe.sharding = DTensorExperts(mesh)
+
+
+def shard_stages(stages: Sequence[nn.Module], *, mesh: DeviceMesh) -> None:
+    """Shard this rank's zoo stages in place over ``mesh`` (the tensor group); an embedding and
+    head tied on this rank stay one parameter (both are vocabulary shards of one matrix)."""
+    embedding = next((m for s in stages for m in s.modules() if isinstance(m, Embedding)), None)
+    head = next((m for s in stages for m in s.modules() if isinstance(m, Head)), None)
+    tied = embedding is not None and head is not None and head.proj.weight is embedding.weight
+    for stage in stages:
+        plan = _module_plan(stage)
+        if plan:
+            parallelize_module(stage, mesh, plan)
+        for mod in stage.modules():
+            if isinstance(mod, MixtureOfExperts):
+                _shard_experts(mod, mesh=mesh)
+    if tied:
+        assert embedding is not None and head is not None  # for mypy: tied says so
+        head.proj.weight = embedding.weight
+
+
+def vocab_parallel_loss(logits: torch.Tensor, targets: torch.Tensor, *, mesh: DeviceMesh,
+                        scale: float = 1.0) -> torch.Tensor:
+    """:func:`adaptis.worker.models.zoo.token_loss` of vocabulary-sharded logits (this rank's
+    ``[b, s, vocab / T]`` slice): torch's ``loss_parallel`` cross-entropy, whose softmax is
+    reduced over the tensor group. Call it, and run its backward, inside one
+    :func:`loss_parallel` (the executor wraps the whole pipeline step): that context does not
+    nest, leaving an inner one switches torch's loss handlers off for the outer one too."""
+    whole: Any = DTensor.from_local(logits, mesh, [Shard(logits.dim() - 1)], run_check=False)
+    loss: Any = F.cross_entropy(whole.reshape(-1, whole.shape[-1]).float(), targets.reshape(-1))
+    return loss.to_local() * scale
