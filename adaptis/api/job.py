@@ -246,7 +246,8 @@ def _job_cel_rules() -> list[JsonValue]:
          "message": "dataParallel must divide the ranks (workers x max(1, gpusPerWorker))"},
         {"rule": f"({gpus} > 0 ? {gpus} : 1) % {tensor} == 0", "fieldPath": ".parallelism.tensorParallel",
          "message": "tensorParallel must divide max(1, gpusPerWorker): a tensor group stays in its pod"},
-        {"rule": f"{ranks} % ({par('dataParallel')} * {tensor}) == 0",
+        # Only once dataParallel divides the ranks: one refusal for one mistake.
+        {"rule": f"{ranks} % {par('dataParallel')} != 0 || {ranks} % ({par('dataParallel')} * {tensor}) == 0",
          "fieldPath": ".parallelism.dataParallel",
          "message": "dataParallel x tensorParallel must divide the ranks (workers x max(1, gpusPerWorker))"},
         {"rule": f"{zoo}{workers} <= {layers}", "fieldPath": ".parallelism.workers",
@@ -330,14 +331,17 @@ class Condition(_Spec):
 class RankAssignment(_Spec):
     """Where one rank runs and what it holds."""
 
-    rank: int = Field(ge=0, description="Global rank: replica x pipeline ranks + pipeline rank.")
+    rank: int = Field(ge=0, description="Global rank: (replica x pipeline ranks + pipeline rank) "
+                      "x tensorParallel + tensor rank.")
     node: str = Field(description="Node the plan places the rank on.")
     gpu: str | None = Field(default=None, description="GPU product of that node (GFD label).")
     stages: list[int] = Field(
         default_factory=list,
         description="Stage indices the rank holds: those of its pipeline rank (the plan's "
-        "device rank mod pipeline ranks).")
+        "device), a 1/tensorParallel shard of each under tensor parallelism.")
     replica: int = Field(default=0, ge=0, description="Data-parallel replica of the rank.")
+    tensor_rank: int = Field(default=0, ge=0, description="The rank's place in its tensor group "
+                             "(0 .. tensorParallel - 1): which shard of its stages it holds.")
     pod: str | None = Field(
         default=None,
         description="Worker pod of the rank: <job>-worker-<w>, w = rank / gpusPerWorker; the "

@@ -136,7 +136,11 @@ class Adapter:
         if len(got) < self.ranks:
             return False
         del self._busy[step]
-        self.window.observe(step=step, busy_seconds_total=[got[r] for r in range(self.ranks)])
+        # One counter per device of each replica: under tensor parallelism a device is T
+        # consecutive ranks (tensor innermost), paced by its slowest shard.
+        tensor = self.ranks // (self.replicas * len(self.window.predicted))
+        counters = [max(got[g * tensor + t] for t in range(tensor)) for g in range(self.ranks // tensor)]
+        self.window.observe(step=step, busy_seconds_total=counters)
         drift = self.window.drift(threshold=self.spec.drift_threshold)
         if drift is None:
             return False

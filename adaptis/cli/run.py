@@ -82,15 +82,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 _LOCAL_LINK = Link(bandwidth_bytes_per_s=6.0e9, latency_s=43e-6)
 
 
-def _local_replicas(problem: Problem, *, replicas: int) -> Problem:
-    """The problem of R local replicas: the planner charges each stage's gradient all-reduce
-    over loopback (a problem file's own data_parallel and link stand)."""
-    if replicas == 1 or problem.data_parallel > 1:
-        return problem
-    network = problem.network
-    if network.data_parallel is None:
-        network = network.model_copy(update={"data_parallel": _LOCAL_LINK})
-    return problem.model_copy(update={"data_parallel": replicas, "network": network})
+def _local_mesh(problem: Problem, *, replicas: int, tensor: int) -> Problem:
+    """The problem of R local replicas of T-rank tensor groups: the planner charges each
+    stage's gradient all-reduce and the layers' tensor all-reduces over loopback (a problem
+    file's own data_parallel, tensor_parallel and links stand)."""
+    network, update = problem.network, {}
+    if replicas > 1 and problem.data_parallel == 1:
+        if network.data_parallel is None:
+            network = network.model_copy(update={"data_parallel": _LOCAL_LINK})
+        update["data_parallel"] = replicas
+    if tensor > 1:
+        if network.tensor is None:
+            network = network.model_copy(update={"tensor": _LOCAL_LINK})
+        update["tensor_parallel"] = problem.tensor_parallel if problem.tensor_parallel > 1 else tensor
+    return problem.model_copy(update={**update, "network": network}) if update else problem
 
 
 def _shared_cores(problem: Problem, *, threads: int, cores: int) -> Problem:
@@ -228,8 +233,8 @@ def _plan_here(args: argparse.Namespace, job: AdaPtisJob, *, spec: JobSpec) -> t
     device = _device(par.gpus_per_worker, workers=par.ranks)
     # The precision the ranks will run: profiled in, and recorded in the plan (they check it).
     precision = resolve_precision(spec.training.precision, cuda=device == "cuda")
-    problem = _local_replicas(local_problem(args, job, workers=par.pipeline_ranks, precision=precision),
-                              replicas=par.data_parallel)
+    problem = _local_mesh(local_problem(args, job, workers=par.pipeline_ranks, precision=precision),
+                          replicas=par.data_parallel, tensor=par.tensor_parallel)
     if device == "cpu":
         from adaptis.worker.profiling.contention import usable_cores
 
@@ -239,7 +244,9 @@ def _plan_here(args: argparse.Namespace, job: AdaPtisJob, *, spec: JobSpec) -> t
     plan = _plan(problem, strategy, time_limit_s=float(spec.planner.time_limit_seconds))
     plan = plan.model_copy(update={"precision": precision})
     pred = predicted_seconds(plan.predicted)
-    mesh = f" x {par.data_parallel} data-parallel replicas ({par.ranks} ranks)" if par.data_parallel > 1 else ""
+    mesh = f" x {par.data_parallel} data-parallel replicas" if par.data_parallel > 1 else ""
+    mesh += f", each rank a tensor group of {par.tensor_parallel}" if par.tensor_parallel > 1 else ""
+    mesh += f" ({par.ranks} ranks)" if mesh else ""
     _say(args, f"planned {strategy} ({precision}): {len(plan.stages)} stages on {par.pipeline_ranks} ranks{mesh}, "
                f"placement {plan.placement}; predicted iteration {fmt(pred['iteration_seconds'], 's')}, "
                f"bubble {pct(pred['bubble_ratio'])} ({time.perf_counter() - t0:.1f} s to profile and plan)")
@@ -265,6 +272,7 @@ def _train(args: argparse.Namespace, name: str, *, spec: JobSpec, device: str, p
         plan=plan.model_dump(mode="json", exclude_none=True),
         metrics_port=None if port == 0 else port, checkpoint_dir=str((workdir / "checkpoints").resolve()),
         checkpoint_every=spec.checkpoint.every_steps, data_parallel=par.data_parallel, zero_stage=_zero(spec),
+        tensor_parallel=par.tensor_parallel,
     )
     env = {ENV: args.slowdown} if args.slowdown else {}
     if args.trace is not None:

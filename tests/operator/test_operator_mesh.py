@@ -190,3 +190,27 @@ def test_a_record_of_other_ranks_per_pod_or_hostnames_is_planned_again(
     moved = record.model_copy(update={"hostnames": ["elsewhere", *record.hostnames[1:]]})
     assert not moved.still_valid(spec_hash_now=record.spec_hash, candidates=by_name,
                                  ranks_per_pod=2)
+
+
+def test_a_tensor_parallel_job_plans_its_positions_and_names_each_ranks_shard(
+        make_node: Any, make_job: Any) -> None:
+    """4 pods of 2 GPUs with tensorParallel 2 and 2 replicas: the plan has 2 devices (each a
+    pod's tensor group), the worker config and the stored record carry T, and status.placement
+    gives every rank its replica, stages and tensor rank, the two ranks of a group in one pod."""
+    nodes = _profiles([make_node("n0", gpus=4), make_node("n1", gpus=4)])
+    spec = JobSpec.model_validate({**make_job()["spec"], "parallelism": {
+        "workers": 4, "gpusPerWorker": 2, "dataParallel": 2, "tensorParallel": 2}})
+    record = plan_job(spec, nodes, name="ns/demo")
+    assert (record.data_parallel, record.tensor_parallel, len(record.plan.placement)) == (2, 2, 2)
+    problem = build_problem(spec, choose_slots(nodes, spec=spec), name="ns/demo")
+    assert (problem.tensor_parallel, problem.device_count) == (2, 2)
+    config = WorkerConfig.model_validate_json(render_config_map(JOB, spec, record=record)["data"]["worker.json"])
+    assert (config.data_parallel, config.tensor_parallel) == (2, 2)
+    store = PlanStore(FakeCluster(), namespace="ops")
+    store.write(JOB, record=record, worker_data=render_config_map(JOB, spec, record=record)["data"])
+    stored = store.read(PassState(job=JOB, status=JobStatus(), now=datetime.now(UTC)), spec=spec)
+    assert stored is not None and stored.record.tensor_parallel == 2
+    placement = plan_summary(record, job="demo")["placement"]
+    assert [(a.rank, a.replica, a.tensor_rank, a.pod) for a in placement] == [
+        (r, r // 4, r % 2, f"demo-worker-{r // 2}") for r in range(8)]
+    assert [a.stages for a in placement] == [list(record.plan.placement[(r // 2) % 2]) for r in range(8)]

@@ -85,6 +85,7 @@ class PlanRecord(BaseModel):
     gpus: list[str | None] = Field(description="GPU product of nodes[w].")
     ranks_per_pod: int = Field(default=1, ge=1, description="N: ranks (GPUs) of each pod.")
     data_parallel: int = Field(default=1, ge=1, description="R: replicas of the plan's pipeline.")
+    tensor_parallel: int = Field(default=1, ge=1, description="T: ranks of each pipeline position.")
     node_fingerprints: dict[str, str] = Field(description="NodeProfile.fingerprint() per node.")
     strategy: str
     predicted_iteration_seconds: float
@@ -110,7 +111,8 @@ class PlanRecord(BaseModel):
 
     @property
     def mesh(self) -> Mesh:
-        return Mesh(pods=len(self.nodes), per_pod=self.ranks_per_pod, replicas=self.data_parallel)
+        return Mesh(pods=len(self.nodes), per_pod=self.ranks_per_pod, replicas=self.data_parallel,
+                    tensor=self.tensor_parallel)
 
     def still_valid(self, *, spec_hash_now: str, candidates: Mapping[str, NodeProfile],
                     ranks_per_pod: int = 1) -> bool:

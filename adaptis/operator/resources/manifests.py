@@ -94,7 +94,8 @@ def plan_hash(record: PlanRecord) -> str:
     """Digest of what the pods depend on: the plan, its nodes and hostnames, the mesh and the
     spec behind them."""
     text = "|".join([record.spec_hash, record.plan.to_json(), ",".join(record.nodes),
-                     ",".join(record.hostnames), f"{record.ranks_per_pod}x{record.data_parallel}"])
+                     ",".join(record.hostnames), f"{record.ranks_per_pod}x{record.data_parallel}"
+                     + (f"x{record.tensor_parallel}" if record.tensor_parallel > 1 else "")])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -128,6 +129,7 @@ def worker_config(job: JobRef, spec: JobSpec, *, record: PlanRecord) -> WorkerCo
         checkpoint_every=spec.checkpoint.every_steps,
         zero_stage=spec.parallelism.zero_stage,
         data_parallel=record.data_parallel,
+        tensor_parallel=record.tensor_parallel,
     )
 
 

@@ -205,7 +205,7 @@ def plan_summary(record: PlanRecord, *, job: str | None = None) -> dict[str, Any
                 rank=r, node=record.nodes[mesh.pod(r)], gpu=record.gpus[mesh.pod(r)],
                 stages=list(placement[p]) if (p := mesh.pipeline_rank(r)) < len(placement)
                 else [],
-                replica=mesh.replica(r),
+                replica=mesh.replica(r), tensor_rank=mesh.tensor_rank(r),
                 pod=None if job is None else pod_name(job, mesh.pod(r)))
             for r in range(mesh.world)
         ],

@@ -208,6 +208,8 @@ def build_problem(
         layers=layers,
         devices=DeviceList(list=devices),
         data_parallel=mesh.replicas,
+        # A device is a tensor group inside one pod: its all-reduces run over the intra-node link.
+        tensor_parallel=mesh.tensor,
         network=Network(intra_node=intra, inter_node=inter_node, data_parallel=replica_link),
     )
 
@@ -277,6 +279,7 @@ def plan_job(
         gpus=[s.node.gpu_product for s in slots],
         ranks_per_pod=mesh.per_pod,
         data_parallel=mesh.replicas,
+        tensor_parallel=mesh.tensor,
         node_fingerprints={n: p.fingerprint() for n, p in sorted(used.items())},
         strategy=strategy,
         predicted_iteration_seconds=iteration / 1e3,
