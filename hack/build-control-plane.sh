@@ -15,6 +15,8 @@
 # Usage:
 #   hack/build-control-plane.sh                # build what is missing, print the bin dir last
 #   hack/build-control-plane.sh --print-bin-dir  # only print the bin dir (builds nothing)
+#   hack/build-control-plane.sh --real-node    # also kubelet, kube-proxy and CoreDNS (the
+#                                              # real-node tier, hack/realnode/)
 #
 # Environment:
 #   ADAPTIS_K8S_CACHE        cache root (default: $HOME/.cache/adaptis-k8s)
@@ -38,16 +40,20 @@ K8S_VERSION="$(modver "${MODS}/kubernetes" k8s.io/kubernetes)"
 CACHE_ROOT="${ADAPTIS_K8S_CACHE:-${HOME}/.cache/adaptis-k8s}"
 BIN_DIR="${CACHE_ROOT}/${K8S_VERSION}/bin"
 
-if [[ "${1:-}" == "--print-bin-dir" ]]; then
-  echo "${BIN_DIR}"
-  exit 0
-fi
+REAL_NODE=0
+case "${1:-}" in
+  --print-bin-dir) echo "${BIN_DIR}"; exit 0 ;;
+  --real-node) REAL_NODE=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--print-bin-dir | --real-node]" >&2; exit 2 ;;
+esac
 
 ETCD_VERSION="$(modver "${MODS}/etcd" go.etcd.io/etcd/server/v3)"
 KWOK_VERSION="$(modver "${MODS}/kwok" sigs.k8s.io/kwok)"
 HELM_VERSION="$(modver "${MODS}/helm" helm.sh/helm/v3)"
 HELM_CLIENT_GO="$(modver "${MODS}/helm" k8s.io/client-go)"   # v0.<minor>.<patch>
 KUEUE_VERSION="$(modver "${MODS}/kueue" sigs.k8s.io/kueue)"
+COREDNS_VERSION="$(modver "${MODS}/coredns" github.com/coredns/coredns)"
 
 JOBS="${ADAPTIS_BUILD_JOBS:-2}"
 GO_VERSION="$(go env GOVERSION)"
@@ -129,11 +135,19 @@ done
 build_group etcd "${ETCD_VERSION}" "" \
   etcd=adaptis.local/hack/controlplane/etcd
 
-build_group kubernetes "${K8S_VERSION}" "${k8s_ldflags}" \
-  kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
-  kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
-  kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
+k8s_binaries=(
+  kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver
+  kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager
+  kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler
   kubectl=k8s.io/kubernetes/cmd/kubectl
+)
+# The real node's kubelet and kube-proxy come from the same module and the same `go build`
+# (their packages are mostly the control plane's, compiled once).
+if (( REAL_NODE )); then k8s_binaries+=(
+  kubelet=k8s.io/kubernetes/cmd/kubelet
+  kube-proxy=k8s.io/kubernetes/cmd/kube-proxy
+); fi
+build_group kubernetes "${K8S_VERSION}" "${k8s_ldflags}" "${k8s_binaries[@]}"
 
 build_group kwok "${KWOK_VERSION}" "" \
   kwok=sigs.k8s.io/kwok/cmd/kwok
@@ -150,6 +164,12 @@ build_group helm "${HELM_VERSION}" "${helm_ldflags}" \
 kueue_ldflags="-X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION}"
 build_group kueue "${KUEUE_VERSION}" "${kueue_ldflags}" \
   kueue=sigs.k8s.io/kueue/cmd/kueue
+
+# CoreDNS with only the plugins the real node's Corefile uses (hack/controlplane/coredns/main.go).
+if (( REAL_NODE )); then
+  build_group coredns "${COREDNS_VERSION}" "" \
+    coredns=adaptis.local/hack/controlplane/coredns
+fi
 
 # Kueue's CRDs and webhook configurations come from the source of the very module version the
 # manager was built from (the module zip carries config/components/), so binary and manifests

@@ -20,6 +20,9 @@ TOOLS=(
   k8s.io/kubernetes/cmd/kube-controller-manager
   k8s.io/kubernetes/cmd/kube-scheduler
   k8s.io/kubernetes/cmd/kubectl
+  # the real-node tier's node (hack/build-control-plane.sh --real-node)
+  k8s.io/kubernetes/cmd/kubelet
+  k8s.io/kubernetes/cmd/kube-proxy
 )
 
 upstream_gomod="$(go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" | jq -r '.GoMod')"
