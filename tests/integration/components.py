@@ -29,7 +29,10 @@ from fakenodes import KWOK_NODE_ANNOTATION
 from kubeconfig import ClusterCredentials
 from processes import HOST, insecure_ssl_context
 
-SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+#: Documentation blocks only (RFC 5737), never a private range: the real node's pods take
+#: 198.51.100.0/25 (hack/realnode/node.sh) and Services the upper half.  203.0.113.0/24 is
+#: left alone: this machine's package proxy lives there.
+SERVICE_CLUSTER_IP_RANGE = "198.51.100.128/25"
 POD_CIDR = "10.244.0.0/16"
 FAKE_NODE_IP = "10.255.0.1"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -40,9 +43,10 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-schedul
 PORT_NAMES = ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")
 
 
-def apiserver_ip_addresses() -> list[str]:
-    """IP addresses the apiserver serving certificate must name: loopback and the Service IP."""
-    return [HOST, str(next(ipaddress.ip_network(SERVICE_CLUSTER_IP_RANGE).hosts()))]
+def apiserver_ip_addresses(host: str = HOST) -> list[str]:
+    """IP addresses the apiserver serving certificate must name: its own, loopback, the Service IP."""
+    service_ip = str(next(ipaddress.ip_network(SERVICE_CLUSTER_IP_RANGE).hosts()))
+    return list(dict.fromkeys([host, HOST, service_ip]))
 
 
 @dataclass(frozen=True)
@@ -53,11 +57,16 @@ class ClusterLayout:
     ports: Mapping[str, int]
     credentials: ClusterCredentials
     stages_file: Path
+    #: Where the apiserver listens: loopback, or the real node's IP (pods reach it there).
+    apiserver_host: str = HOST
+    #: A real kubelet joins: Node authorizer, the apiserver's kubelet client certificate, and
+    #: the ``kubernetes`` Service's endpoints kept by the apiserver.
+    real_node: bool = False
 
     @property
     def server(self) -> str:
         """URL of the kube-apiserver."""
-        return f"https://{HOST}:{self.ports['apiserver']}"
+        return f"https://{self.apiserver_host}:{self.ports['apiserver']}"
 
 
 @dataclass(frozen=True)
@@ -93,20 +102,31 @@ def etcd(layout: ClusterLayout) -> ComponentCommand:
 def apiserver(layout: ClusterLayout) -> ComponentCommand:
     """kube-apiserver with RBAC and client-certificate and ServiceAccount-token authentication."""
     creds = layout.credentials
-    args = (
-        f"--etcd-servers=http://{HOST}:{layout.ports['etcd']}",
-        f"--bind-address={HOST}",
-        f"--advertise-address={HOST}",
+    if layout.real_node:
+        # Pods reach the API through the `kubernetes` Service, whose endpoint the lease
+        # reconciler keeps at the node IP; logs, exec and port-forward go to the kubelet.
+        node_args: tuple[str, ...] = (
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--kubelet-client-certificate={creds.kubelet_client.cert_path}",
+            f"--kubelet-client-key={creds.kubelet_client.key_path}",
+            "--kubelet-preferred-address-types=InternalIP",
+        )
+    else:
         # A loopback advertise address is refused by the lease endpoint reconciler, and
         # no in-cluster client needs the endpoints of the `kubernetes` Service here.
-        "--endpoint-reconciler-type=none",
+        node_args = ("--authorization-mode=RBAC", "--endpoint-reconciler-type=none")
+    args = (
+        f"--etcd-servers=http://{HOST}:{layout.ports['etcd']}",
+        f"--bind-address={layout.apiserver_host}",
+        f"--advertise-address={layout.apiserver_host}",
+        *node_args,
         f"--secure-port={layout.ports['apiserver']}",
         f"--cert-dir={layout.work_dir / 'apiserver-certs'}",
         f"--tls-cert-file={creds.serving.cert_path}",
         f"--tls-private-key-file={creds.serving.key_path}",
         f"--client-ca-file={creds.ca.cert_path}",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-        "--authorization-mode=RBAC",
         f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
         f"--service-account-key-file={creds.sa_public_key}",
         f"--service-account-signing-key-file={creds.sa_private_key}",

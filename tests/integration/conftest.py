@@ -6,6 +6,10 @@ longer, see hack/README.md) and starts a :class:`controlplane.ControlPlane` on 1
 the build or the start fails, every test that uses the fixture ERRORs with the reason and the
 tail of the relevant log: these tests never skip silently.
 
+With ``--realnode`` (tests/conftest.py) the build script also builds the kubelet, kube-proxy
+and CoreDNS (``--real-node``), and the session fixture ``real_cluster`` runs a second control
+plane, listening on the real node's IP, with one real node joined (``realnode.py``).
+
 Environment:
     ADAPTIS_K8S_BIN_DIR: use binaries from this directory and do not run the build script.
 
@@ -31,6 +35,15 @@ if str(_HERE) not in sys.path:  # works with --import-mode=importlib too
     sys.path.insert(0, str(_HERE))
 
 from controlplane import ControlPlane, ControlPlaneError  # noqa: E402
+from realnode import (  # noqa: E402
+    NODE_IP,
+    REALNODE_HOME,
+    NodeLock,
+    RealCluster,
+    RealNode,
+    prepare_host,
+    stop_host,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -76,17 +89,21 @@ def k8s_version() -> str:
 
 
 @pytest.fixture(scope="session")
-def control_plane_bin_dir() -> Path:
-    """Build (or reuse) the control-plane binaries and return their directory."""
+def control_plane_bin_dir(request: pytest.FixtureRequest) -> Path:
+    """Build (or reuse) the control-plane binaries and return their directory.
+
+    With ``--realnode`` the kubelet, kube-proxy and CoreDNS are built too (same cache).
+    """
     override = os.environ.get("ADAPTIS_K8S_BIN_DIR")
     if override:
         logger.info("using prebuilt control-plane binaries from %s", override)
         return Path(override)
-    logger.info("running %s", BUILD_SCRIPT)
+    args = ["--real-node"] if request.config.getoption("--realnode") else []
+    logger.info("running %s %s", BUILD_SCRIPT, " ".join(args))
     started = time.monotonic()
     try:
         result = subprocess.run(  # our own script
-            ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False
+            ["bash", str(BUILD_SCRIPT), *args], capture_output=True, text=True, check=False
         )
     except OSError as exc:
         pytest.fail(f"cannot run {BUILD_SCRIPT}: {exc}", pytrace=False)
@@ -127,3 +144,41 @@ def control_plane(
         yield plane
     finally:
         plane.stop()
+
+
+@pytest.fixture(scope="session")
+def real_cluster(
+    control_plane_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RealCluster]:
+    """One real node (containerd, kubelet, kube-proxy, CoreDNS) on its own control plane.
+
+    Fails (never skips) when the node cannot run: not root, packages missing, a build failed.
+    Everything is undone at the end (and at the start, for a crashed run's leftovers).
+    """
+    work_dir = tmp_path_factory.mktemp("real-node")
+    lock = NodeLock(REALNODE_HOME / "node.lock", timeout=1800)
+    plane: ControlPlane | None = None
+    error: ControlPlaneError | None = None
+    try:
+        lock.acquire()
+        prepare_host(bin_dir=control_plane_bin_dir)
+        plane = ControlPlane(
+            control_plane_bin_dir, work_dir / "control-plane", apiserver_host=NODE_IP, real_node=True
+        )
+        plane.start()
+        node = RealNode(plane, bin_dir=control_plane_bin_dir, work_dir=work_dir)
+        node.start()
+    except ControlPlaneError as exc:
+        error = exc
+    try:
+        if error is not None:  # fail outside the except block: no chained traceback noise
+            pytest.fail(f"the real node failed to start (logs in {work_dir}):\n{error}", pytrace=False)
+        assert plane is not None
+        yield RealCluster(plane, node, bin_dir=control_plane_bin_dir)
+    finally:
+        try:
+            stop_host(bin_dir=control_plane_bin_dir, log_dir=work_dir / "node-logs")
+        finally:
+            if plane is not None:
+                plane.stop()
+            lock.release()

@@ -127,6 +127,10 @@ class ControlPlane(FakeNodeClient):
             directory (removed by :meth:`stop`) when omitted.
         stages_file: kwok Stage definitions; ``kwok-stages.yaml`` beside this module by default.
         startup_timeout: seconds each component may take to become healthy.
+        apiserver_host: the address the apiserver listens on and advertises (loopback; the
+            real node's IP when a kubelet joins, see ``realnode.py``).
+        real_node: configure the apiserver for a real kubelet (Node authorizer, its kubelet
+            client certificate, the ``kubernetes`` Service's endpoints).
     """
 
     def __init__(
@@ -136,7 +140,11 @@ class ControlPlane(FakeNodeClient):
         *,
         stages_file: Path | str | None = None,
         startup_timeout: float = 180.0,
+        apiserver_host: str = HOST,
+        real_node: bool = False,
     ) -> None:
+        self.apiserver_host = apiserver_host
+        self.real_node = real_node
         self._owns_work_dir = work_dir is None
         super().__init__(
             bin_dir=Path(bin_dir).resolve(),
@@ -158,12 +166,17 @@ class ControlPlane(FakeNodeClient):
         """URL of the kube-apiserver, ``https://127.0.0.1:<port>``."""
         if "apiserver" not in self._ports:
             raise ControlPlaneError("the control plane has not been started")
-        return f"https://{HOST}:{self._ports['apiserver']}"
+        return f"https://{self.apiserver_host}:{self._ports['apiserver']}"
 
     @property
     def ca_cert_path(self) -> Path:
         """Path of the cluster CA certificate (PEM)."""
         return self._started_credentials().ca.cert_path
+
+    @property
+    def certificate_authority(self) -> CertificateAuthority:
+        """The cluster CA, to issue certificates for more clients (a real node's kubelet)."""
+        return self._started_credentials().ca
 
     @property
     def ports(self) -> dict[str, int]:
@@ -250,7 +263,7 @@ class ControlPlane(FakeNodeClient):
             pki_dir=self.pki_dir,
             work_dir=self.work_dir,
             server=self.server,
-            apiserver_ips=apiserver_ip_addresses(),
+            apiserver_ips=apiserver_ip_addresses(self.apiserver_host),
         )
         self._credentials = credentials
         self._kubeconfig = credentials.admin_kubeconfig
@@ -262,6 +275,8 @@ class ControlPlane(FakeNodeClient):
             ports=dict(self._ports),
             credentials=credentials,
             stages_file=self.stages_file,
+            apiserver_host=self.apiserver_host,
+            real_node=self.real_node,
         )
 
     def _launch(self, name: str, args: list[str]) -> ManagedProcess:

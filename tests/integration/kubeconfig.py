@@ -98,6 +98,8 @@ class ClusterCredentials:
     controller_manager_kubeconfig: Path
     scheduler_kubeconfig: Path
     kwok_kubeconfig: Path
+    #: The apiserver's client certificate towards kubelets (logs, exec, port-forward).
+    kubelet_client: KeyPair
 
 
 def make_cluster_credentials(
@@ -137,6 +139,12 @@ def make_cluster_credentials(
         "kwok", common_name="kwok-controller", organizations=["system:masters"], client=True
     )
     kwok_kubeconfig = cert_kubeconfig("kwok.kubeconfig", kwok, "kwok-controller")
+    kubelet_client = ca.issue(
+        "apiserver-kubelet-client",
+        common_name="kube-apiserver-kubelet-client",
+        organizations=["system:masters"],
+        client=True,
+    )
     return ClusterCredentials(
         ca=ca,
         serving=serving,
@@ -147,6 +155,7 @@ def make_cluster_credentials(
         controller_manager_kubeconfig=cm_kubeconfig,
         scheduler_kubeconfig=sched_kubeconfig,
         kwok_kubeconfig=kwok_kubeconfig,
+        kubelet_client=kubelet_client,
     )
 
 
