@@ -216,7 +216,7 @@ def resolve_config(spec: HuggingFaceSpec) -> dict[str, Any]:
     return parse_config_text(text, field=field, source=str(p))
 
 
-def _int(config: dict[str, Any], key: str, default: int | None = None) -> int:
+def _int(config: dict[str, Any], key: str, *, default: int | None = None) -> int:
     value = config.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise SpecError(f"{FIELD}.config.{key}: must be a positive integer (got {value!r})",
@@ -268,17 +268,17 @@ def hf_layout(spec: HuggingFaceSpec) -> HFLayout:
                  "shared_expert_intermediate": int(config.get("shared_expert_intermediate_size")
                                                    or 0)}
     elif family == "bamba":
-        extra = {"mamba_heads": _int(config, "mamba_n_heads", 128),
-                 "mamba_head_dim": _int(config, "mamba_d_head", max(1, 2 * hidden // 128)),
-                 "mamba_state": _int(config, "mamba_d_state", 256),
-                 "mamba_groups": _int(config, "mamba_n_groups", 1)}
+        extra = {"mamba_heads": _int(config, "mamba_n_heads", default=128),
+                 "mamba_head_dim": _int(config, "mamba_d_head", default=max(1, 2 * hidden // 128)),
+                 "mamba_state": _int(config, "mamba_d_state", default=256),
+                 "mamba_groups": _int(config, "mamba_n_groups", default=1)}
     return HFLayout(
         model_type=model_type,
         vocab_size=_int(config, "vocab_size"),
         hidden=hidden,
         heads=heads,
-        kv_heads=_int(config, "num_key_value_heads", heads),
-        head_dim=_int(config, "head_dim", hidden // heads) if config.get("head_dim") is not None
+        kv_heads=_int(config, "num_key_value_heads", default=heads),
+        head_dim=_int(config, "head_dim", default=hidden // heads) if config.get("head_dim") is not None
         else hidden // heads,
         intermediate=_int(config, "intermediate_size"),
         kinds=kinds,

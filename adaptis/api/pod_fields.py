@@ -112,7 +112,7 @@ def _unknown_key(*, what: str, keys: Callable[[], Sequence[str]]) -> Callable[[A
     """The validator of every key a shape does not name: refused (never dropped), the key in
     the error's location and the keys there are in its message."""
 
-    def refuse(value: Any) -> NoReturn:
+    def refuse(_value: Any) -> NoReturn:
         raise PydanticCustomError("unknown_source", "not {what}; one of {keys}",
                                   {"what": what, "keys": ", ".join(keys())})
 

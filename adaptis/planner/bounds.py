@@ -85,11 +85,11 @@ def assignment_bound(costs: Costs, *, deadline: float | None = None) -> float:
     if not work or work[-1] <= 0:
         return 0.0
     lo = max(sum(work) / sum(speeds), work[-1] / speeds[-1]) * (1 - 1e-6)
-    if _may_fit(work, speeds, lo):
+    if _may_fit(work, speeds, t=lo):
         return lo  # spread and heaviest are bounds in their own right
     hi = _greedy_makespan(work, speeds)  # a real assignment: passes every necessary test
     for _ in range(8):  # only float rounding can fail a real assignment's makespan
-        if _may_fit(work, speeds, hi):
+        if _may_fit(work, speeds, t=hi):
             return _bisect(work, speeds, lo=lo, hi=hi, deadline=deadline)
         hi = math.nextafter(hi, math.inf) * (1 + _REL_TOL)
     return lo  # still a bound: spread and heaviest
@@ -102,7 +102,7 @@ def _bisect(work: list[float], speeds: list[float], *, lo: float, hi: float,
         if deadline is not None and time.monotonic() >= deadline:
             break
         mid = (lo + hi) / 2
-        if _may_fit(work, speeds, mid):
+        if _may_fit(work, speeds, t=mid):
             hi = mid
         else:
             lo = mid
@@ -118,7 +118,7 @@ def _greedy_makespan(work: list[float], speeds: list[float]) -> float:
     return max(x / v for x, v in zip(load, speeds, strict=True))
 
 
-def _may_fit(work: list[float], speeds: list[float], t: float) -> bool:
+def _may_fit(work: list[float], speeds: list[float], *, t: float) -> bool:
     """Necessary condition for an assignment of ``work`` (ascending) with every device's
     work / speed at most ``t`` (``speeds`` ascending); see the module docstring."""
     caps = [t * v * (1 + _SLACK) for v in speeds]  # ascending, as speeds

@@ -33,7 +33,8 @@ def w_tail(costs: Costs, *, best: Candidate, ev: Evaluator) -> Candidate:
     m = costs.microbatches
     for start in dict.fromkeys((max(0, m - costs.devices), 0)):
         ev.budget += 1
-        trial = ev.run(best.pattern, best.owner, best.stages, replace(best.policy, fuse_first_from=start))
+        trial = ev.run(best.pattern, best.owner, stages=best.stages,
+                       policy=replace(best.policy, fuse_first_from=start))
         if trial.time < best.time * (1 - 1e-9):
             best = trial
     return best
@@ -50,7 +51,7 @@ def refine(costs: Costs, *, best: Candidate, ev: Evaluator) -> Candidate:
     while not ev.spent:
         owner = best.owner
         cuts = [lo for lo, _ in best.stages] + [best.stages[-1][1]]
-        load = loads(costs, owner, cuts, pre)
+        load = loads(costs, owner, cuts=cuts, pre=pre)
         hot = max(range(len(load)), key=load.__getitem__)
         moves: list[list[int]] = []
         # Shrink each stage of the bottleneck device by one layer, towards the cooler side.
@@ -84,7 +85,7 @@ def refine(costs: Costs, *, best: Candidate, ev: Evaluator) -> Candidate:
                 break
             tried.add(tuple(mv))
             stages = [(mv[s], mv[s + 1]) for s in range(len(mv) - 1)]
-            trial = ev.run(best.pattern, owner, stages, best.policy)
+            trial = ev.run(best.pattern, owner, stages=stages, policy=best.policy)
             if trial.time < best.time * (1 - 1e-9):
                 best, improved = trial, True
                 break

@@ -123,7 +123,7 @@ class Costs:
     def devices(self) -> int:
         return len(self.speed)
 
-    def transfer_time(self, src: int, dst: int, nbytes: float) -> float:
+    def transfer_time(self, src: int, dst: int, *, nbytes: float) -> float:
         """latency + bytes / bandwidth of the link between two devices; 0 on the same one."""
         if src == dst:
             return 0.0

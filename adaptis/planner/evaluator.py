@@ -69,7 +69,7 @@ class Evaluator:
     def spent(self) -> bool:
         return self.evals >= self.budget
 
-    def run(self, pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy) -> Candidate:
+    def run(self, pattern: str, owner: list[int], *, stages: list[tuple[int, int]], policy: Policy) -> Candidate:
         """List-schedule one candidate; :class:`OutOfTime` once the deadline has passed."""
         if self.deadline is not None and self.clock() >= self.deadline:
             raise OutOfTime("the time limit ran out between candidates")
@@ -82,18 +82,18 @@ class Evaluator:
             self.on_progress(self.evals, self.budget, self.champion.time)
         return cand
 
-    def score(self, pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy,
-              *, beat: float = math.inf) -> Candidate:
+    def score(self, pattern: str, owner: list[int], *, stages: list[tuple[int, int]], policy: Policy,
+              beat: float = math.inf) -> Candidate:
         """:meth:`run`, or on a screened problem an estimate (a candidate without a schedule:
         :meth:`confirm` schedules it in full before it can be returned)."""
         if self.screen is None:
-            return self.run(pattern, owner, stages, policy)
+            return self.run(pattern, owner, stages=stages, policy=policy)
         if self.deadline is not None and self.clock() >= self.deadline:
             raise OutOfTime("the time limit ran out between candidates")
         self.evals += 1
         cuts = [lo for lo, _ in stages] + [stages[-1][1]]
         est = self.screen.estimate(stages=stages, owner=owner, policy=policy, deadline=self.deadline,
-                                   busiest=max(loads(self.costs, owner, cuts, self.pre)), beat=beat)
+                                   busiest=max(loads(self.costs, owner, cuts=cuts, pre=self.pre)), beat=beat)
         if self.on_progress:
             self.on_progress(self.evals, self.budget, math.inf if self.champion is None else self.champion.time)
         return Candidate(pattern, owner, stages, None, policy, est)
@@ -113,9 +113,10 @@ class Evaluator:
             if key in seen:
                 continue
             seen.add(key)
+            full = cand
             if cand.schedule is None:
                 self.budget += 1
-                cand = self.run(cand.pattern, cand.owner, cand.stages, cand.policy)
-            if best is None or cand.time < best.time:
-                best = cand
+                full = self.run(cand.pattern, cand.owner, stages=cand.stages, policy=cand.policy)
+            if best is None or full.time < best.time:
+                best = full
         return best

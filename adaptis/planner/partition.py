@@ -173,11 +173,9 @@ def _greedy(pre: list[float], *, parts: int, cap: float) -> Stages | None:
     out: Stages = []
     lo = 0
     for i in range(parts):
-        if i == parts - 1:
-            hi = n
-        else:
-            # Largest hi with pre[hi] - pre[lo] <= cap, capped to leave the later stages a layer.
-            hi = min(bisect_right(pre, pre[lo] + cap) - 1, n - (parts - 1 - i))
+        # The last stage takes the rest; another the largest hi with pre[hi] - pre[lo] <= cap,
+        # capped to leave the later stages a layer.
+        hi = n if i == parts - 1 else min(bisect_right(pre, pre[lo] + cap) - 1, n - (parts - 1 - i))
         if hi <= lo or pre[hi] - pre[lo] > cap:
             return None
         out.append((lo, hi))

@@ -83,7 +83,7 @@ def _durations(costs: Costs, *, sc: StageCosts, owner: list[int]) -> _Durations:
         wgt=[sc.weight[s] / speed[owner[s]] + over for s in range(n_st)],
         fused=[sc.fused[s] / speed[owner[s]] + over for s in range(n_st)],
         hop=[0.0] + [
-            costs.transfer_time(owner[s - 1], owner[s], sc.output_bytes[s - 1]) for s in range(1, n_st)
+            costs.transfer_time(owner[s - 1], owner[s], nbytes=sc.output_bytes[s - 1]) for s in range(1, n_st)
         ],
     )
 
@@ -224,10 +224,10 @@ class _Pipeline:
                 w_mb, w_s = q[0], s
         if w_s >= 0 and self.tight[d] and best_key[0] >= 1:
             return "W", w_s, w_mb, soonest  # free memory before more forwards
-        if not best_kind and w_s >= 0:
-            # W fills the gap: always, or only where it ends before the next known arrival.
-            if self.fill_w or soonest == math.inf or t + self.dur.wgt[w_s] <= soonest:
-                return "W", w_s, w_mb, soonest
+        # W fills the gap: always, or only where it ends before the next known arrival.
+        if not best_kind and w_s >= 0 and (
+                self.fill_w or soonest == math.inf or t + self.dur.wgt[w_s] <= soonest):
+            return "W", w_s, w_mb, soonest
         return best_kind, best_s, best_mb, soonest
 
     def _replay(self, d: int, *, kind: ActionKind, s: int, i: int, took: float) -> None:

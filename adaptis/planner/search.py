@@ -100,7 +100,7 @@ def _busiest(costs: Costs, *, owner: list[int], stages: list[tuple[int, int]],
              pre: list[float]) -> float:
     """The busiest device's work over the iteration: no schedule of these cuts is faster."""
     cuts = [lo for lo, _ in stages] + [stages[-1][1]]
-    return max(loads(costs, owner, cuts, pre)) * costs.microbatches
+    return max(loads(costs, owner, cuts=cuts, pre=pre)) * costs.microbatches
 
 
 def _scheduled(costs: Costs, *, ev: Evaluator, name: str, owner: list[int],
@@ -111,7 +111,8 @@ def _scheduled(costs: Costs, *, ev: Evaluator, name: str, owner: list[int],
     if extra:
         ev.budget += 1
     per_device = _throttled(costs, owner=owner, stages=stages)
-    return ev.score(name, owner, stages, replace(POLICIES[0], admit_per_device=per_device), beat=beat)
+    return ev.score(name, owner, stages=stages, policy=replace(POLICIES[0], admit_per_device=per_device),
+                    beat=beat)
 
 
 def joint_search(
@@ -245,7 +246,7 @@ def _structures(costs: Costs, *, ev: Evaluator, structures: list[tuple[str, list
             break
         stages = balanced_partition(costs, stages_count=k * costs.devices)
         owner = pack(costs, stages=stages, pre=pre)
-        cand = ev.score(f"packed-v{k}", owner, stages, POLICIES[0],
+        cand = ev.score(f"packed-v{k}", owner, stages=stages, policy=POLICIES[0],
                         beat=min(ev.prune_at, math.inf if best is None else best.time))
         ranked.append(cand)
         if best is None or cand.time < best.time:
@@ -270,7 +271,7 @@ def _policies(*, ev: Evaluator, ranked: list[Candidate], best: Candidate | None
         for policy in policies:
             if ev.spent:
                 break
-            trial = ev.score(cand.pattern, cand.owner, cand.stages, policy,
+            trial = ev.score(cand.pattern, cand.owner, stages=cand.stages, policy=policy,
                              beat=min(ev.prune_at, math.inf if best is None else best.time))
             tuned.append(trial)
             if best is None or trial.time < best.time:

@@ -82,7 +82,7 @@ def simulate(costs: Costs, plan: Plan) -> Simulation:
     speed = costs.speed
     # Transfer time into stage s from stage s-1 (forward) equals the one back (gradient).
     hop = [0.0] + [
-        costs.transfer_time(owner[s - 1], owner[s], sc.output_bytes[s - 1]) for s in range(1, n_stages)
+        costs.transfer_time(owner[s - 1], owner[s], nbytes=sc.output_bytes[s - 1]) for s in range(1, n_stages)
     ]
     f_end = [-1.0] * (n_stages * m)
     b_end = [-1.0] * (n_stages * m)
@@ -92,7 +92,7 @@ def simulate(costs: Costs, plan: Plan) -> Simulation:
     free = [0.0] * n_dev
     done: list[list[TimedAction]] = [[] for _ in range(n_dev)]
 
-    def ready_time(kind: str, s: int, mb: int) -> float | None:
+    def ready_time(kind: str, s: int, *, mb: int) -> float | None:
         """When the inputs of an action are there; None if a producer has not run yet."""
         i = s * m + mb
         if kind == "F":
@@ -122,9 +122,9 @@ def simulate(costs: Costs, plan: Plan) -> Simulation:
         acts = lists[d]
         while pos[d] < len(acts):
             kind, s, mb = acts[pos[d]]
-            ready = ready_time(kind, s, mb)
+            ready = ready_time(kind, s, mb=mb)
             if ready is None:
-                waiters.setdefault(_producer(kind, s, mb, m=m, f_end=f_end, n_stages=n_stages), []).append(d)
+                waiters.setdefault(_producer(kind, s, mb=mb, m=m, f_end=f_end), []).append(d)
                 break
             if kind == "F":
                 dur = sc.forward[s]
@@ -154,9 +154,7 @@ def simulate(costs: Costs, plan: Plan) -> Simulation:
     return _summarise(costs=costs, plan=plan, timeline=done, act=sc.activation_bytes, params=sc.param_bytes)
 
 
-def _producer(
-    kind: str, s: int, mb: int, *, m: int, f_end: list[float], n_stages: int
-) -> tuple[bool, int]:
+def _producer(kind: str, s: int, *, mb: int, m: int, f_end: list[float]) -> tuple[bool, int]:
     """The key (is-forward, index) of the first missing input of an action."""
     i = s * m + mb
     if kind == "F":

@@ -81,7 +81,7 @@ def lower_bound(costs: Costs, *, deadline: float | None = None) -> float:
     return max(pipeline_bound(costs), memory_bound(costs), assignment_bound(costs, deadline=deadline))
 
 
-def _outcome(name: str, costs: Costs, plan: Plan, seconds: float) -> Outcome:
+def _outcome(name: str, costs: Costs, *, plan: Plan, seconds: float) -> Outcome:
     try:
         sim = simulate(costs, plan)
     except DeadlockError as err:  # a baseline must never deadlock: report, don't crash
@@ -165,7 +165,7 @@ def _baselines(costs: Costs, limit: _Limit = _Limit(None, None, None), *,
             log.info("%s: %s", name, err)
             out[name] = Outcome(name, None, None, StrategyResult(feasible=False, reason=str(err)))
             continue
-        out[name] = _outcome(name, costs, plan, time.perf_counter() - t0)
+        out[name] = _outcome(name, costs, plan=plan, seconds=time.perf_counter() - t0)
     return {name: out[name] for name in wanted}  # the contract's order, whatever ran first
 
 
@@ -212,7 +212,7 @@ def _adaptis(costs: Costs, baselines: dict[str, Outcome], *, on_progress: Progre
             actions=[list(a) for a in schedule.actions],  # one list per device, empty ones too
             recompute=None if recompute is None or not any(recompute) else list(recompute),
         )
-        cand = _outcome("adaptis", costs, plan, 0.0)
+        cand = _outcome("adaptis", costs, plan=plan, seconds=0.0)
         if cand.result.feasible and (
             best is None or (cand.result.iteration_time or 0.0) < (best.result.iteration_time or 0.0)
         ):
@@ -350,7 +350,7 @@ def plan_strategy(problem: Problem, name: str, *, on_progress: Progress | None =
         return _adaptis(costs, _baselines(costs, limit, names=SEEDS), on_progress=on_progress, limit=limit)
     t0 = time.perf_counter()
     plan = BASELINES[name](costs, deadline=limit.deadline)
-    return _outcome(name, costs, plan, time.perf_counter() - t0)
+    return _outcome(name, costs, plan=plan, seconds=time.perf_counter() - t0)
 
 
 def compare(

@@ -146,7 +146,7 @@ def _share_cuts(costs: Costs, *, owner: list[int], pre: list[float]) -> list[int
         lo = cuts[-1] + 1
         hi = n - (n_st - 1 - s)
         # The boundary whose prefix work is nearest the cumulative target.
-        k = max(lo, min(hi, _nearest(pre, target, lo, hi)))
+        k = max(lo, min(hi, _nearest(pre, target, lo=lo, hi=hi)))
         cuts.append(k)
         target = pre[k] + (target - pre[k]) * 0.5  # absorb half the rounding error
     cuts.append(n)
@@ -158,7 +158,7 @@ def prefix_work(costs: Costs) -> list[float]:
     return [0.0, *accumulate(costs.layer_work())]
 
 
-def _nearest(pre: list[float], target: float, lo: int, hi: int) -> int:
+def _nearest(pre: list[float], target: float, *, lo: int, hi: int) -> int:
     a, b = lo, hi
     while a < b:
         mid = (a + b) // 2
@@ -171,7 +171,7 @@ def _nearest(pre: list[float], target: float, lo: int, hi: int) -> int:
     return a
 
 
-def loads(costs: Costs, owner: list[int], cuts: list[int], pre: list[float]) -> list[float]:
+def loads(costs: Costs, owner: list[int], *, cuts: list[int], pre: list[float]) -> list[float]:
     load = [0.0] * costs.devices
     for s, d in enumerate(owner):
         load[d] += (pre[cuts[s + 1]] - pre[cuts[s]]) / costs.speed[d]
@@ -181,7 +181,7 @@ def loads(costs: Costs, owner: list[int], cuts: list[int], pre: list[float]) -> 
 def evenness(costs: Costs, *, owner: list[int], cuts: list[int],
              pre: list[float]) -> tuple[float, float]:
     """How even the device loads of ``cuts`` are: (max load, sum of squared loads), lower first."""
-    ld = loads(costs, owner, cuts, pre)
+    ld = loads(costs, owner, cuts=cuts, pre=pre)
     return (max(ld), sum(x * x for x in ld))
 
 
@@ -193,7 +193,7 @@ def evenness_of(costs: Costs, cuts: list[int], *, owner: list[int],
 
 def max_load(costs: Costs, cuts: list[int], *, owner: list[int], pre: list[float]) -> float:
     """The busiest device's load under ``cuts``: a sort key once the rest is bound."""
-    return max(loads(costs, owner, cuts, pre))
+    return max(loads(costs, owner, cuts=cuts, pre=pre))
 
 
 def _polish(costs: Costs, *, owner: list[int], cuts: list[int],
@@ -214,7 +214,7 @@ def _polish(costs: Costs, *, owner: list[int], cuts: list[int],
             total += (pre[cuts[st + 1]] - pre[cuts[st]]) / speed[d]
         return total
 
-    ld = loads(costs, owner, cuts, pre)
+    ld = loads(costs, owner, cuts=cuts, pre=pre)
     best = (max(ld), sum(x * x for x in ld))
     for _ in range(4 * len(cuts)):
         improved = False

@@ -115,7 +115,7 @@ class _Order:
             "B": [sc.backward[s] / speed[owner[s]] for s in range(n_st)],
             "W": [sc.weight[s] / speed[owner[s]] for s in range(n_st)],
         }
-        self.hop = [0.0] + [costs.transfer_time(owner[s - 1], owner[s], sc.output_bytes[s - 1])
+        self.hop = [0.0] + [costs.transfer_time(owner[s - 1], owner[s], nbytes=sc.output_bytes[s - 1])
                             for s in range(1, n_st)]
         self.first = [min(mine) for mine in owned]
         self.size, self.reserve, self.budget = _budgets(costs, stages=stages, owned=owned, caps=caps)

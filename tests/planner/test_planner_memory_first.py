@@ -73,8 +73,8 @@ def test_a_screened_search_schedules_nothing_in_full_that_cannot_beat_the_plan_i
     full: list[float] = []
     run = Evaluator.run
 
-    def counted(self: Evaluator, *args: Any) -> Candidate:
-        cand = run(self, *args)
+    def counted(self: Evaluator, *args: Any, **kwargs: Any) -> Candidate:
+        cand = run(self, *args, **kwargs)
         full.append(cand.time)
         return cand
 

@@ -120,7 +120,7 @@ def _check_plan(costs: Costs, plan: Plan, sim: Simulation) -> None:
         return timed.get(("B", s, mb)) or timed[("BW", s, mb)]
 
     def hop(s: int) -> float:  # stage s-1 -> s (and the gradient back)
-        return costs.transfer_time(owner[s - 1], owner[s], sc.output_bytes[s - 1])
+        return costs.transfer_time(owner[s - 1], owner[s], nbytes=sc.output_bytes[s - 1])
 
     for (kind, s, mb), a in timed.items():
         d = owner[s]

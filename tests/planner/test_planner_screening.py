@@ -78,7 +78,7 @@ def test_the_estimate_tracks_the_full_schedule(looped: int) -> None:
     owner = dict(patterns(costs))[f"looped-v{looped}"]
     stages = balanced_partition(costs, stages_count=len(owner))
     cuts = [lo for lo, _ in stages] + [stages[-1][1]]
-    busiest = max(loads(costs, owner, cuts, prefix_work(costs)))
+    busiest = max(loads(costs, owner, cuts=cuts, pre=prefix_work(costs)))
     policy = Policy(admit_per_device=True)
     est = screen.estimate(stages=stages, owner=owner, policy=policy, busiest=busiest,
                           beat=math.inf, deadline=None)

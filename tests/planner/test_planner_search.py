@@ -223,9 +223,10 @@ def test_refinement_moves_boundaries_off_the_busiest_device_too() -> None:
     class Recording(Evaluator):
         __slots__ = ()
 
-        def run(self, pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy) -> Candidate:
+        def run(self, pattern: str, owner: list[int], *, stages: list[tuple[int, int]], policy: Policy,
+                ) -> Candidate:
             tried.append(stages)
-            return super().run(pattern, owner, stages, policy)
+            return super().run(pattern, owner, stages=stages, policy=policy)
 
     _refine(costs, best=start, ev=Recording(costs, budget=100))
     # One stage per device of ``owner`` in every candidate tried.

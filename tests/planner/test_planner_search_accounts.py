@@ -95,7 +95,7 @@ def test_confirm_schedules_the_three_best_distinct_estimates_each_extra_to_the_b
 def test_confirm_skips_estimates_that_do_not_fit_and_keeps_scheduled_candidates_as_they_are() -> None:
     costs = _costs()
     ev = Evaluator(costs, budget=5)
-    done = ev.run("done", [0, 1], [(0, 2), (2, 4)], Policy())
+    done = ev.run("done", [0, 1], stages=[(0, 2), (2, 4)], policy=Policy())
     assert ev.evals == 1
     cands = [done, _estimate(costs, stages=ONE_PER_DEVICE, owner=[0, 1, 2, 3], est=math.inf, pattern="nofit")]
     best = ev.confirm(cands)
@@ -140,13 +140,13 @@ def test_a_screened_estimate_is_the_screens_estimate_of_that_candidate() -> None
     assert ev.screen is not None
     # F + B per stage 5, 4, 6, 5: the device of the last stage is the busiest (11 against 9).
     stages, owner = [(0, 2), (2, 4), (4, 6), (6, 8)], [0, 0, 1, 1]
-    cand = ev.score("v", owner, stages, Policy())
+    cand = ev.score("v", owner, stages=stages, policy=Policy())
     assert cand.schedule is None and ev.evals == 1
-    busiest = max(loads(costs, owner, [0, 2, 4, 6, 8], prefix_work(costs)))
+    busiest = max(loads(costs, owner, cuts=[0, 2, 4, 6, 8], pre=prefix_work(costs)))
     assert cand.estimate == ev.screen.estimate(stages=stages, owner=owner, policy=Policy(), busiest=busiest,
                                                beat=math.inf, deadline=None)
     # Against a time it cannot beat, the estimate is the floor: the busiest device's work shows.
-    floor = ev.score("v", owner, stages, Policy(), beat=1.0).estimate
+    floor = ev.score("v", owner, stages=stages, policy=Policy(), beat=1.0).estimate
     assert floor == ev.screen.estimate(stages=stages, owner=owner, policy=Policy(), busiest=busiest,
                                        beat=1.0, deadline=None)
 
@@ -158,7 +158,7 @@ def test_the_deadline_has_passed_at_its_own_instant(screen: bool) -> None:
         ev = Evaluator(costs, budget=5, deadline=5.0, clock=lambda: 5.0)
     assert (ev.screen is not None) is screen
     with pytest.raises(OutOfTime):
-        ev.score("p", [0, 1, 2, 3], ONE_PER_DEVICE, Policy())
+        ev.score("p", [0, 1, 2, 3], stages=ONE_PER_DEVICE, policy=Policy())
     assert ev.evals == 0
 
 
@@ -190,7 +190,7 @@ def test_a_screened_estimate_stops_inside_a_long_schedule_at_the_deadline() -> N
     ev = Evaluator(costs, budget=5, deadline=time.monotonic() - 1.0, clock=lambda: -math.inf)
     assert ev.screen is not None
     with pytest.raises(OutOfTime):
-        ev.score("v", list(range(40)), [(i, i + 1) for i in range(40)], Policy())
+        ev.score("v", list(range(40)), stages=[(i, i + 1) for i in range(40)], policy=Policy())
 
 
 def test_a_full_schedule_stops_inside_at_the_deadline() -> None:
@@ -201,7 +201,7 @@ def test_a_full_schedule_stops_inside_at_the_deadline() -> None:
     ev = Evaluator(costs, budget=5, deadline=time.monotonic() - 1.0, clock=lambda: -math.inf)
     assert ev.screen is None
     with pytest.raises(OutOfTime):
-        ev.run("v", list(range(16)), [(i, i + 1) for i in range(16)], Policy())
+        ev.run("v", list(range(16)), stages=[(i, i + 1) for i in range(16)], policy=Policy())
 
 
 def test_the_default_budget_is_the_structures_plus_27() -> None:
@@ -240,9 +240,9 @@ def _traced(costs: Costs) -> tuple[list[tuple[str, int, Policy, float]], Any]:
     seen: list[tuple[str, int, Policy, float]] = []
     score = Evaluator.score
 
-    def spy(self: Evaluator, pattern: str, owner: list[int], stages: list[tuple[int, int]], policy: Policy,
-            *, beat: float = math.inf) -> Candidate:
-        cand = score(self, pattern, owner, stages, policy, beat=beat)
+    def spy(self: Evaluator, pattern: str, owner: list[int], *, stages: list[tuple[int, int]], policy: Policy,
+            beat: float = math.inf) -> Candidate:
+        cand = score(self, pattern, owner, stages=stages, policy=policy, beat=beat)
         seen.append((pattern, len(stages), policy, cand.time))
         return cand
 
