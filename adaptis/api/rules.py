@@ -150,14 +150,23 @@ def _tensor_violations(spec: JobSpec) -> list[Violation]:
                  f"({par.data_parallel} x {t}) does not divide the job's {par.ranks} ranks; use "
                  "divisors whose product divides the ranks")]
     model = spec.model
-    if not isinstance(model, ZooModel):
-        return [(field, f"{t}: tensor parallelism of Hugging Face models is not supported yet; "
-                 "use tensorParallel: 1 (more pipeline ranks) or a zoo model")]
-    widths = {"spec.model.heads": model.heads, "spec.model.kvHeads": model.key_value_heads,
-              "spec.model.vocabSize": model.vocab_size}
-    for i, block in enumerate(model.blocks):
-        if block.kind in ("attention", "dense", "moe"):
-            widths[f"spec.model.blocks[{i}] (MLP width)"] = model.mlp_width(block)
+    if isinstance(model, ZooModel):
+        widths = {"spec.model.heads": model.heads, "spec.model.kvHeads": model.key_value_heads,
+                  "spec.model.vocabSize": model.vocab_size}
+        for i, block in enumerate(model.blocks):
+            if block.kind in ("attention", "dense", "moe"):
+                widths[f"spec.model.blocks[{i}] (MLP width)"] = model.mlp_width(block)
+    else:  # a Hugging Face model: the sharding its config declares (base_model_tp_plan)
+        layout = model.layout
+        if set(layout.kinds) != {"attention"}:
+            kinds = "/".join(sorted(set(layout.kinds) - {"attention"}))
+            return [(field, f"{t}: tensor parallelism of Hugging Face models with {kinds} layers "
+                     "(packed expert or Mamba weights) is not supported yet; use tensorParallel: 1")]
+        where = "spec.model.huggingface config"
+        widths = {f"{where} num_attention_heads": layout.heads,
+                  f"{where} num_key_value_heads": layout.kv_heads,
+                  f"{where} intermediate_size": layout.intermediate,
+                  f"{where} vocab_size": layout.vocab_size}
     return [(name, f"{value} does not divide by tensorParallel {t}: every tensor rank holds an "
              f"equal share; use a multiple of {t}, or tensorParallel dividing {value}")
             for name, value in widths.items() if value % t]

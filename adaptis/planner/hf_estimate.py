@@ -102,7 +102,8 @@ def estimate_hf_layers(layout: HFLayout, training: TrainingSpec, *, element_byte
 
     layers = [Layer(name="embedding", kind="embedding", forward=max(ms(2 * tokens * h), _MIN_MS),
                     backward=0.0, weight=ms(2 * tokens * h), activation_bytes=elem * tokens * h,
-                    param_bytes=float(vocab * h) * state, output_bytes=hidden_bytes)]
+                    param_bytes=float(vocab * h) * state, output_bytes=hidden_bytes,
+                    tensor_all_reduces=1)]  # vocabulary-parallel under tensor parallelism
     for i, kind in enumerate(layout.kinds):
         c = _decoder(layout, kind, batch=batch, seq=seq)
         mm = 2 * tokens * c.matmul_params
@@ -117,7 +118,8 @@ def estimate_hf_layers(layout: HFLayout, training: TrainingSpec, *, element_byte
     layers.append(Layer(name="head", kind="head", forward=max(ms(proj + softmax), _MIN_MS),
                         backward=ms(proj + softmax), weight=ms(proj),
                         activation_bytes=tokens * vocab * (elem + 4),
-                        param_bytes=(head_params + h) * state, output_bytes=0.0))
+                        param_bytes=(head_params + h) * state, output_bytes=0.0,
+                        tensor_all_reduces=0))  # the vocabulary-parallel loss
     return layers
 
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from worker_harness import init_gloo
 
 from adaptis.api.hf_model import HuggingFaceSpec
-from adaptis.api.job import TrainingSpec, WorkerConfig
+from adaptis.api.job import JobSpec, TrainingSpec, WorkerConfig
 from adaptis.api.model import HuggingFaceModel
 from adaptis.api.plan import Plan
 
@@ -144,13 +144,36 @@ HF_DP_TRAINING = TrainingSpec(microbatches=4, microbatch_size=2, sequence_length
                               optimizer={"name": "adamw", "lr": 0.01, "weight_decay": 0.01})
 
 
+def train_hf_cases(model: HuggingFaceModel, cases: dict[str, tuple[str, int, str]], *, tmp: Path,
+                   pipeline: int, replicas: int = 1, tensor: int = 1) -> dict[str, list[dict[str, Any]]]:
+    """``cases``: name -> (strategy, ZeRO stage, precision), each planned on the estimate of
+    ``pipeline`` devices and trained by ``replicas x pipeline x tensor`` gloo ranks
+    (worker_harness.dp_parity_ranks); each case's per-rank dumps."""
+    from worker_harness import dp_parity_ranks, run_ranks
+
+    from adaptis.planner.strategies import plan_strategy
+    from adaptis.worker.profiling.job_problem import estimate_problem
+
+    planned = {}
+    for case, (strategy, zero, precision) in cases.items():
+        problem = estimate_problem(JobSpec(model=model, training=HF_DP_TRAINING), devices=pipeline,
+                                   precision=precision)
+        outcome = plan_strategy(problem, strategy)
+        assert outcome.plan is not None, f"{strategy}: {outcome.result.reason}"
+        planned[case] = (outcome.plan, zero, precision)
+    write_hf_dp_cases(tmp / "cases.json", planned, model=model, replicas=replicas, tensor=tensor)
+    world = replicas * pipeline * tensor
+    run_ranks(dp_parity_ranks, world=world, args=(str(tmp / "cases.json"), str(tmp)), timeout_s=600)
+    return {case: [torch.load(tmp / f"{case}-{r}.pt") for r in range(world)] for case in cases}
+
+
 def write_hf_dp_cases(path: Path, cases: dict[str, tuple[Plan, int, str]], *, model: HuggingFaceModel,
-                      replicas: int, training: TrainingSpec = HF_DP_TRAINING) -> None:
+                      replicas: int, training: TrainingSpec = HF_DP_TRAINING, tensor: int = 1) -> None:
     """``cases``: name -> (plan of one pipeline replica, ZeRO stage, precision); the ranks run
     them with worker_harness.dp_parity_ranks."""
     docs = [{"name": name, "config": WorkerConfig(
         model=model, training=training.model_copy(update={"precision": precision}),
-        plan=plan.model_dump(mode="json"), data_parallel=replicas,
+        plan=plan.model_dump(mode="json"), data_parallel=replicas, tensor_parallel=tensor,
         zero_stage=zero).model_dump(mode="json")}
         for name, (plan, zero, precision) in cases.items()]
     path.write_text(json.dumps(docs))

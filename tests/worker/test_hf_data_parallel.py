@@ -19,11 +19,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_harness import HF_DP_TRAINING, hf_model, hf_reference, write_hf_dp_cases
-from worker_harness import dp_parity_ranks, job_spec, run_ranks
-
-from adaptis.planner.strategies import plan_strategy
-from adaptis.worker.profiling.job_problem import estimate_problem
+from hf_harness import HF_DP_TRAINING, hf_model, hf_reference, train_hf_cases
 
 pytest.importorskip("transformers")
 
@@ -40,22 +36,11 @@ def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     torch.set_num_threads(1)
     name = request.param
     model = hf_model(name)
-    cases = {}
-    for case, (strategy, zero, precision) in CASES.items():
-        problem = estimate_problem(job_spec(model, HF_DP_TRAINING), devices=PIPELINE,
-                                   precision=precision)
-        outcome = plan_strategy(problem, strategy)
-        assert outcome.plan is not None, f"{strategy}: {outcome.result.reason}"
-        cases[case] = (outcome.plan, zero, precision)
-    tmp = tmp_path_factory.mktemp(name)
-    write_hf_dp_cases(tmp / "cases.json", cases, model=model, replicas=REPLICAS)
-    run_ranks(dp_parity_ranks, world=REPLICAS * PIPELINE, args=(str(tmp / "cases.json"), str(tmp)),
-              timeout_s=600)
+    ranks = train_hf_cases(model, CASES, tmp=tmp_path_factory.mktemp(name), pipeline=PIPELINE,
+                           replicas=REPLICAS)
     combined = HF_DP_TRAINING.model_copy(
         update={"microbatches": HF_DP_TRAINING.microbatches * REPLICAS})
     ref = hf_reference(model, combined)
-    ranks = {case: [torch.load(tmp / f"{case}-{r}.pt") for r in range(REPLICAS * PIPELINE)]
-             for case in CASES}
     return name, ref, ranks
 
 

@@ -43,6 +43,7 @@ from adaptis.api.rules import layer_count
 from adaptis.worker.data.sources import Batch
 from adaptis.worker.errors import PlanMismatchError
 from adaptis.worker.models.build import build_model_stages
+from adaptis.worker.models.hf.stages import hf_config
 from adaptis.worker.models.precision import PRECISION_DTYPE, resolve_precision, wrap_stage
 from adaptis.worker.models.zoo import (
     set_aux_loss_scale,
@@ -54,7 +55,12 @@ from adaptis.worker.runtime.ownership import reducing_stage, tie_peer
 from adaptis.worker.runtime.pipelining import IdleRuntime, PipelineRuntime, StageShapes
 from adaptis.worker.runtime.replicas import GradReducer, ZeroOptimizer, create_groups, world_mesh
 from adaptis.worker.runtime.slowdown import slowed
-from adaptis.worker.runtime.tensor_parallel import loss_parallel, shard_stages, vocab_parallel_loss
+from adaptis.worker.runtime.tensor_parallel import (
+    loss_parallel,
+    shard_hf_stages,
+    shard_stages,
+    vocab_parallel_loss,
+)
 from adaptis.worker.runtime.timers import ActionTimer, device_timer
 from adaptis.worker.runtime.trace import traced
 
@@ -201,14 +207,15 @@ class Executor:
         1-D device mesh (None: T = 1)."""
         if self.mesh.tensor == 1:
             return None
-        if not isinstance(self.config.model, ZooModel):
-            raise PlanMismatchError("tensor_parallel > 1 needs a zoo model: Hugging Face models "
-                                    "are not sharded yet (use tensorParallel: 1)")
         group = self.groups.tensor
         if group is None:  # created by create_groups whenever the mesh has T > 1
             raise PlanMismatchError("tensor_parallel > 1 but no tensor group was created")
         mesh = DeviceMesh.from_group(group, self.device.type)
-        shard_stages(self.modules, mesh=mesh)
+        model = self.config.model
+        if isinstance(model, ZooModel):
+            shard_stages(self.modules, mesh=mesh)
+        else:  # a Hugging Face model: the sharding its config declares
+            shard_hf_stages(self.modules, mesh=mesh, config=hf_config(model))
         return mesh
 
     def _loss(self, out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -50,11 +50,14 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from adaptis.worker.errors import WorkerError
+from adaptis.worker.models.hf.stages import HFStage
 from adaptis.worker.models.layers import _MLP, Embedding, Head, _Attention
 from adaptis.worker.models.moe import MixtureOfExperts
 from adaptis.worker.runtime.dtensors import local, reduce_in_backward, sum_partials
 
-__all__ = ["DTensorExperts", "loss_parallel", "shard_stages", "vocab_parallel_loss"]
+__all__ = ["DTensorExperts", "hf_tp_plan", "loss_parallel", "shard_hf_stages", "shard_stages",
+           "vocab_parallel_loss"]
 
 
 def _module_plan(stage: nn.Module) -> dict[str, ParallelStyle]:
@@ -118,6 +121,62 @@ def shard_stages(stages: Sequence[nn.Module], *, mesh: DeviceMesh) -> None:
     if tied:
         assert embedding is not None and head is not None  # for mypy: tied says so
         head.proj.weight = embedding.weight
+
+
+#: transformers' TP plan styles we apply, as torch's own ParallelStyles (the model's authors
+#: declare them in ``config.base_model_tp_plan``); packed and expert styles are refused.
+_HF_STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+
+
+def hf_tp_plan(config: Any) -> dict[str, str]:
+    """The decoder layers' part of a transformers config's ``base_model_tp_plan``
+    (``layers.*.<module>`` -> style), checked to hold only styles we apply."""
+    plan: dict[str, str] = dict(getattr(config, "base_model_tp_plan", None) or {})
+    layers = {k.removeprefix("layers.*."): v for k, v in plan.items() if k.startswith("layers.*.")}
+    if not layers:
+        raise WorkerError(f"{config.model_type}: its config declares no tensor-parallel plan "
+                          "(base_model_tp_plan); use tensorParallel: 1")
+    odd = sorted({v for v in layers.values() if v not in _HF_STYLES})
+    if odd:
+        raise WorkerError(f"{config.model_type}: its tensor-parallel plan uses {odd} (packed or "
+                          "expert weights), not supported yet; use tensorParallel: 1")
+    return layers
+
+
+def _has(module: nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def shard_hf_stages(stages: Sequence[nn.Module], *, mesh: DeviceMesh, config: Any) -> None:
+    """Shard this rank's Hugging Face stages (:class:`adaptis.worker.models.hf.stages.HFStage`)
+    in place: each decoder layer by the model's own ``base_model_tp_plan``, the embedding and
+    LM head vocabulary-parallel as the zoo's (the loss on the sharded logits)."""
+    layers = hf_tp_plan(config)
+    hf = [s for s in stages if isinstance(s, HFStage)]
+    embedding = next((w for s in hf if (w := s.embedding_weight) is not None), None)
+    tied = embedding is not None and any(s.head_weight is embedding for s in hf)
+    for stage in hf:
+        # A plan names every module any layer of the family may have (a MoE layer's dense
+        # MLP, say): each layer gets the entries for the modules it has.
+        plan: dict[str, ParallelStyle] = {
+            f"layers.{j}.{module}": _HF_STYLES[style]()
+            for j, layer in enumerate(stage.layers) for module, style in layers.items()
+            if _has(layer, module)}
+        if stage.embed_tokens is not None:
+            plan["embed_tokens"] = RowwiseParallel(input_layouts=Replicate())
+        if stage.lm_head is not None:
+            plan["lm_head"] = ColwiseParallel(output_layouts=Shard(-1))
+        if plan:
+            parallelize_module(stage, mesh, plan)
+    if tied:  # both are now the same vocabulary shard of one matrix: one parameter again
+        shard = next(w for s in hf if (w := s.embedding_weight) is not None)
+        for s in hf:
+            if s.lm_head is not None:
+                setattr(s.lm_head, "weight", shard)  # noqa: B010 - lm_head is typed Tensor | Module
 
 
 def vocab_parallel_loss(logits: torch.Tensor, targets: torch.Tensor, *, mesh: DeviceMesh,
