@@ -146,7 +146,7 @@ def dry_table(rows: list[dict[str, Any]]) -> list[str]:
             lines.append(f"| {r['shape']} | {r['gpus']} | {r['strategy']} | no plan: {r['reason']} | | | | |")
             continue
         lines.append(f"| {r['shape']} | {r['gpus']} | {r['strategy']} | {r['stages']} | {1e3 * r['iteration']:.1f} | "
-                     f"{100 * r['bubble']:.1f} % | {r['peak'] / 1e9:.1f}{'' if r['fits'] else ' (over: no fit)'} | "
+                     f"{100 * r['bubble']:.1f} % | {r['peak'] / 1e9:.1f}{'' if r['fits'] else ' (over memory)'} | "
                      f"{r['recompute']} |")
     best = {}
     for r in rows:
