@@ -139,7 +139,7 @@ def load_tokenizer(path: str, *, model_eos: int | None = None) -> tuple[Any, int
     raw = file.read_bytes()
     try:
         tok = Tokenizer.from_str(raw.decode("utf-8"))
-    except Exception as err:  # tokenizers raises a bare Exception on a malformed file
+    except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception on a malformed file
         raise DataError(f"{_FIELD}.tokenizer: {file} is not a tokenizers JSON file: {err}") from None
     eos_id = _eos_id(tok, config=file.parent / "tokenizer_config.json", model_eos=model_eos)
     return tok, eos_id, raw

@@ -153,7 +153,7 @@ class BlockOptions:
 _PLAIN = BlockOptions()
 
 
-def _attention(hidden: int, heads: int, opts: BlockOptions) -> _Attention:
+def _attention(hidden: int, heads: int, *, opts: BlockOptions) -> _Attention:
     return _Attention(hidden=hidden, heads=heads, kv_heads=opts.kv_heads,
                       rope_theta=opts.rope_theta)
 
@@ -166,7 +166,7 @@ class AttentionBlock(nn.Module):
                  opts: BlockOptions = _PLAIN) -> None:
         super().__init__()
         self.norm1 = nn.RMSNorm(hidden)
-        self.attn = _attention(hidden, heads, opts)
+        self.attn = _attention(hidden, heads, opts=opts)
         self.norm2 = nn.RMSNorm(hidden)
         self.mlp = _MLP(hidden=hidden, inner=inner or 4 * hidden, kind=opts.mlp)
 
@@ -184,7 +184,7 @@ class MoEBlock(nn.Module):
                  opts: BlockOptions = _PLAIN) -> None:
         super().__init__()
         self.norm1 = nn.RMSNorm(hidden)
-        self.attn = _attention(hidden, heads, opts)
+        self.attn = _attention(hidden, heads, opts=opts)
         self.norm2 = nn.RMSNorm(hidden)
         self.moe = MixtureOfExperts(hidden=hidden, experts=experts, top_k=top_k,
                                     inner=inner or 2 * hidden, mlp=opts.mlp,

@@ -56,7 +56,8 @@ class _AttachAuxLoss(torch.autograd.Function):
     """Identity on ``output``; in the backward, ``weight`` becomes the gradient of ``aux``."""
 
     @staticmethod
-    def forward(ctx: Any, output: torch.Tensor, aux: torch.Tensor, weight: float) -> torch.Tensor:
+    def forward(  # noqa: PLR0917 - autograd.Function.apply passes its inputs positionally only
+            ctx: Any, output: torch.Tensor, aux: torch.Tensor, weight: float) -> torch.Tensor:
         ctx.weight = weight
         ctx.aux_meta = (aux.dtype, aux.device)
         return output.view_as(output)

@@ -282,7 +282,7 @@ def fit_link(sizes: Sequence[float], seconds: Sequence[float]) -> LinkProfile:
         raise WorkerError("fit_link: need at least two (size, time) pairs")
     mx, my = statistics.fmean(sizes), statistics.fmean(seconds)
     sxx = sum((x - mx) ** 2 for x in sizes)
-    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / sxx if sxx else 0.0
+    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds, strict=True)) / sxx if sxx else 0.0
     if slope <= 0:  # flat or noisy: bandwidth from the largest message alone
         slope = max(seconds[-1], 1e-12) / max(sizes[-1], 1.0)
     latency = max(0.0, my - slope * mx)
@@ -338,7 +338,7 @@ def measure_links(*, device: torch.device, sizes: Sequence[int] = _LINK_SIZES,
             link = fit_link([float(s) for s in sizes], secs)
             fitted[kind] = (link.bandwidth_bytes_per_s, link.latency_s)
             log.info("%s link to rank %d: %s", kind, peer,
-                     ", ".join(f"{s} B {t * 1e6:.1f} us" for s, t in zip(sizes, secs)))
+                     ", ".join(f"{s} B {t * 1e6:.1f} us" for s, t in zip(sizes, secs, strict=True)))
         elif rank == peer:
             _echo(peer=0, sizes=sizes, repeats=repeats, device=device)
         dist.barrier()

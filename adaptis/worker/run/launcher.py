@@ -94,19 +94,21 @@ class LocalLauncher:
                 cmd = [self.python, "-m", "adaptis", "worker", "--config", str(cfg_path),
                        "--threads", str(self.threads), "--linger-seconds", str(self.linger_s)]
                 logf = open(self.log_path(rank), "w")  # noqa: SIM115 - closed with the process
-                proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=logf, text=True,
-                                        start_new_session=True)  # our Ctrl-C handling, not the tty's
+                proc = subprocess.Popen(  # noqa: S603 - our own worker module, a fixed argument list
+                    cmd, env=env, stdout=subprocess.PIPE, stderr=logf, text=True,
+                    start_new_session=True)  # our Ctrl-C handling, not the tty's
                 logf.close()
                 self.processes.append(proc)
-                t = threading.Thread(target=_read_events, args=(rank, proc.stdout, events), daemon=True)
+                t = threading.Thread(target=_read_events, args=(rank, proc.stdout), kwargs={"out": events},
+                                     daemon=True)
                 t.start()
                 readers.append(t)
-            return self._watch(events, on_event, readers)
+            return self._watch(events, on_event, readers=readers)
         except BaseException:
             self.stop()
             raise
 
-    def _watch(self, events: queue.Queue[tuple[int, Event]], on_event: OnEvent,
+    def _watch(self, events: queue.Queue[tuple[int, Event]], on_event: OnEvent, *,
                readers: list[threading.Thread]) -> list[DoneEvent]:
         done: dict[int, DoneEvent] = {}
         preempted: set[int] = set()
@@ -173,7 +175,7 @@ class LocalLauncher:
                 p.wait()
 
 
-def _read_events(rank: int, stream: IO[str] | None, out: queue.Queue[tuple[int, Event]]) -> None:
+def _read_events(rank: int, stream: IO[str] | None, *, out: queue.Queue[tuple[int, Event]]) -> None:
     if stream is None:
         return
     for line in stream:

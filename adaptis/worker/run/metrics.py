@@ -184,7 +184,7 @@ class WorkerMetrics:
         f.tokens.labels(**lab).inc(tokens)
         f.samples.labels(**lab).inc(samples)
 
-    def serve(self, *, port: int, addr: str = "0.0.0.0") -> int:
+    def serve(self, *, port: int, addr: str = "0.0.0.0") -> int:  # noqa: S104 - scraped on the pod's IP
         """Serve ``/metrics`` on ``port`` (0: any free port); returns the bound port."""
         server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         self._server = server

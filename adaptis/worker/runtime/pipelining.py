@@ -141,8 +141,8 @@ class _Runtime(_schedules._PipelineScheduleRuntime):
         super().__init__(*args, **kwargs)
         self._loss_by_mb = loss_by_mb
 
-    def _maybe_compute_loss(self, stage: Any, output: Any, target_mbs: Any, mb_index: int,
-                            *_rest: Any, **_kw: Any) -> None:
+    def _maybe_compute_loss(  # noqa: PLR0917 - torch's runtime calls its own method positionally
+            self, stage: Any, output: Any, target_mbs: Any, mb_index: int, *_rest: Any, **_kw: Any) -> None:
         if stage.is_last and self._loss_fn is not None:
             self._loss_by_mb[mb_index] = self._loss_fn(output, target_mbs[mb_index])
 
@@ -197,7 +197,7 @@ def backward_kind_of(backward_one_chunk: Callable[..., Any]) -> Callable[..., st
     return kind_of
 
 
-def _timed(fn: Callable[..., Any], timer: ActionTimer, kind_of: Callable[..., str],
+def _timed(fn: Callable[..., Any], timer: ActionTimer, *, kind_of: Callable[..., str],
            after: Callable[[str], None] | None = None) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         kind = kind_of(*args, **kwargs)
@@ -292,12 +292,14 @@ class PipelineRuntime:
                 if self._grads_left[sid] == 0:
                     self._on_stage_grads(sid)
 
-        stage.forward_one_chunk = _timed(stage.forward_one_chunk, t, lambda *a, **k: "F")  # type: ignore[method-assign]
+        stage.forward_one_chunk = _timed(  # type: ignore[method-assign]
+            stage.forward_one_chunk, t, kind_of=lambda *_a, **_k: "F",
+        )
         stage.backward_one_chunk = _timed(  # type: ignore[method-assign]
-            stage.backward_one_chunk, t, backward_kind_of(stage.backward_one_chunk), after,
+            stage.backward_one_chunk, t, kind_of=backward_kind_of(stage.backward_one_chunk), after=after,
         )
         stage.backward_weight_one_chunk = _timed(  # type: ignore[method-assign]
-            stage.backward_weight_one_chunk, t, lambda *a, **k: "W", after,
+            stage.backward_weight_one_chunk, t, kind_of=lambda *_a, **_k: "W", after=after,
         )
 
     def step(self, *, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> None:

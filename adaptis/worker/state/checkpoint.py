@@ -46,6 +46,7 @@ is resumable by any job of the same model spec, whatever its plan.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -167,10 +168,8 @@ def save_checkpoint(directory: str | Path, *, executor: Checkpointed, step: int,
             for stale in _step_dir(root, old).glob("rank-*.pt"):
                 if stale.stem[5:].isdigit() and int(stale.stem[5:]) not in writers:
                     stale.unlink(missing_ok=True)
-        try:
+        with contextlib.suppress(OSError):
             _step_dir(root, old).rmdir()  # only once every rank removed its file
-        except OSError:
-            pass
     return path
 
 
