@@ -65,6 +65,7 @@ SHAPES: dict[str, dict[str, Shape]] = {
     "paper": {
         "llama3-70b PP8 x TP8 (64 GPUs)": Shape(_llama70b(), 4096, 32, 8, 8),
         "llama3-70b PP8 x TP1 (8 GPUs)": Shape(_llama70b(), 4096, 32, 8, 1),
+        "llama3-70b s8192 PP8 x TP8 (64 GPUs)": Shape(_llama70b(), 8192, 32, 8, 8),
         "gpt3-175b PP8 x TP8 x DP2 (128 GPUs)": Shape(_gpt3(), 2048, 32, 8, 8, 2),
         "gpt3-175b PP8 x TP1 x DP2 (16 GPUs)": Shape(_gpt3(), 2048, 32, 8, 1, 2),
     },
@@ -148,13 +149,14 @@ def dry_table(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(f"| {r['shape']} | {r['gpus']} | {r['strategy']} | {r['stages']} | {1e3 * r['iteration']:.1f} | "
                      f"{100 * r['bubble']:.1f} % | {r['peak'] / 1e9:.1f}{'' if r['fits'] else ' (over memory)'} | "
                      f"{r['recompute']} |")
-    best = {}
-    for r in rows:
-        if "iteration" in r:
+    best: dict[str, dict[str, float]] = {}
+    for r in rows:  # only plans that fit: a baseline over memory is no speed to beat
+        if "iteration" in r and r["fits"]:
             best.setdefault(r["shape"], {})[r["strategy"]] = r["iteration"]
-    speed = [f"{k}: adaptis {v['i1f1b'] / v['adaptis']:.2f}x i1f1b" for k, v in best.items()
-             if "adaptis" in v and "i1f1b" in v]
+    speed = [f"{k}: adaptis {v['i1f1b'] / v['adaptis']:.2f}x i1f1b" if "i1f1b" in v
+             else f"{k}: adaptis fits, i1f1b does not" for k, v in best.items() if "adaptis" in v]
+    ratios = [v["i1f1b"] / v["adaptis"] for v in best.values() if {"adaptis", "i1f1b"} <= v.keys()]
     if speed:
-        ratios = [best[k]["i1f1b"] / best[k]["adaptis"] for k in best if {"adaptis", "i1f1b"} <= best[k].keys()]
-        lines += ["", "; ".join(speed) + f" (geometric mean {statistics.geometric_mean(ratios):.2f}x)."]
+        mean = f" (geometric mean {statistics.geometric_mean(ratios):.2f}x)" if ratios else ""
+        lines += ["", "; ".join(speed) + mean + "."]
     return lines
