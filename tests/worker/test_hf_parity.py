@@ -58,13 +58,13 @@ def test_pipelined_training_equals_the_model_itself(name: str, tmp_path) -> None
         for what in ("grads", "params"):
             merged: dict[str, torch.Tensor] = {}
             for r in ranks:
-                for k, v in r[what].items():
-                    if k == "lm_head.weight" and "lm_head.weight" not in ref[what]:
-                        k = "model.embed_tokens.weight"  # tied, held on two ranks: equal copies
+                for key, v in r[what].items():
+                    tied = key == "lm_head.weight" and "lm_head.weight" not in ref[what]
+                    k = "model.embed_tokens.weight" if tied else key  # tied, held on two ranks: equal copies
                     if k in merged:
                         torch.testing.assert_close(v, merged[k], rtol=1e-4, atol=1e-6)
                     merged[k] = v
             assert set(merged) == set(ref[what]), f"{strategy}: every parameter once"
             for k, want in ref[what].items():
                 torch.testing.assert_close(merged[k], want, rtol=1e-4, atol=1e-6,
-                                           msg=lambda m, k=k, s=strategy: f"{s} {what} {k}: {m}")
+                                           msg=lambda m, k=k, s=strategy, w=what: f"{s} {w} {k}: {m}")

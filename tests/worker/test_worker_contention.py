@@ -136,7 +136,8 @@ def test_usable_cores_follow_a_cgroup_quota(monkeypatch: pytest.MonkeyPatch, tmp
     from adaptis.worker.profiling import contention
 
     real = Path
-    limits = {"max 100000\n": len(os.sched_getaffinity(0)), "150000 100000\n": 2, "50000 100000\n": 1}  # ceil(quota / period)
+    # The CPUs a quota allows: ceil(quota / period); none: the affinity's.
+    limits = {"max 100000\n": len(os.sched_getaffinity(0)), "150000 100000\n": 2, "50000 100000\n": 1}
     for text, want in limits.items():
         (tmp_path / "cpu.max").write_text(text)
         monkeypatch.setattr(contention, "Path", lambda p, _t=tmp_path: real(_t / "cpu.max") if p.endswith("cpu.max")

@@ -68,7 +68,7 @@ def test_two_gloo_ranks_measure_their_link_through_the_cli(tmp_path: Path) -> No
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for p, (_out, err) in zip(procs, results):
+    for p, (_out, err) in zip(procs, results, strict=True):
         assert p.returncode == 0, err[-2000:]
     docs = [json.loads((tmp_path / f"hw{r}.json").read_text()) for r in (0, 1)]
     for r in (0, 1):  # with links too, what the operator would store passes its schema

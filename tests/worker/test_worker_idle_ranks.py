@@ -139,8 +139,8 @@ def test_idle_rank_with_a_hugging_face_model_equals_the_model_itself(tmp_path) -
         assert r["losses"] == pytest.approx(ref["losses"], rel=1e-5)
     merged: dict[str, torch.Tensor] = {}
     for r in ranks:
-        for k, v in r["params"].items():
-            k = "model.embed_tokens.weight" if k == "lm_head.weight" and k not in ref["params"] else k
+        for key, v in r["params"].items():
+            k = "model.embed_tokens.weight" if key == "lm_head.weight" and key not in ref["params"] else key
             if k in merged:  # the tied weight on ranks 0 and 2: equal copies
                 torch.testing.assert_close(v, merged[k], rtol=1e-4, atol=1e-6)
             merged[k] = v

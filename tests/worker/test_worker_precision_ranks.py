@@ -106,4 +106,4 @@ def test_recompute_gives_the_same_gradients_on_two_ranks(tmp_path: Path) -> None
             for name, g in plain["grads"].items():
                 torch.testing.assert_close(
                     again["grads"][name], g, rtol=1e-6, atol=1e-8,
-                    msg=lambda m, n=name: f"{precision} rank {rank} {n}: {m}")
+                    msg=lambda m, n=name, p=precision, r=rank: f"{p} rank {r} {n}: {m}")

@@ -91,7 +91,7 @@ def test_param_bytes_follow_the_optimizer_rule() -> None:
     emb_params = 256 * 16
     assert adamw[0].param_bytes == emb_params * bytes_per_param("adamw") == emb_params * 16
     assert sgd[0].param_bytes == emb_params * 8
-    assert all(a.param_bytes == 2 * s.param_bytes for a, s in zip(adamw, sgd))
+    assert all(a.param_bytes == 2 * s.param_bytes for a, s in zip(adamw, sgd, strict=True))
 
 
 def test_attention_activation_bytes_grow_with_the_sequence() -> None:
@@ -226,7 +226,7 @@ def test_graph_visit_is_measured_and_each_layer_walk_is_its_nodes_times_it() -> 
     profiles = profile_layers(_spec(), settings=FAST)
     problem = problem_from_profiles(profiles, name="tiny", microbatches=4, devices=3, memory_bytes=None,
                                     graph_visit_s=2e-7)
-    blocks = list(zip(profiles, problem.expanded_layers()))[1:-1]
+    blocks = list(zip(profiles, problem.expanded_layers(), strict=True))[1:-1]
     assert all(p.graph_nodes > 10 and lay.weight_groups == p.weight_groups >= 1 for p, lay in blocks)
     assert all(lay.graph_walk == pytest.approx(p.graph_nodes * 2e-7 / 1e-3, rel=1e-4) for p, lay in blocks)
     assert problem.expanded_layers()[0].weight_groups is None  # the first stage never splits

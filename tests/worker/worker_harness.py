@@ -250,7 +250,7 @@ def dp_parity_ranks(rank: int, world: int, port: int, cases_file: str, out_dir: 
             # Capture the averaged, unclipped gradients: the executor clips in place.
             real_clip, captured = ex._clip, {}
 
-            def clip(real_clip=real_clip, captured=captured) -> float:
+            def clip(real_clip=real_clip, captured=captured, ex=ex) -> float:
                 captured.update({k: whole(p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
                                  for k, p in ex.named_parameters().items()})
                 return real_clip()
