@@ -22,8 +22,10 @@ RUN groupadd --system --gid 10001 adaptis \
       --shell /usr/sbin/nologin adaptis
 
 # The build stages see only what the package needs (.dockerignore keeps the rest out).
-# Dependencies first, from the pins alone, then the package: a change to adaptis/ re-runs only
-# the last step of a stage (seconds), not the worker's gigabytes of torch and CUDA libraries.
+# Dependencies first, from the pins alone, each target's venv in a layer of its own; the package
+# is installed over it from a bind mount of the source. So a change to adaptis/ re-runs only
+# that last step and adds a layer of a few hundred kB, instead of copying the worker's gigabytes
+# of torch and CUDA libraries into a new layer.
 FROM base AS deps
 WORKDIR /src
 COPY deploy/install-venv.sh deploy/install-venv.sh
@@ -35,18 +37,18 @@ RUN sh deploy/install-venv.sh /opt/adaptis operator --deps-only
 FROM deps AS deps-worker
 RUN sh deploy/install-venv.sh /opt/adaptis worker --deps-only
 
-FROM deps-operator AS build-operator
+FROM deps AS source
 COPY pyproject.toml constraints.txt README.md ./
 COPY adaptis/ adaptis/
-RUN sh deploy/install-venv.sh /opt/adaptis operator /src
-
-FROM deps-worker AS build-worker
-COPY pyproject.toml constraints.txt README.md ./
-COPY adaptis/ adaptis/
-RUN sh deploy/install-venv.sh /opt/adaptis worker /src
 
 FROM base AS operator
-COPY --from=build-operator /opt/adaptis /opt/adaptis
+COPY --from=deps-operator /opt/adaptis /opt/adaptis
+# buildah (1.28) keys its layer cache on the RUN line, not on what the bind mount holds, so
+# hack/realnode/build-images.sh passes the source's digest here; BuildKit needs none.
+ARG SOURCE_DIGEST=""
+# (rw: pip builds the package in its source tree; what it writes there is thrown away)
+RUN --mount=type=bind,from=source,source=/src,target=/src,rw \
+    cd /src && sh deploy/install-venv.sh /opt/adaptis operator /src  # source: ${SOURCE_DIGEST}
 USER 10001:10001
 # 8080: kopf's liveness endpoint (/healthz); 8000: the operator's metrics, when enabled.
 EXPOSE 8080 8000
@@ -54,7 +56,12 @@ ENTRYPOINT ["adaptis"]
 CMD ["operator", "--all-namespaces", "--liveness", "http://0.0.0.0:8080/healthz"]
 
 FROM base AS worker
-COPY --from=build-worker /opt/adaptis /opt/adaptis
+COPY --from=deps-worker /opt/adaptis /opt/adaptis
+# buildah (1.28) keys its layer cache on the RUN line, not on what the bind mount holds, so
+# hack/realnode/build-images.sh passes the source's digest here; BuildKit needs none.
+ARG SOURCE_DIGEST=""
+RUN --mount=type=bind,from=source,source=/src,target=/src,rw \
+    cd /src && sh deploy/install-venv.sh /opt/adaptis worker /src  # source: ${SOURCE_DIGEST}
 USER 10001:10001
 # 9400: Prometheus metrics (/metrics); 29500: torch.distributed rendezvous (MASTER_PORT).
 EXPOSE 9400 29500

@@ -58,30 +58,48 @@ in_containerd() { grep -qx "$(cri_ref "$1")" <<<"$(bash "${NODE}" ctr images ls 
 in_buildah() { "${BUILDAH[@]}" images --quiet "$1" >/dev/null 2>&1; }
 fresh() { [[ -f "${CACHE}/$1.stamp" && "$(cat "${CACHE}/$1.stamp")" == "$2" ]]; }
 
-# import IMAGE: buildah's copy of IMAGE into containerd (namespace k8s.io), through an archive.
+image_id() { "${BUILDAH[@]}" images --no-trunc --format '{{.ID}}' "$1" 2>/dev/null | head -1 | sed 's/^sha256://'; }
+
+# import NAME IMAGE: buildah's copy of IMAGE into containerd (namespace k8s.io), through an
+# archive; the image it replaces goes, with the ID reference the kubelet's CRI adds
+# (sha256:<config>), so that containerd's garbage collector frees its layers.
 import_image() {
-  local image="$1" archive start=${SECONDS}
+  local name="$1" image="$2" ref archive start=${SECONDS} old
+  ref="$(cri_ref "${image}")"
+  old="$(cat "${CACHE}/${name}.imported" 2>/dev/null || true)"
   archive="$(mktemp -p "${CACHE}" import.XXXXXX.tar)"
   rm -f "${archive}"
-  "${BUILDAH[@]}" push --quiet --disable-compression "${image}" "oci-archive:${archive}:$(cri_ref "${image}")" >/dev/null
+  "${BUILDAH[@]}" push --quiet "${image}" "oci-archive:${archive}:${ref}" >/dev/null
+  bash "${NODE}" ctr images rm "${ref}" >/dev/null 2>&1 || true
+  if [[ -n "${old}" ]]; then bash "${NODE}" ctr images rm "sha256:${old}" >/dev/null 2>&1 || true; fi
   bash "${NODE}" ctr images import "${archive}" >/dev/null
   rm -f "${archive}"
   in_containerd "${image}" || die "${image} is not in containerd after the import"
+  image_id "${image}" > "${CACHE}/${name}.imported"
   log "${image}: imported into containerd in $(( SECONDS - start ))s"
 }
 
-# ensure NAME IMAGE STAMP BUILD_FUNCTION: build when the stamp differs, import when missing.
+# ensure NAME IMAGE STAMP BUILD_FUNCTION: build when the stamp differs; import when containerd
+# lacks this very build (${CACHE}/NAME.imported holds the ID last imported).
 ensure() {
-  local name="$1" image="$2" stamp="$3" build="$4" start=${SECONDS}
+  local name="$1" image="$2" stamp="$3" build="$4" start=${SECONDS} old
   if fresh "${name}" "${stamp}" && in_buildah "${image}"; then
     log "${image}: up to date (${stamp})"
   else
+    old="$(image_id "${image}")"
     log "${image}: building ..."
     "${build}"
     echo "${stamp}" > "${CACHE}/${name}.stamp"
     log "${image}: built in $(( SECONDS - start ))s, $("${BUILDAH[@]}" images --format '{{.Size}}' "${image}" | head -1)"
+    # the build it replaces (its layers stay while a newer build's cache uses them)
+    if [[ -n "${old}" && "${old}" != "$(image_id "${image}")" ]]; then
+      "${BUILDAH[@]}" rmi "${old}" >/dev/null 2>&1 || true
+    fi
   fi
-  in_containerd "${image}" || import_image "${image}"
+  if ! in_containerd "${image}" \
+      || [[ "$(cat "${CACHE}/${name}.imported" 2>/dev/null)" != "$(image_id "${image}")" ]]; then
+    import_image "${name}" "${image}"
+  fi
 }
 
 digest() { sha256sum | cut -c1-16; }
@@ -137,7 +155,8 @@ build_target() {
   local target="$1"
   nice -n 10 "${BUILDAH[@]}" bud --layers --pull-never --isolation chroot --network host \
     -v /etc/ssl/certs:/etc/ssl/certs:ro -v /etc/pip.conf:/etc/pip.conf:ro \
-    --build-arg "PYTHON_IMAGE=${BASE_IMAGE}" --target "${target}" \
+    --build-arg "PYTHON_IMAGE=${BASE_IMAGE}" --build-arg "SOURCE_DIGEST=$(context_digest)" \
+    --target "${target}" \
     -t "adaptis/${target}:${APP_VERSION}" -f "${REPO_ROOT}/Dockerfile" "${REPO_ROOT}" \
     > "${CACHE}/${target}-build.log" 2>&1 || die "buildah bud --target ${target} failed: $(tail -30 "${CACHE}/${target}-build.log")"
 }

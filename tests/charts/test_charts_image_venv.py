@@ -57,10 +57,11 @@ def operator_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("image")
     context = _build_context(root / "src")
     # The Dockerfile's stages run exactly these commands in its build context: the pinned
-    # dependencies first (from deploy/ alone), then the package.
+    # dependencies first (from deploy/ alone), then the package over them (in the final stage,
+    # from a bind mount of the source).
     steps = ["--deps-only", "/src"]
     for step in steps:
-        assert f"RUN sh deploy/install-venv.sh /opt/adaptis operator {step}" in DOCKERFILE.read_text()
+        assert f"sh deploy/install-venv.sh /opt/adaptis operator {step}" in DOCKERFILE.read_text()
     venv = root / "opt-adaptis"
     for step in steps:
         arg = str(context) if step == "/src" else step
