@@ -82,17 +82,20 @@ def test_operator_runs_in_a_pod(real_cluster: RealCluster, release: dict[str, An
     assert ident == ["10001", SYSTEM_NS]
 
 
-def test_tiny_example_trains_to_succeeded(real_cluster: RealCluster,
-                                          release: dict[str, Any]) -> None:
-    """`kubectl apply -f examples/tiny-heterogeneous.yaml` trains in real containers."""
-    plane = real_cluster.plane
-    manifest = yaml.safe_load(EXAMPLE.read_text())
+def _train_to_succeeded(cluster: RealCluster, namespace: str, manifest: dict[str, Any], *,
+                        path: Path | None = None) -> None:
+    """Apply ``manifest`` (from ``path`` when given, as a user does) in ``namespace`` and wait
+    until the job and its workers succeed."""
+    plane = cluster.plane
     name = manifest["metadata"]["name"]
     started = time.monotonic()
-    plane.kubectl("apply", "-n", JOBS_NS, "-f", str(EXAMPLE))
+    if path is not None:
+        plane.kubectl("apply", "-n", namespace, "-f", str(path))
+    else:
+        plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest))
 
     def phase() -> str | None:
-        job = plane.get_json("adaptisjob", name, "-n", JOBS_NS)
+        job = plane.get_json("adaptisjob", name, "-n", namespace)
         value = (job.get("status") or {}).get("phase")
         if value == "Failed":
             raise AssertionError(f"job failed: {json.dumps(job.get('status'), indent=1)}")
@@ -102,16 +105,38 @@ def test_tiny_example_trains_to_succeeded(real_cluster: RealCluster,
         wait_until(phase, timeout=600, interval=2.0, what=f"{name} Succeeded")
     except (ControlPlaneError, AssertionError) as err:
         pods = plane.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
-        pytest.fail(f"{err}\npods:\n{pods}\noperator log:\n{_operator_log(real_cluster)[-6000:]}",
+        pytest.fail(f"{err}\npods:\n{pods}\noperator log:\n{_operator_log(cluster)[-6000:]}",
                     pytrace=False)
     elapsed = time.monotonic() - started
     print(f"{name}: apply -> Succeeded in {elapsed:.1f}s")
-    status = plane.get_json("adaptisjob", name, "-n", JOBS_NS)["status"]
+    status = plane.get_json("adaptisjob", name, "-n", namespace)["status"]
     assert status["stages"] >= 2 and 0 <= status["predictedBubbleRatio"] < 1
-    workers = plane.get_json("pods", "-n", JOBS_NS, "-l", f"adaptis.io/job={name}")["items"]
+    workers = plane.get_json("pods", "-n", namespace, "-l", f"adaptis.io/job={name}")["items"]
     assert len(workers) == manifest["spec"]["parallelism"]["workers"]
     for pod in workers:
         assert pod["status"]["phase"] == "Succeeded"
         terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
         assert terminated["exitCode"] == 0 and terminated["containerID"].startswith("containerd://")
         assert pod["spec"]["containers"][0]["image"].startswith("adaptis/worker:")
+
+
+def test_tiny_example_trains_to_succeeded(real_cluster: RealCluster,
+                                          release: dict[str, Any]) -> None:
+    """`kubectl apply -f examples/tiny-heterogeneous.yaml` trains in real containers."""
+    _train_to_succeeded(real_cluster, JOBS_NS, yaml.safe_load(EXAMPLE.read_text()), path=EXAMPLE)
+
+
+def test_job_runs_in_a_restricted_namespace(real_cluster: RealCluster,
+                                            release: dict[str, Any]) -> None:
+    """Pod Security `restricted` enforced on the job's namespace: the workers still run."""
+    plane = real_cluster.plane
+    namespace = "rn-restricted-jobs"
+    if plane.kubectl("get", "namespace", namespace, check=False).returncode != 0:
+        plane.create_namespace(namespace)
+    plane.kubectl("label", "namespace", namespace, "--overwrite",
+                  "pod-security.kubernetes.io/enforce=restricted",
+                  "pod-security.kubernetes.io/enforce-version=latest")
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    manifest["metadata"]["name"] = "tiny-restricted"
+    manifest["spec"]["training"]["steps"] = 10
+    _train_to_succeeded(real_cluster, namespace, manifest)
