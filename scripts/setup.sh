@@ -2,7 +2,7 @@
 # Set up everything AdaPtis needs on a fresh machine, idempotently:
 #   - a Python virtual environment shared by every clone (torch is several GB: install once),
 #     at $ADAPTIS_VENV (default ~/.cache/adaptis/venv), with this checkout installed editable;
-#   - with --test: the real Kubernetes control plane binaries and Prometheus (hack/);
+#   - with --test: the real Kubernetes control plane and node binaries and Prometheus (hack/);
 #   - the `adaptis` command linked into ~/.local/bin (scripts/link-cli.sh), with a hint when
 #     that directory is not on PATH.
 # Prints the venv's bin directory on its last line (the only line on stdout; messages go to
@@ -29,7 +29,9 @@ else
 fi
 
 if [ "${1:-}" = "--test" ]; then
-  bash hack/build-control-plane.sh >&2
+  # With the real node's kubelet, kube-proxy and CoreDNS (make test runs that tier): one
+  # `go build` for every Kubernetes binary.
+  bash hack/build-control-plane.sh --real-node >&2
 fi
 bash scripts/link-cli.sh "$VENV/bin" >&2
 echo "$VENV/bin"
