@@ -161,15 +161,17 @@ def predicted_step(problem: Any, *, ranks: int) -> float:
     return float(predicted_seconds(outcome.plan.predicted)["step_seconds"])
 
 
-def collective_share(directory: Path) -> tuple[float, int] | None:
-    """Mean over the ranks of (seconds in TP collectives) / (first to last collective), and
-    the calls per rank; None when no rank wrote (T=1: no DTensor collective)."""
+def collective_share(directory: Path) -> tuple[float, int, float] | None:
+    """Mean over the ranks of (seconds in TP collectives) / (first to last collective), the
+    calls per rank and the mean seconds of one call; None when no rank wrote (T=1: no DTensor
+    collective)."""
     rows = [json.loads(p.read_text()) for p in directory.glob("rank-*.json")]
     rows = [r for r in rows if r["calls"] and r["last"] > r["first"]]
     if not rows:
         return None
     return (statistics.mean(r["seconds"] / (r["last"] - r["first"]) for r in rows),
-            round(statistics.mean(r["calls"] for r in rows)))
+            round(statistics.mean(r["calls"] for r in rows)),
+            sum(r["seconds"] for r in rows) / sum(r["calls"] for r in rows))
 
 
 def measure(args: argparse.Namespace) -> list[str]:
@@ -218,12 +220,13 @@ def measure(args: argparse.Namespace) -> list[str]:
                          f"as profile: measure {1e3 * plans[name][1]:.0f})" if "step" in row else row["error"])
                 share = row.get("share")
                 if share:
-                    shown += f", {100 * share[0]:.0f} % in TP collectives ({share[1]} calls a rank)"
+                    shown += (f", {100 * share[0]:.0f} % in TP collectives ({share[1]} calls a rank, "
+                              f"{1e6 * share[2]:.0f} us a call)")
                 print(f"round {rep} {name} {shown}; others {row['others_cores']:.2f} cores, "
                       f"load {row['load_before']:.2f}->{row['load_after']:.2f}", flush=True)
     lines = ["| configuration | ranks | measured step ms | predicted ms (marked, gloo link) | error | "
-             "predicted ms (as profile: measure) | error | time in TP collectives | clean runs |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "predicted ms (as profile: measure) | error | time in TP collectives | us a collective "
+             f"(idle: {1e6 * link['seconds']:.0f}) | clean runs |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, mine in rows.items():
         _par, pipeline, degree = CONFIGS[name]
         ok = [r for r in mine if "step" in r and r["others_cores"] <= args.max_load]
@@ -233,16 +236,18 @@ def measure(args: argparse.Namespace) -> list[str]:
             busy = f" (too busy: others used {statistics.median(r['others_cores'] for r in mine):.2f} cores)"
         if not ok:
             why = "; ".join(r["error"] for r in mine if "error" in r)
-            lines.append(f"| {name} | {pipeline * degree} | {why} | | | | | | 0 of {len(mine)} |")
+            lines.append(f"| {name} | {pipeline * degree} | {why} | | | | | | | 0 of {len(mine)} |")
             continue
         med = statistics.median(r["step"] for r in ok)
         pred = statistics.median(r["predicted"] for r in ok)
         plain = plans[name][1]
         shares = [r["share"][0] for r in ok if r.get("share")]
         share = f"{100 * statistics.median(shares):.0f} %" if shares else "none (T=1)"
+        calls = [r["share"][2] for r in ok if r.get("share")]
+        per_call = f"{1e6 * statistics.median(calls):.0f}" if calls else ""
         lines.append(f"| {name} | {pipeline * degree} | {1e3 * med:.0f} | {1e3 * pred:.0f} | "
                      f"{100 * (pred - med) / med:+.0f} % | {1e3 * plain:.0f} | {100 * (plain - med) / med:+.0f} % | "
-                     f"{share} | {0 if busy else len(ok)} of {len(mine)}{busy} |")
+                     f"{share} | {per_call} | {0 if busy else len(ok)} of {len(mine)}{busy} |")
     return lines
 
 

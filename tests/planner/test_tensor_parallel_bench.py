@@ -78,4 +78,4 @@ def test_measured_problems_are_marked_by_kind_and_the_shares_read(bench: ModuleT
     for rank, secs in ((0, 1.0), (1, 3.0)):
         (tmp_path / f"rank-{rank}-1.json").write_text(
             json.dumps({"seconds": secs, "calls": 10, "first": 0.0, "last": 10.0}))
-    assert bench.collective_share(tmp_path) == (pytest.approx(0.2), 10)
+    assert bench.collective_share(tmp_path) == (pytest.approx(0.2), 10, pytest.approx(0.2))
