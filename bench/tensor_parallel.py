@@ -7,7 +7,7 @@ A figure, not a test. Two parts (``--part measure``, ``--part dry``, default bot
 taking turns (A B C A B C ...) for ``--reps`` rounds. The layers are measured once
 (``measure_problem``, what ``profile: measure`` does) and every configuration's problem is that
 profile at its degree T, its layers marked by kind as the estimate marks them (Mamba whole, the
-all-reduces per kind: adaptis.planner.estimate.TENSOR_ALL_REDUCES) and ``network.tensor`` a gloo
+all-reduces per kind: adaptis.planner.tensor_parallel.mark_by_kind) and ``network.tensor`` a gloo
 all-reduce over loopback measured here first. Per configuration: the measured step and the
 predicted one, the prediction ``adaptis run`` makes with ``profile: measure`` (layers unmarked,
 tensor link free), and the share of each rank's time inside the tensor-parallel collectives,
@@ -132,13 +132,11 @@ def config_problem(base: Any, *, devices: int, degree: int, link: dict[str, floa
     """The measured profile as one configuration's problem: P devices, degree T, the layers
     marked by kind (``marked``) and the tensor link (None: free, as ``profile: measure``)."""
     from adaptis.api.problem import Link
-    from adaptis.planner.estimate import TENSOR_ALL_REDUCES
+    from adaptis.planner.tensor_parallel import mark_by_kind
 
     layers = base.expanded_layers()
     if marked:
-        layers = [lay.model_copy(update={"tensor_split": 0.0 if lay.kind == "mamba" else 1.0,
-                                         "tensor_all_reduces": TENSOR_ALL_REDUCES.get(lay.kind or "", 2)})
-                  for lay in layers]
+        layers = mark_by_kind(layers)
     tensor = None if link is None else Link(bandwidth_bytes_per_s=link["bandwidth_bytes_per_s"],
                                             latency_s=link["latency_s"])
     return base.model_copy(update={

@@ -35,6 +35,7 @@ from adaptis.api.job import BlockSpec, TrainingSpec
 from adaptis.api.model import ZooModel
 from adaptis.api.problem import Layer
 from adaptis.planner.kernels import Kernels, block_kernels, embedding_kernels, head_kernels
+from adaptis.planner.tensor_parallel import mark_by_kind
 
 __all__ = [
     "FLOPS_PER_BYTE", "MAMBA_CHUNK", "MAMBA_STATE", "MFU", "REFERENCE_TFLOPS", "device_speed",
@@ -167,18 +168,7 @@ def _layer(name: str, *, kind: str, f: _Flops, rates: _Rates, output_bytes: floa
         output_bytes=output_bytes,
         gradient_bytes=f.params * _GRADIENT_BYTES,
         optimizer=f.params * rates.optimizer_traffic / rates.memory_bytes_per_s * _MS,
-        # Under tensor parallelism (adaptis.worker.runtime.tensor_parallel): Mamba blocks stay
-        # whole, every other layer is split; its all-reduces of the hidden activation.
-        tensor_split=0.0 if kind == "mamba" else 1.0,
-        tensor_all_reduces=TENSOR_ALL_REDUCES[kind],
     )
-
-
-#: All-reduces of the hidden activation in one forward of each kind under tensor parallelism
-#: (as many in its input-gradient pass): after attention and after the MLP or experts; one
-#: for an MLP alone or the vocabulary-parallel embedding; none for a whole Mamba block or the
-#: head (its vocabulary-parallel loss reduces a few numbers per token, not the activation).
-TENSOR_ALL_REDUCES = {"embedding": 1, "attention": 2, "moe": 2, "dense": 1, "mamba": 0, "head": 0}
 
 
 def estimate_layers(model: ZooModel, training: TrainingSpec, *, element_bytes: int = 2,
@@ -217,4 +207,4 @@ def estimate_layers(model: ZooModel, training: TrainingSpec, *, element_bytes: i
     head_params = 0.0 if model.tie_embeddings else float(vocab * h)
     head = _Flops(proj + softmax, proj + softmax, proj, head_params, tokens * vocab * (elem + 4))
     layers.append(_layer("head", kind="head", f=head, rates=rates, output_bytes=0.0, ops=head_kernels()))
-    return layers
+    return mark_by_kind(layers)  # what tensor parallelism splits of each, and its all-reduces

@@ -27,11 +27,35 @@ from dataclasses import dataclass
 
 from adaptis.api.problem import Layer, Link
 
-__all__ = ["DEFAULT_ALL_REDUCES", "ShardedLayer", "all_reduce_seconds", "sharded_layers"]
+__all__ = ["ALL_REDUCES_BY_KIND", "DEFAULT_ALL_REDUCES", "ShardedLayer", "all_reduce_seconds",
+           "mark_by_kind", "sharded_layers"]
 
 #: All-reduces of a layer's output per forward when the problem does not say: an attention
 #: block's (one after attention, one after its MLP).
 DEFAULT_ALL_REDUCES = 2
+
+#: What the worker does to each zoo kind (adaptis.worker.runtime.tensor_parallel): all-reduces
+#: of the hidden activation per forward (as many in the input-gradient pass): after attention
+#: and after the MLP or experts; one for an MLP alone or the vocabulary-parallel embedding; none
+#: for a whole Mamba block or the head (its vocabulary-parallel loss reduces a few numbers per
+#: token, not the activation). Mamba is the one kind kept whole.
+ALL_REDUCES_BY_KIND = {"embedding": 1, "attention": 2, "moe": 2, "dense": 1, "mamba": 0, "head": 0}
+_KEPT_WHOLE = frozenset({"mamba"})
+
+
+def mark_by_kind(layers: list[Layer]) -> list[Layer]:
+    """``layers`` with ``tensor_split`` and ``tensor_all_reduces`` set from each known kind
+    where the layer does not say (a profile measures layers whole and names their kinds)."""
+    out = []
+    for lay in layers:
+        update: dict[str, float | int] = {}
+        if lay.kind in ALL_REDUCES_BY_KIND:
+            if lay.tensor_split is None:
+                update["tensor_split"] = 0.0 if lay.kind in _KEPT_WHOLE else 1.0
+            if lay.tensor_all_reduces is None:
+                update["tensor_all_reduces"] = ALL_REDUCES_BY_KIND[lay.kind]
+        out.append(lay.model_copy(update=update) if update else lay)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,9 @@ from adaptis.api.job import BlockSpec, JobSpec, TrainingSpec
 from adaptis.api.model import ZooModel
 from adaptis.api.problem import Link, parse_problem
 from adaptis.planner.costs import Costs
-from adaptis.planner.estimate import TENSOR_ALL_REDUCES, estimate_layers
+from adaptis.planner.estimate import estimate_layers
 from adaptis.planner.strategies import plan_strategy
-from adaptis.planner.tensor_parallel import all_reduce_seconds
+from adaptis.planner.tensor_parallel import ALL_REDUCES_BY_KIND, all_reduce_seconds
 
 LINK = {"bandwidth_bytes_per_s": 1e11, "latency_s": 1e-6}
 
@@ -69,7 +69,7 @@ TRAINING = TrainingSpec(microbatches=8, microbatch_size=1, sequence_length=1024)
 def test_the_estimate_marks_what_the_worker_shards() -> None:
     layers = estimate_layers(MODEL, TRAINING)
     assert [lay.tensor_split for lay in layers] == [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
-    assert [lay.tensor_all_reduces for lay in layers] == [TENSOR_ALL_REDUCES[k] for k in (
+    assert [lay.tensor_all_reduces for lay in layers] == [ALL_REDUCES_BY_KIND[k] for k in (
         "embedding", "mamba", "mamba", *["attention"] * 4, "moe", "moe", "head")]
 
 

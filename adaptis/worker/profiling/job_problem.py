@@ -20,6 +20,7 @@ from adaptis.api.job import JobSpec
 from adaptis.api.model import HuggingFaceModel
 from adaptis.api.problem import IdenticalDevices, Link, Network, Problem
 from adaptis.planner.hf_estimate import estimate_model_layers
+from adaptis.planner.tensor_parallel import mark_by_kind
 from adaptis.worker.profiling.hardware import (
     HardwareProfile,
     device_memory_bytes,
@@ -82,8 +83,9 @@ def measure_problem(spec: JobSpec, *, devices: int, repeats: int = 3,
                                     microbatches=spec.training.microbatches, devices=devices, memory_bytes=None,
                                     action_overhead_s=measure_action_overhead(settings=settings),
                                     graph_visit_s=measure_graph_visit(settings=settings, spec=spec))
-    # The layers are profiled whole; the planner charges them at the job's degree.
-    return problem.model_copy(update={"tensor_parallel": spec.parallelism.tensor_parallel})
+    # The layers are profiled whole, marked by kind; the planner charges them at the job's degree.
+    return problem.model_copy(update={"tensor_parallel": spec.parallelism.tensor_parallel,
+                                      "layers": mark_by_kind(problem.expanded_layers())})
 
 
 def profile_job(spec: JobSpec, *, settings: ProfileSettings, devices: int, name: str,
