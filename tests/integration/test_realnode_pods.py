@@ -18,7 +18,8 @@ import pytest
 from processes import ControlPlaneError, wait_until
 from realnode import BASE_IMAGE, CLUSTER_DNS_IP, RealCluster
 
-pytestmark = [pytest.mark.realnode, pytest.mark.slow]
+# The first test's setup installs the packages and builds the base image when missing.
+pytestmark = [pytest.mark.realnode, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 RESTRICTED_SECURITY = {
     "allowPrivilegeEscalation": False,
