@@ -23,6 +23,9 @@ EXAMPLE = REPO / "examples" / "tiny-heterogeneous.yaml"
 STEPS = 100
 SLOW_RANK, FACTOR, FROM_STEP = 1, 10, 3
 TOLERANCE = 1e-5  # the parity tolerance of a resume under another plan (test_worker_reshard)
+# The progress lines print a loss to 4 decimals: two losses within TOLERANCE of each other can
+# still print one unit of the last digit apart when they sit on either side of a rounding edge.
+PRINTED = 1e-4
 
 
 def _manifest(tmp: Path, *, policy: str) -> Path:
@@ -92,7 +95,7 @@ def test_auto_replans_the_slowed_rank_and_the_loss_continues(runs: dict[str, tup
     ref, got = _losses(runs["suggest"][1]), _losses(stderr)
     assert sorted(got) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
-        assert got[step] == pytest.approx(ref[step], rel=TOLERANCE), f"step {step}"
+        assert got[step] == pytest.approx(ref[step], rel=TOLERANCE, abs=PRINTED * 1.01), f"step {step}"
 
 
 def test_suggest_records_the_better_plan_without_restarting(runs: dict[str, tuple[dict[str, Any], str]]) -> None:
