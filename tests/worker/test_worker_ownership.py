@@ -59,10 +59,10 @@ def test_a_weight_shared_by_two_stages_is_reduced_after_the_later_ones_gradient(
     fwd = [("F", 0, 0), ("F", 1, 0), ("F", 2, 0)]
     head_last = [*fwd, ("B", 2, 0), ("B", 1, 0), ("BW", 0, 0), ("W", 1, 0), ("W", 2, 0)]
     owner = _owners(head_last)
-    assert owner["0.weight"] == owner["4.weight"] == 2
+    assert owner["0.weight"] == owner["4.proj.weight"] == 2
     assert owner["2.norm1.weight"] == 1 and owner["1.norm.weight"] == 0 and owner["4.norm.weight"] == 2
     # Fused BW counts as the stage's weight gradient as W does.
     emb_last = [*fwd, ("B", 2, 0), ("W", 2, 0), ("B", 1, 0), ("W", 1, 0), ("BW", 0, 0)]
     owner = _owners(emb_last)
-    assert owner["0.weight"] == owner["4.weight"] == 0
+    assert owner["0.weight"] == owner["4.proj.weight"] == 0
     assert owner["3.moe.router.weight"] == 2 and owner["4.norm.weight"] == 2
