@@ -26,6 +26,11 @@ TOLERANCE = 1e-5  # the parity tolerance of a resume under another plan (test_wo
 # The progress lines print a loss to 4 decimals: two losses within TOLERANCE of each other can
 # still print one unit of the last digit apart when they sit on either side of a rounding edge.
 PRINTED = 1e-4
+# After the re-plan the partition differs, so sums run in another order; the tiny MoE's top-k
+# routing turns a last-bit difference into another expert for a token now and then, which
+# training carries on. The first steps after the resume are the exact check (a lost weight or
+# moment shows at once); later ones are held to the drift such routing flips give.
+EXACT_STEPS, LATER = 5, 1e-3
 
 
 def _manifest(tmp: Path, *, policy: str) -> Path:
@@ -95,7 +100,9 @@ def test_auto_replans_the_slowed_rank_and_the_loss_continues(runs: dict[str, tup
     ref, got = _losses(runs["suggest"][1]), _losses(stderr)
     assert sorted(got) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
-        assert got[step] == pytest.approx(ref[step], rel=TOLERANCE, abs=PRINTED * 1.01), f"step {step}"
+        exact = step <= after["from_step"] + EXACT_STEPS
+        assert got[step] == pytest.approx(ref[step], rel=TOLERANCE if exact else LATER,
+                                          abs=PRINTED * 1.01), f"step {step}"
 
 
 def test_suggest_records_the_better_plan_without_restarting(runs: dict[str, tuple[dict[str, Any], str]]) -> None:
