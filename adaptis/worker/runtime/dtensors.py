@@ -1,4 +1,6 @@
-"""The three DTensor conversions tensor parallelism needs outside ``parallelize_module``.
+"""The DTensor conversions tensor parallelism needs outside ``parallelize_module``: a shard's
+local part, whole tensors gathered and resharded by name (checkpoints), gradients laid out as
+their parameters, and Megatron's two conjugate collectives (``f`` and ``g``).
 
 Sits at the bottom of :mod:`adaptis.worker.runtime`: the sharded MoE experts (whose 3-D weights
 no ``ParallelStyle`` covers; :mod:`adaptis.worker.runtime.tensor_parallel` hands them these) and

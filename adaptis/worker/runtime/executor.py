@@ -486,11 +486,10 @@ def _optimizer(params: list[nn.Parameter], config: WorkerConfig) -> torch.optim.
     # optimizer then steps nothing, but keeps the learning rate and a state to checkpoint).
     # Under tensor parallelism the sharded (DTensor) parameters get a group of their own:
     # torch's multi-tensor (foreach) kernels take one kind of tensor per call.
-    groups: list[dict[str, Any]] = [{"params": [p for p in params if not isinstance(p, DTensor)]}]
+    groups: list[dict[str, Any]] = [{"params": params}]
     if config.tensor_parallel > 1:
-        groups.append({"params": [p for p in params if isinstance(p, DTensor)]})
-    else:
-        groups = [{"params": params}]
+        groups = [{"params": [p for p in params if not isinstance(p, DTensor)]},
+                  {"params": [p for p in params if isinstance(p, DTensor)]}]
     if opt.name == "sgd":
         return torch.optim.SGD(groups, lr=opt.lr, weight_decay=opt.weight_decay)
     return torch.optim.AdamW(groups, lr=opt.lr, weight_decay=opt.weight_decay)
