@@ -9,7 +9,7 @@ export ADAPTIS_LINT_CACHE := $(LINT_CACHE)
 # Checked by mypy --strict, clean; a room whose baseline reaches zero joins them, none leaves.
 MYPY_STRICT := adaptis/api adaptis/planner
 
-.PHONY: run test lint bench mutation
+.PHONY: run test lint lint-only bench mutation
 run:  ## set up, then train the embedded default job locally, from scratch each time (--fresh)
 	bash scripts/setup.sh
 	$(VENV)/bin/adaptis run examples/tiny-heterogeneous.yaml --fresh
@@ -23,6 +23,11 @@ test:  ## set up (Python env, control-plane and node binaries, Prometheus), then
 
 lint:  ## set up, then ruff, the import contracts, mypy --strict on api and planner, mypy on the rest against its baseline
 	bash scripts/setup.sh >/dev/null
+	$(MAKE) --no-print-directory lint-only
+
+# The checks alone, on whatever the venv holds: safe from a git worktree, whose setup.sh run would
+# re-point the shared venv's editable install at that worktree.
+lint-only:  ## ruff, the import contracts and both mypy passes, without setting up
 	RUFF_CACHE_DIR=$(LINT_CACHE)/ruff $(VENV)/bin/ruff check --no-fix .
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy --strict --cache-dir $(LINT_CACHE)/mypy-strict $(MYPY_STRICT)
