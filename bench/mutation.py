@@ -135,6 +135,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "adaptis/operator/control/workqueue.py": ("tests/operator/test_operator_workqueue.py",),
     "adaptis/operator/resources/validation.py": ("tests/operator/test_operator_validation.py",),
     "adaptis/worker/runtime/executor.py": ("tests/worker/test_worker_executor.py",),
+    "adaptis/worker/runtime/components.py": ("tests/worker/test_worker_components.py",),
     # Split from the executor: the multi-rank decisions, pure functions checked in one process.
     "adaptis/worker/runtime/ownership.py": ("tests/worker/test_worker_ownership.py",),
     # The in-process tests: test_worker_checkpoint.py's others run ranks in processes of
@@ -170,6 +171,7 @@ QUICK: dict[str, int | None] = {
     "adaptis/operator/control/workqueue.py": 60,
     "adaptis/operator/resources/validation.py": None,
     "adaptis/worker/runtime/executor.py": 60,
+    "adaptis/worker/runtime/components.py": None,
     "adaptis/worker/runtime/ownership.py": None,
     "adaptis/worker/state/checkpoint.py": 120,
     "adaptis/worker/state/named_state.py": None,
@@ -179,7 +181,8 @@ QUICK: dict[str, int | None] = {
 #: Modules whose tests run torch (its thread pools make a plain fork unsafe): mutmut's fork
 #: server, which starts a fresh interpreter per mutant (tens of seconds each on 2 shared cores).
 #: The metrics tests only import torch, so a plain fork is safe there and ~30x faster.
-FORKSERVER = {"adaptis/worker/runtime/executor.py", "adaptis/worker/state/checkpoint.py",
+FORKSERVER = {"adaptis/worker/runtime/executor.py", "adaptis/worker/runtime/components.py",
+              "adaptis/worker/state/checkpoint.py",
               "adaptis/worker/runtime/ownership.py"}
 
 #: mutmut's exit-code names that count as caught: the tests failed, or the mutant hung or

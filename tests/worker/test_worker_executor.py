@@ -16,9 +16,9 @@ from adaptis.api.plan import Plan
 from adaptis.worker.data.sources import SyntheticTokens
 from adaptis.worker.errors import PlanMismatchError
 from adaptis.worker.runtime import slowdown
+from adaptis.worker.runtime.components import action_timer
 from adaptis.worker.runtime.executor import (
     Executor,
-    action_timer,
     activation_bytes,
     parse_plan,
     transfer_bytes,

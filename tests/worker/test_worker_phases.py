@@ -27,12 +27,12 @@ def _phase_ranks(rank: int, world: int, port: int, config_json: str, out_dir: st
     import torch
 
     import adaptis.worker.run.runner as runner_mod
-    import adaptis.worker.runtime.executor as executor_mod
+    import adaptis.worker.runtime.components as components_mod
     from adaptis.api.job import WorkerConfig
     from adaptis.worker.run.runner import RankEnv, run_worker
 
     torch.set_num_threads(1)
-    open_source, make_optimizer = runner_mod.open_source, executor_mod._optimizer
+    open_source, make_optimizer = runner_mod.open_source, components_mod.make_optimizer
 
     class SlowSource:
         def __init__(self, inner: Any) -> None:
@@ -59,7 +59,7 @@ def _phase_ranks(rank: int, world: int, port: int, config_json: str, out_dir: st
         return opt
 
     runner_mod.open_source = slow_open  # type: ignore[assignment]
-    executor_mod._optimizer = slow_optimizer  # type: ignore[assignment]
+    components_mod.make_optimizer = slow_optimizer  # type: ignore[assignment]
     events: list[WorkerEvent] = []
     env = RankEnv(rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
                   timeout_s=60, device="cpu")

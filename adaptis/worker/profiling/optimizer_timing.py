@@ -19,15 +19,9 @@ from torch import nn
 from adaptis.api.job import OptimizerSpec
 from adaptis.worker.profiling.hardware import device_clock
 from adaptis.worker.profiling.module_timing import ProfileSettings
+from adaptis.worker.runtime.components import make_optimizer
 
 __all__ = ["gradient_bytes", "time_optimizer_step"]
-
-
-def _optimizer(params: list[nn.Parameter], spec: OptimizerSpec) -> torch.optim.Optimizer:
-    # The executor's choice (adaptis.worker.runtime.executor): the same class and hyper-parameters.
-    if spec.name == "sgd":
-        return torch.optim.SGD(params, lr=spec.lr, weight_decay=spec.weight_decay)
-    return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay)
 
 
 def gradient_bytes(module: nn.Module) -> int:
@@ -44,7 +38,7 @@ def time_optimizer_step(module: nn.Module, *, optimizer: OptimizerSpec,
         return 0.0
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
-    opt = _optimizer(params, optimizer)
+    opt = make_optimizer(params, optimizer)  # the job's optimizer, as the executor builds it
     clock = device_clock(settings.device)
     warmup = max(1, settings.warmup)  # AdamW's first step allocates its moments: never timed
     times = []

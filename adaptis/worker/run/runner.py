@@ -28,7 +28,8 @@ from adaptis.api.plan import predicted_seconds
 from adaptis.worker.data.sources import open_source, shard_position
 from adaptis.worker.run.metrics import WorkerMetrics
 from adaptis.worker.run.preemption import StopRequest
-from adaptis.worker.runtime.executor import Executor, StepStats, action_timer
+from adaptis.worker.runtime.components import action_timer
+from adaptis.worker.runtime.executor import Executor, StepStats
 from adaptis.worker.state.checkpoint import agree_resume_step, load_checkpoint, save_checkpoint
 
 __all__ = ["Emit", "RankEnv", "print_events", "run_worker"]

@@ -25,15 +25,12 @@ import logging
 import math
 import resource
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
 
 from adaptis.api.errors import SpecError
 from adaptis.api.job import Model, TrainingSpec, WorkerConfig
@@ -49,12 +46,12 @@ from adaptis.worker.models.zoo import (
     set_aux_loss_scale,
     token_loss,
 )
+from adaptis.worker.runtime.components import build_optimizer, build_reducer, unique_params
 from adaptis.worker.runtime.dtensors import is_sharded, local, settle_grad
 from adaptis.worker.runtime.lr_schedule import learning_rate
-from adaptis.worker.runtime.ownership import reducing_stage, tie_peer
+from adaptis.worker.runtime.ownership import tie_peer
 from adaptis.worker.runtime.pipelining import IdleRuntime, PipelineRuntime, StageShapes
-from adaptis.worker.runtime.replicas import GradReducer, ZeroOptimizer, create_groups, world_mesh
-from adaptis.worker.runtime.slowdown import slowed
+from adaptis.worker.runtime.replicas import ZeroOptimizer, create_groups, world_mesh
 from adaptis.worker.runtime.tensor_parallel import (
     loss_parallel,
     shard_hf_stages,
@@ -62,9 +59,8 @@ from adaptis.worker.runtime.tensor_parallel import (
     vocab_parallel_loss,
 )
 from adaptis.worker.runtime.timers import ActionTimer, device_timer
-from adaptis.worker.runtime.trace import traced
 
-__all__ = ["Executor", "StepStats", "action_timer", "activation_bytes", "transfer_bytes", "parse_plan"]
+__all__ = ["Executor", "StepStats", "activation_bytes", "transfer_bytes", "parse_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +149,8 @@ class Executor:
 
     def __init__(self, config: WorkerConfig, *, rank: int, world_size: int, device: torch.device,
                  timer: ActionTimer | None = None) -> None:
-        """``timer`` times this rank's actions (:func:`action_timer`); None: the device's clock."""
+        """``timer`` times this rank's actions
+        (:func:`adaptis.worker.runtime.components.action_timer`); None: the device's clock."""
         self.config = config
         self.rank = rank
         self.world_size = world_size
@@ -186,10 +183,13 @@ class Executor:
         # MoE load-balancing gradients scaled as each microbatch's token loss is (1/m).
         set_aux_loss_scale(self.modules, scale=1.0 / train.microbatches)
         hidden, vocab, self._tied = spec.hidden, spec.vocab_size, spec.tied
-        self.params = _unique_params(self.modules)
+        self.params = unique_params(self.modules)
         self._tied_peer, self._count_in_norm = self._tie_embeddings()
-        self.reducer = self._reducer()
-        self.optimizer = self._optimizer()
+        self.reducer = build_reducer(params=self.params, actions=self.plan.actions[self.pipeline_rank],
+                                     stage_ids=self.stage_ids, modules=self.modules, mesh=self.mesh,
+                                     replica_group=self.groups.replica)
+        self.optimizer = build_optimizer(self.params, spec=train.optimizer, zero_stage=config.zero_stage,
+                                         mesh=self.mesh, rank=rank, replica_group=self.groups.replica)
         self.set_learning_rate(step=0)  # sets self._lr, which the step statistics report
         self.timer = timer if timer is not None else device_timer(device)
         dtype = PRECISION_DTYPE[self.precision]
@@ -226,15 +226,6 @@ class Executor:
             return vocab_parallel_loss(out, targets, mesh=self.tensor_mesh, scale=scale)
         return token_loss(out, targets, scale=scale)
 
-    def _optimizer(self) -> torch.optim.Optimizer | ZeroOptimizer:
-        """The training optimizer over this rank's parameters; ZeRO-1 shards its state across
-        the replicas when asked and there are replicas to shard over."""
-        config = self.config
-        if config.zero_stage == 1 and self.mesh.replicas > 1:
-            return ZeroOptimizer(self.params, make=lambda ps: _optimizer(ps, config),
-                                 mesh=self.mesh, rank=self.rank, group=self.groups.replica)
-        return _optimizer(self.params, config)
-
     def _runtime(self, *, recompute: list[bool], shapes: StageShapes) -> PipelineRuntime | IdleRuntime:
         """What runs this rank's actions: torch's pipelining over the busy ranks, or nothing on
         an idle rank."""
@@ -254,18 +245,6 @@ class Executor:
             group=self.groups.work,
             on_stage_grads=self.reducer.stage_ready if self.reducer is not None else None,
         )
-
-    def _reducer(self) -> GradReducer | None:
-        """With replicas, each parameter's all-reduce starts with its reducing stage
-        (:func:`adaptis.worker.runtime.ownership.reducing_stage`)."""
-        if self.mesh.replicas == 1:
-            return None
-        owner = reducing_stage(self.plan.actions[self.pipeline_rank], stage_ids=self.stage_ids,
-                               modules=self.modules)
-        by_stage: dict[int, list[nn.Parameter]] = {sid: [] for sid in self.stage_ids}
-        for p in self.params:
-            by_stage[owner[id(p)]].append(p)
-        return GradReducer(stage_params=by_stage, group=self.groups.replica, replicas=self.mesh.replicas)
 
     @property
     def model(self) -> Model:
@@ -456,40 +435,3 @@ class Executor:
             seen = {id(p) for p in out.values()} if module.names_tied_weight_once else set()
             out.update({k: p for k, p in module.global_parameters().items() if id(p) not in seen})
         return out
-
-
-
-def _unique_params(modules: list[nn.Module]) -> list[nn.Parameter]:
-    seen: set[int] = set()
-    out: list[nn.Parameter] = []
-    for module in modules:
-        for p in module.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                out.append(p)
-    return out
-
-
-def action_timer(*, rank: int, device: torch.device, environ: Mapping[str, str]) -> ActionTimer:
-    """The timer of rank ``rank``'s actions: the device's clock, slowed by ADAPTIS_SLOWDOWN (a
-    testing knob, :mod:`adaptis.worker.runtime.slowdown`: this rank as a slower device) and traced
-    to a file per rank by ADAPTIS_TRACE (``adaptis run --trace``) when ``environ`` sets them."""
-    env = dict(environ)
-    timer = device_timer(device)
-    timer = slowed(timer, rank=rank, environ=env, sync=torch.cuda.synchronize if device.type == "cuda" else None)
-    return traced(timer, rank=rank, environ=env, device=device)
-
-
-def _optimizer(params: list[nn.Parameter], config: WorkerConfig) -> torch.optim.Optimizer:
-    opt = config.training.optimizer
-    # One explicit group: torch refuses an empty parameter list, which an idle rank has (its
-    # optimizer then steps nothing, but keeps the learning rate and a state to checkpoint).
-    # Under tensor parallelism the sharded (DTensor) parameters get a group of their own:
-    # torch's multi-tensor (foreach) kernels take one kind of tensor per call.
-    groups: list[dict[str, Any]] = [{"params": params}]
-    if config.tensor_parallel > 1:
-        groups = [{"params": [p for p in params if not isinstance(p, DTensor)]},
-                  {"params": [p for p in params if isinstance(p, DTensor)]}]
-    if opt.name == "sgd":
-        return torch.optim.SGD(groups, lr=opt.lr, weight_decay=opt.weight_decay)
-    return torch.optim.AdamW(groups, lr=opt.lr, weight_decay=opt.weight_decay)
