@@ -104,7 +104,8 @@ def test_pod_of_a_rank(planned: tuple[JobSpec, PlanRecord]) -> None:
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert mounts == {"adaptis-config": "/etc/adaptis", "checkpoints": "/checkpoints",
-                      "adaptis-tmp": "/tmp", "adaptis-home": "/home/adaptis", "data": "/data"}
+                      "adaptis-tmp": "/tmp", "adaptis-home": "/home/adaptis", "dshm": "/dev/shm",
+                      "data": "/data"}
     tolerations = [t["key"] for t in ps["tolerations"]]
     assert tolerations == ["x", "nvidia.com/gpu"]
     assert is_current_pod(pod, plan=plan_hash(record), attempt=2)
@@ -169,3 +170,32 @@ def test_a_plan_too_large_even_packed_names_the_fields_to_shrink(
     with pytest.raises(PlanTooLarge, match=r"^spec\.training\.microbatches, "
                        r"spec\.parallelism\.workers: .* over the API server's 1000"):
         render_config_map(JOB, spec, record=record)
+
+
+def _shm(pod: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    volumes = [v for v in pod["spec"]["volumes"] if v["name"] == "dshm"]
+    mounts = [m for m in pod["spec"]["containers"][0]["volumeMounts"]
+              if m["mountPath"] == "/dev/shm"]
+    assert len(volumes) == 1, pod["spec"]["volumes"]
+    return volumes[0], mounts
+
+
+def test_every_worker_pod_has_a_memory_backed_dev_shm(
+        planned: tuple[JobSpec, PlanRecord]) -> None:
+    # The runtime's 64 MiB /dev/shm breaks NCCL's shared-memory transport and DataLoader
+    # workers; with no memory limit the tmpfs is bounded by the pod's memory, not a size.
+    spec, record = planned
+    pod = render_pod(JOB, spec, record=record, rank=0, attempt=0, settings=ManifestSettings())
+    volume, mounts = _shm(pod)
+    assert volume["emptyDir"] == {"medium": "Memory"}
+    assert mounts == [{"name": "dshm", "mountPath": "/dev/shm"}]
+
+
+def test_dev_shm_is_sized_by_the_containers_memory_limit(
+        planned: tuple[JobSpec, PlanRecord]) -> None:
+    spec, record = planned
+    sized = spec.model_copy(update={"worker": spec.worker.model_copy(
+        update={"resources": {"limits": {"memory": "48Gi"}}})})
+    pod = render_pod(JOB, sized, record=record, rank=1, attempt=0, settings=ManifestSettings())
+    volume, _ = _shm(pod)
+    assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": "48Gi"}

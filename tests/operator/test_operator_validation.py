@@ -155,6 +155,12 @@ def _message(make_job: Any, **over: Any) -> str:
      "spec.parallelism.gpusPerWorker; remove it here"),
     ({"worker": {"volumeMounts": [{"name": "nope", "mountPath": "/x"}]}},
      "spec.worker.volumeMounts[0].name: 'nope' is not in spec.worker.volumes"),
+    ({"worker": {"volumes": [{"name": "shm", "emptyDir": {}}],
+                 "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm/"}]}},
+     "spec.worker.volumeMounts[0].mountPath: /dev/shm is the operator's memory-backed shared "
+     "memory, sized by resources.limits.memory"),
+    ({"worker": {"volumes": [{"name": "dshm", "emptyDir": {}}]}},
+     "spec.worker.volumes[0].name: 'dshm' is reserved"),
 ])
 def test_the_operators_own_rules_say_what_and_how_to_fix(
         make_job: Any, over: dict[str, Any], line: str) -> None:

@@ -65,6 +65,8 @@ __all__ = [
     "CONFIG_VOLUME",
     "DIST_PORT",
     "RESERVED_ENV",
+    "SHM_MOUNT",
+    "SHM_VOLUME",
     "config_map_name",
     "metrics_ports",
     "plan_hash",
@@ -81,6 +83,12 @@ __all__ = [
 CONFIG_VOLUME = "adaptis-config"
 CHECKPOINT_VOLUME = "checkpoints"
 CONFIG_MOUNT = "/etc/adaptis"
+# Shared memory: the container runtime's default /dev/shm is 64 MiB, which NCCL's
+# intra-node transport and torch's DataLoader workers overrun (bus errors). A memory-backed
+# emptyDir replaces it; its pages count against the container's memory limit, so its size
+# limit is that limit when the job sets one, else none (bounded by the pod's memory).
+SHM_VOLUME = "dshm"
+SHM_MOUNT = "/dev/shm"  # noqa: S108  # the mount point, not a temp file
 DIST_PORT = 29500
 # The API server refuses a ConfigMap whose data and binaryData (keys and values) exceed 1 MiB.
 CONFIG_MAP_LIMIT_BYTES = 1024 * 1024
@@ -312,6 +320,7 @@ def _worker_container(job: JobRef, spec: JobSpec, *, rank: int, pods: int, setti
             *([hf_mounts] if hf_mounts else []),
             {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.path},
             *scratch_mounts(),
+            {"name": SHM_VOLUME, "mountPath": SHM_MOUNT},
             *spec.worker.volume_mounts,
         ],
         "securityContext": container_security_context(),
@@ -330,7 +339,7 @@ def _on_host(hostname: str) -> dict[str, Any]:
 
 def _volumes(job: JobRef, spec: JobSpec, *, hf_volume: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The pod's volumes: the plan's ConfigMap, the Hugging Face config's, the checkpoints'
-    (the job's claim, else an emptyDir), scratch, then the user's."""
+    (the job's claim, else an emptyDir), scratch, /dev/shm, then the user's."""
     checkpoint: dict[str, Any] = (
         {"persistentVolumeClaim": {"claimName": spec.checkpoint.claim_name}}
         if spec.checkpoint.claim_name else {"emptyDir": {}}
@@ -340,8 +349,18 @@ def _volumes(job: JobRef, spec: JobSpec, *, hf_volume: dict[str, Any] | None) ->
         *([hf_volume] if hf_volume else []),
         {"name": CHECKPOINT_VOLUME, **checkpoint},
         *scratch_volumes(),
+        shm_volume(spec),
         *spec.worker.volumes,
     ]
+
+
+def shm_volume(spec: JobSpec) -> dict[str, Any]:
+    """The memory-backed /dev/shm of a worker pod, sized by the container's memory limit."""
+    empty_dir: dict[str, Any] = {"medium": "Memory"}
+    memory = ((spec.worker.resources or {}).get("limits") or {}).get("memory")
+    if memory is not None:
+        empty_dir["sizeLimit"] = memory
+    return {"name": SHM_VOLUME, "emptyDir": empty_dir}
 
 
 def is_current_pod(pod: Mapping[str, Any], *, plan: str, attempt: int) -> bool:

@@ -42,6 +42,8 @@ from adaptis.operator.resources.manifests import (
     CONFIG_VOLUME,
     DIST_PORT,
     RESERVED_ENV,
+    SHM_MOUNT,
+    SHM_VOLUME,
 )
 
 __all__ = ["absent_config_maps", "validate_job"]
@@ -78,13 +80,17 @@ def _operator_violations(spec: JobSpec) -> list[Violation]:
 
     volume_names = [v["name"] for v in spec.worker.volumes]  # the schema requires one, non-empty
     for i, vol in enumerate(volume_names):
-        if vol in {CONFIG_VOLUME, CHECKPOINT_VOLUME, HF_CONFIG_VOLUME}:
+        if vol in {CONFIG_VOLUME, CHECKPOINT_VOLUME, HF_CONFIG_VOLUME, SHM_VOLUME}:
             problems.append((f"spec.worker.volumes[{i}].name", f"{vol!r} is reserved"))
     known = set(volume_names) | {CHECKPOINT_VOLUME}
     for i, mount in enumerate(spec.worker.volume_mounts):
         if mount.get("name") not in known:
             problems.append((f"spec.worker.volumeMounts[{i}].name",
                              f"{mount.get('name')!r} is not in spec.worker.volumes"))
+        if mount.get("mountPath", "").rstrip("/") == SHM_MOUNT:
+            problems.append((f"spec.worker.volumeMounts[{i}].mountPath",
+                             f"{SHM_MOUNT} is the operator's memory-backed shared memory, sized "
+                             "by resources.limits.memory"))
     return problems
 
 
