@@ -199,3 +199,14 @@ def test_dev_shm_is_sized_by_the_containers_memory_limit(
     pod = render_pod(JOB, sized, record=record, rank=1, attempt=0, settings=ManifestSettings())
     volume, _ = _shm(pod)
     assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": "48Gi"}
+
+
+def test_nccl_settings_reach_the_worker_container_unchanged(
+        planned: tuple[JobSpec, PlanRecord]) -> None:
+    spec, record = planned
+    nccl = [{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
+            {"name": "NCCL_IB_HCA", "value": "mlx5_0,mlx5_1"},
+            {"name": "NCCL_DEBUG", "value": "WARN"}]
+    tuned = spec.model_copy(update={"worker": spec.worker.model_copy(update={"env": nccl})})
+    pod = render_pod(JOB, tuned, record=record, rank=0, attempt=0, settings=ManifestSettings())
+    assert pod["spec"]["containers"][0]["env"][-3:] == nccl

@@ -159,6 +159,11 @@ def _message(make_job: Any, **over: Any) -> str:
                  "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm/"}]}},
      "spec.worker.volumeMounts[0].mountPath: /dev/shm is the operator's memory-backed shared "
      "memory, sized by resources.limits.memory"),
+    ({"worker": {"env": [{"name": "PET_RDZV_ENDPOINT", "value": "evil:29400"}]}},
+     "spec.worker.env[0].name: PET_RDZV_ENDPOINT is set by the operator for each rank"),
+    ({"worker": {"env": [{"name": "NCCL_DEBUG", "value": "INFO"},
+                         {"name": "LOCAL_WORLD_SIZE", "value": "8"}]}},
+     "spec.worker.env[1].name: LOCAL_WORLD_SIZE is set by the operator for each rank"),
     ({"worker": {"volumes": [{"name": "dshm", "emptyDir": {}}]}},
      "spec.worker.volumes[0].name: 'dshm' is reserved"),
 ])

@@ -65,9 +65,11 @@ __all__ = [
     "CONFIG_VOLUME",
     "DIST_PORT",
     "RESERVED_ENV",
+    "RESERVED_ENV_PREFIXES",
     "SHM_MOUNT",
     "SHM_VOLUME",
     "config_map_name",
+    "is_reserved_env",
     "metrics_ports",
     "plan_hash",
     "ranks_per_pod",
@@ -94,8 +96,20 @@ DIST_PORT = 29500
 CONFIG_MAP_LIMIT_BYTES = 1024 * 1024
 RESERVED_ENV = frozenset(
     {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "ADAPTIS_JOB",
-     "ADAPTIS_NAMESPACE"}
+     "ADAPTIS_NAMESPACE",
+     # What torch's launcher sets for each of a multi-GPU pod's ranks.
+     "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE",
+     "ROLE_NAME", "NODE_RANK"}
 )
+#: Prefixes of the launcher's own settings: PET_<FLAG> is the default of each flag of
+#: torch.distributed.run (PET_RDZV_ENDPOINT would move the gang's rendezvous), TORCHELASTIC_*
+#: its agent's. NCCL_*, GLOO_* and the rest pass through as the job sets them.
+RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_")
+
+
+def is_reserved_env(name: str) -> bool:
+    """Whether an env var is the operator's or torch's launcher's, so a job may not set it."""
+    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)
 
 
 def plan_hash(record: PlanRecord) -> str:

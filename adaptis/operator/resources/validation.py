@@ -41,9 +41,9 @@ from adaptis.operator.resources.manifests import (
     CHECKPOINT_VOLUME,
     CONFIG_VOLUME,
     DIST_PORT,
-    RESERVED_ENV,
     SHM_MOUNT,
     SHM_VOLUME,
+    is_reserved_env,
 )
 
 __all__ = ["absent_config_maps", "validate_job"]
@@ -66,9 +66,9 @@ def _operator_violations(spec: JobSpec) -> list[Violation]:
     """What the operator sets on every worker pod and a spec must therefore leave alone."""
     problems: list[Violation] = []
     for i, env in enumerate(spec.worker.env):
-        if env.get("name") in RESERVED_ENV:
+        if is_reserved_env(env["name"]):
             problems.append((f"spec.worker.env[{i}].name",
-                             f"{env.get('name')} is set by the operator for each rank"))
+                             f"{env['name']} is set by the operator for each rank"))
     if spec.metrics.port == DIST_PORT:
         problems.append(("spec.metrics.port", f"{DIST_PORT} is the rendezvous port of the gang"))
     limits = (spec.worker.resources or {}).get("limits") or {}
