@@ -210,3 +210,13 @@ def test_nccl_settings_reach_the_worker_container_unchanged(
     tuned = spec.model_copy(update={"worker": spec.worker.model_copy(update={"env": nccl})})
     pod = render_pod(JOB, tuned, record=record, rank=0, attempt=0, settings=ManifestSettings())
     assert pod["spec"]["containers"][0]["env"][-3:] == nccl
+
+
+def test_rdma_resources_reach_the_worker_container_beside_the_gpus(
+        planned: tuple[JobSpec, PlanRecord]) -> None:
+    spec, record = planned
+    rdma = spec.model_copy(update={"worker": spec.worker.model_copy(
+        update={"resources": {"limits": {"rdma/hca": 1}, "requests": {"rdma/hca": 1}}})})
+    pod = render_pod(JOB, rdma, record=record, rank=0, attempt=0, settings=ManifestSettings())
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["rdma/hca"] == 1 and limits["nvidia.com/gpu"] == "1"

@@ -164,6 +164,9 @@ def _message(make_job: Any, **over: Any) -> str:
     ({"worker": {"env": [{"name": "NCCL_DEBUG", "value": "INFO"},
                          {"name": "LOCAL_WORLD_SIZE", "value": "8"}]}},
      "spec.worker.env[1].name: LOCAL_WORLD_SIZE is set by the operator for each rank"),
+    ({"worker": {"resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}}},
+     "spec.worker.resources.limits: nvidia.com/mig-1g.10gb is a MIG slice; the operator plans "
+     "and reserves whole GPUs only: use spec.parallelism.gpusPerWorker"),
     ({"worker": {"volumes": [{"name": "dshm", "emptyDir": {}}]}},
      "spec.worker.volumes[0].name: 'dshm' is reserved"),
 ])

@@ -48,6 +48,9 @@ from adaptis.operator.resources.manifests import (
 
 __all__ = ["absent_config_maps", "validate_job"]
 
+#: The resource names of the NVIDIA device plugin's MIG slices (mixed strategy).
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
 #: How many of a ConfigMap's keys a message lists (they are the tenant's text).
 _KEYS_SHOWN = 5
 
@@ -77,6 +80,14 @@ def _operator_violations(spec: JobSpec) -> list[Violation]:
         if GPU_RESOURCE in values:
             problems.append((f"spec.worker.resources.{where}", f"{GPU_RESOURCE} comes from "
                              "spec.parallelism.gpusPerWorker; remove it here"))
+        # MIG slices: the capacity ledger and the planner count and profile whole GPUs, so a
+        # slice would be neither reserved nor planned for. Refused, not counted as a GPU.
+        # Other device-plugin resources (rdma/hca, ...) pass through: the scheduler counts them.
+        for key in values:
+            if key.startswith(MIG_RESOURCE_PREFIX):
+                problems.append((f"spec.worker.resources.{where}", f"{key} is a MIG slice; the "
+                                 "operator plans and reserves whole GPUs only: use "
+                                 "spec.parallelism.gpusPerWorker"))
 
     volume_names = [v["name"] for v in spec.worker.volumes]  # the schema requires one, non-empty
     for i, vol in enumerate(volume_names):
