@@ -1,0 +1,66 @@
+"""The soak's invariants (issue 31, item 3): pure checks over listed objects, one function each.
+
+bench/soak.py (not yet written) is meant to list nodes, pods and jobs from the real control plane
+and call these continuously and at the end; each returns a list of violation strings (empty: it
+holds), so a harness can count and print them. They take plain dicts as the API returns them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+GPU = "nvidia.com/gpu"
+LABEL_JOB = "adaptis.io/job"
+LABEL_ATTEMPT = "adaptis.io/attempt"
+_TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+def _alive(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status", {}).get("phase") not in _TERMINAL_PHASES
+            and not pod.get("metadata", {}).get("deletionTimestamp"))
+
+
+def _gpus(pod: Mapping[str, Any]) -> int:
+    total = 0
+    for container in pod.get("spec", {}).get("containers", []):
+        total += int(container.get("resources", {}).get("requests", {}).get(GPU, 0))
+    return total
+
+
+def gpu_double_booked(nodes: Iterable[Mapping[str, Any]],
+                      pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Nodes whose bound, alive pods request more GPUs than the node has allocatable."""
+    allocatable = {n["metadata"]["name"]: int(n.get("status", {}).get("allocatable", {}).get(GPU, 0))
+                   for n in nodes}
+    used: dict[str, int] = defaultdict(int)
+    for pod in pods:
+        node = pod.get("spec", {}).get("nodeName")
+        if node and _alive(pod):
+            used[node] += _gpus(pod)
+    return [f"node {node}: {count} GPUs requested > {allocatable.get(node, 0)} allocatable"
+            for node, count in sorted(used.items()) if count > allocatable.get(node, 0)]
+
+
+def attempts_alive(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Jobs with alive pods of more than one attempt at once."""
+    attempts: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for pod in pods:
+        labels = pod.get("metadata", {}).get("labels", {})
+        if LABEL_JOB in labels and _alive(pod):
+            key = (pod["metadata"].get("namespace", ""), labels[LABEL_JOB])
+            attempts[key].add(labels.get(LABEL_ATTEMPT, "?"))
+    return [f"job {ns}/{job}: pods of attempts {sorted(seen)} alive together"
+            for (ns, job), seen in sorted(attempts.items()) if len(seen) > 1]
+
+
+def children_left(deleted_jobs: Iterable[tuple[str, str]],
+                  pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Pods still alive (not being deleted) of jobs the harness deleted."""
+    gone = set(deleted_jobs)
+    return [f"job {pod['metadata'].get('namespace', '')}/{pod['metadata']['labels'][LABEL_JOB]}: "
+            f"pod {pod['metadata']['name']} left after deletion"
+            for pod in pods
+            if LABEL_JOB in pod.get("metadata", {}).get("labels", {}) and _alive(pod)
+            and (pod["metadata"].get("namespace", ""), pod["metadata"]["labels"][LABEL_JOB]) in gone]
