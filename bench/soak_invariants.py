@@ -64,3 +64,31 @@ def children_left(deleted_jobs: Iterable[tuple[str, str]],
             for pod in pods
             if LABEL_JOB in pod.get("metadata", {}).get("labels", {}) and _alive(pod)
             and (pod["metadata"].get("namespace", ""), pod["metadata"]["labels"][LABEL_JOB]) in gone]
+
+
+def job_consistent(job: Mapping[str, Any], *, counted_faults: int) -> list[str]:
+    """A terminal job's phase and restarts agree with the faults the harness counted against it.
+
+    counted_faults: the failures the harness caused that count against spec.backoffLimit (not a
+    preemption or a lost node while not yet Running, which the operator does not count).
+    Succeeded needs restarts == counted_faults <= backoffLimit; Failed needs the limit exceeded
+    and a message naming spec.backoffLimit.
+    """
+    meta, spec, status = job.get("metadata", {}), job.get("spec", {}), job.get("status", {})
+    name = f"job {meta.get('namespace', '')}/{meta.get('name', '')}"
+    limit, phase = int(spec.get("backoffLimit", 3)), status.get("phase")
+    restarts = int(status.get("restarts", 0))
+    if phase == "Succeeded":
+        if counted_faults > limit:
+            return [f"{name}: Succeeded after {counted_faults} faults > backoffLimit {limit}"]
+        if restarts != counted_faults:
+            return [f"{name}: {restarts} restarts counted for {counted_faults} faults"]
+        return []
+    if phase == "Failed":
+        if counted_faults <= limit:
+            return [f"{name}: Failed with {counted_faults} faults <= backoffLimit {limit}: "
+                    f"{status.get('message', '')}"]
+        if "backoffLimit" not in str(status.get("message", "")):
+            return [f"{name}: Failed without naming backoffLimit: {status.get('message', '')}"]
+        return []
+    return [f"{name}: not terminal ({phase})"]

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from bench.soak_invariants import attempts_alive, children_left, gpu_double_booked
+from bench.soak_invariants import (
+    attempts_alive,
+    children_left,
+    gpu_double_booked,
+    job_consistent,
+)
 
 
 def _node(name: str, gpus: int) -> dict:
@@ -37,3 +42,21 @@ def test_children_left_after_deletion() -> None:
     pods = [_pod("a", job="gone"), _pod("b", job="kept")]
     assert children_left([("ns", "gone")], pods) == ["job ns/gone: pod a left after deletion"]
     assert children_left([("ns", "other")], pods) == []
+
+
+def _job(phase: str, *, restarts: int, limit: int = 2, message: str = "") -> dict:
+    return {"metadata": {"name": "j", "namespace": "ns"}, "spec": {"backoffLimit": limit},
+            "status": {"phase": phase, "restarts": restarts, "message": message}}
+
+
+def test_job_consistent_with_its_faults() -> None:
+    assert job_consistent(_job("Succeeded", restarts=2), counted_faults=2) == []
+    assert job_consistent(_job("Succeeded", restarts=1), counted_faults=2) == [
+        "job ns/j: 1 restarts counted for 2 faults"]
+    assert job_consistent(_job("Succeeded", restarts=3), counted_faults=3) != []
+    failed = _job("Failed", restarts=2, message="spec.backoffLimit: 2 restart(s) used; evicted")
+    assert job_consistent(failed, counted_faults=3) == []
+    assert job_consistent(failed, counted_faults=1) != []
+    assert job_consistent(_job("Failed", restarts=2, message="oops"), counted_faults=3) != []
+    assert job_consistent(_job("Running", restarts=0), counted_faults=0) == [
+        "job ns/j: not terminal (Running)"]
