@@ -92,3 +92,13 @@ def job_consistent(job: Mapping[str, Any], *, counted_faults: int) -> list[str]:
             return [f"{name}: Failed without naming backoffLimit: {status.get('message', '')}"]
         return []
     return [f"{name}: not terminal ({phase})"]
+
+
+def no_hot_loop(requests: int, *, jobs: int, minutes: float, per_job_minute: float) -> list[str]:
+    """The operator's API requests (e.g. apiserver_request_total of its user, differenced) per
+    job per minute stay within per_job_minute."""
+    rate = requests / max(jobs, 1) / max(minutes, 1e-9)
+    if rate > per_job_minute:
+        return [f"{requests} requests for {jobs} jobs in {minutes:.1f} min: {rate:.1f} a job a "
+                f"minute > {per_job_minute}"]
+    return []

@@ -7,6 +7,7 @@ from bench.soak_invariants import (
     children_left,
     gpu_double_booked,
     job_consistent,
+    no_hot_loop,
 )
 
 
@@ -60,3 +61,9 @@ def test_job_consistent_with_its_faults() -> None:
     assert job_consistent(_job("Failed", restarts=2, message="oops"), counted_faults=3) != []
     assert job_consistent(_job("Running", restarts=0), counted_faults=0) == [
         "job ns/j: not terminal (Running)"]
+
+
+def test_no_hot_loop_bounds_requests_per_job_minute() -> None:
+    assert no_hot_loop(600, jobs=10, minutes=2, per_job_minute=30) == []
+    assert no_hot_loop(601, jobs=10, minutes=2, per_job_minute=30) == [
+        "601 requests for 10 jobs in 2.0 min: 30.1 a job a minute > 30"]
