@@ -66,13 +66,16 @@ CROSS_RANK: dict[str, dict[str, tuple[str, ...]]] = {
         "Executor.__init__": (_PARITY, _IDLE, _REPLICAS, _SHARDS, _BF16, _MOE),
         "Executor.step": (_PARITY, _IDLE, _REPLICAS),
         "Executor._clip": (_PARITY, _REPLICAS),
-        "Executor._optimizer": (_REPLICAS, _SHARDS),
         "Executor._runtime": (_PARITY, _IDLE, _MOE),
-        "Executor._reducer": (_REPLICAS,),
         "Executor._tie_embeddings": (_PARITY,),
         "Executor._sync_tied": (_PARITY,),
         "Executor._tied_weight": (_PARITY,),
         "Executor._head_weight": (_PARITY,),
+    },
+    "adaptis/worker/runtime/components.py": {
+        "make_optimizer": (_REPLICAS, _SHARDS),
+        "build_optimizer": (_REPLICAS, _SHARDS),
+        "build_reducer": (_REPLICAS,),
     },
     "adaptis/worker/state/checkpoint.py": {
         "agree_resume_step": (_AGREE,),
