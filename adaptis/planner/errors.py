@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DeadlockError", "OutOfTime", "PlannerError"]
+__all__ = ["DeadlockError", "LayoutError", "OutOfTime", "PlannerError"]
 
 
 class PlannerError(Exception):
@@ -26,3 +26,12 @@ class OutOfTime(PlannerError):
     Raised only inside the planner and caught by whoever set the deadline
     (:mod:`adaptis.planner.search`), which keeps the best plan found before it.
     """
+
+
+class LayoutError(PlannerError):
+    """A layout search's argument admits no layout; ``argument`` names it (``gpus``,
+    ``global_batch``, ...), the message says why and what would fit."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(f"{argument}: {message}")
+        self.argument = argument
