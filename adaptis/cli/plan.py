@@ -8,7 +8,9 @@ else on stdout) or an aligned table. ``--save-plan`` writes the chosen strategy'
 runs longer than about a second shows one updating progress line on a terminal's stderr (a
 log line when it ends otherwise). Bad input is one line per fault and exit status 2; a
 requested strategy (default adaptis, with ``--compare`` too) that has no plan fitting in memory
-is exit status 1 after the report, with the memory it needs per device on stderr.
+is exit status 1 after the report, with the memory it needs per device on stderr. With
+``--gpus N --global-batch B`` it searches the layouts of N GPUs instead
+(:mod:`adaptis.cli.plan_layout`).
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="stop planning after about this long and keep the best plan found so "
                         "far (or the best baseline); the report says when it was cut short "
                         f"(default {DEFAULT_TIME_LIMIT_S:g}; 'none': no limit)")
+    from adaptis.cli.plan_layout import add_arguments
+
+    add_arguments(p)  # --gpus N --global-batch B: the layout search (adaptis.cli.plan_layout)
     p.set_defaults(func=run)
 
 
@@ -241,6 +246,10 @@ def run(args: argparse.Namespace) -> int:
     from adaptis.planner.strategies import compare, lower_bound, plan_strategy
 
     problem = _load(args.problem)
+    if args.gpus is not None:
+        from adaptis.cli.plan_layout import run_layouts
+
+        return run_layouts(args, problem)
     chosen = args.strategy or "adaptis"
     progress = ProgressLine(stream=sys.stderr, time_unit=problem.time_unit)
     try:
