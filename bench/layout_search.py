@@ -12,9 +12,9 @@ and GPU count, the global batch is ``--batch-per-gpu`` sequences a GPU. Per row:
 - megatron: the fixed recipe T = GPUs a node, P = the fewest stages whose plan fits, R = the
   rest, microbatch size 1, planned with the same joint search (so the ratio is the layout's
   choice alone, not the schedule's); ``megatron/chosen`` above 1 means the chosen layout is
-  faster.
+  faster; ``best recipe``: the same recipe at every T dividing a node's GPUs, the fastest.
 
-    python bench/layout_search.py [--gpus 8,16,32,64] [--workloads gemma-M,deepseek-M,nemotron-h-M]
+    python bench/layout_search.py [--gpus 8,16,32,64] [--workloads gemma-M,deepseek-M,nemotron-h-M,gemma-L]
 """
 
 from __future__ import annotations
@@ -38,9 +38,11 @@ from adaptis.planner.strategies import plan_strategy
 PER_NODE = 8
 
 
-def megatron(problem: Problem, *, gpus: int, batch: int, per_layout_s: float) -> tuple[Layout, float] | None:
-    """The recipe's layout and its predicted step: T = a node's GPUs, the fewest stages that fit."""
-    tensor = min(PER_NODE, gpus)
+def megatron(problem: Problem, *, gpus: int, batch: int, per_layout_s: float,
+             tensor: int = PER_NODE) -> tuple[Layout, float] | None:
+    """The recipe's layout and its predicted step: T (default a node's GPUs), the fewest
+    stages whose plan fits, R the rest, microbatch size 1."""
+    tensor = min(tensor, gpus)
     rest = gpus // tensor
     layers = len(problem.expanded_layers())
     for pipe in [p for p in range(1, rest + 1) if rest % p == 0 and p <= layers]:
@@ -57,31 +59,43 @@ def megatron(problem: Problem, *, gpus: int, batch: int, per_layout_s: float) ->
     return None
 
 
-def _row(name: str, gpus: int, batch: int, pruned: LayoutSearch, full: LayoutSearch,
-         recipe: tuple[Layout, float] | None) -> str:
+def best_recipe(problem: Problem, *, gpus: int, batch: int, per_layout_s: float) -> tuple[Layout, float] | None:
+    """The best of the recipe over every T dividing a node's GPUs (the fewest stages at each)."""
+    found = [r for t in range(1, PER_NODE + 1) if PER_NODE % t == 0 and gpus % t == 0
+             for r in [megatron(problem, gpus=gpus, batch=batch, per_layout_s=per_layout_s, tensor=t)]
+             if r is not None]
+    return min(found, key=lambda r: r[1], default=None)
+
+
+def _recipe(recipe: tuple[Layout, float] | None, *, chosen: float) -> str:
+    return "-" if recipe is None else f"{recipe[0].label()} | {recipe[1] / chosen:.3f}"
+
+
+def _row(name: str, gpus: int, batch: int, pruned: LayoutSearch, full: LayoutSearch, *,
+         recipe: tuple[Layout, float] | None, best_of: tuple[Layout, float] | None) -> str:
     chosen, best = pruned.ranked[0], full.ranked[0]
     floor = sum(not r.searched for r in pruned.refused)
-    rec = "-" if recipe is None else f"{recipe[0].label():<18} {recipe[1] / chosen.step_time:6.3f}"
     return (f"| {name} | {gpus} | {batch} | {pruned.enumerated} | {floor} | {pruned.searched} | "
             f"{pruned.seconds:.1f} | {full.searched} | {full.seconds:.1f} | {chosen.layout.label()} | "
-            f"{best.layout.label()} | {chosen.step_time / best.step_time:.3f} | {rec} |")
+            f"{best.layout.label()} | {chosen.step_time / best.step_time:.3f} | "
+            f"{_recipe(recipe, chosen=chosen.step_time)} | {_recipe(best_of, chosen=chosen.step_time)} |")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gpus", default="8,16,32,64")
-    p.add_argument("--workloads", default="gemma-M,deepseek-M,nemotron-h-M")
+    p.add_argument("--workloads", default="gemma-M,deepseek-M,nemotron-h-M,gemma-L")
     p.add_argument("--batch-per-gpu", type=int, default=2)
     p.add_argument("--microbatch-sizes", default="1,2,4")
     p.add_argument("--per-layout-s", type=float, default=5.0)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     sizes = tuple(int(x) for x in args.microbatch_sizes.split(","))
-    print(f"# layout search: {' '.join(sys.argv[1:]) or 'defaults'}", flush=True)
+    print(f"# layout search: {' '.join(sys.argv[1:] if argv is None else argv) or 'defaults'}", flush=True)
     print("| workload | GPUs | batch | layouts | refused by floor | searched (pruned) | pruned s | "
           "searched (exhaustive) | exhaustive s | chosen | exhaustive best | chosen/best | "
-          "megatron recipe, megatron/chosen |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+          "megatron (T=8) | megatron/chosen | best recipe (any T) | best recipe/chosen |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     t0 = time.perf_counter()
     for spec in args.workloads.split(","):
         family, size = spec.rsplit("-", 1)
@@ -97,7 +111,8 @@ def main() -> None:
                 print(f"| {spec} | {gpus} | {batch} | no layout fits |", flush=True)
                 continue
             recipe = megatron(prob, gpus=gpus, batch=batch, per_layout_s=args.per_layout_s)
-            print(_row(spec, gpus, batch, pruned, full, recipe), flush=True)
+            best_of = best_recipe(prob, gpus=gpus, batch=batch, per_layout_s=args.per_layout_s)
+            print(_row(spec, gpus, batch, pruned, full, recipe=recipe, best_of=best_of), flush=True)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s", flush=True)
 
 

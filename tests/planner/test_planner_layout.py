@@ -4,10 +4,14 @@ and bad arguments named. Real problems and the real joint search throughout, no 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from layer_strategies import LAYER
 
 from adaptis.api.problem import Problem, load_problem, parse_problem
 from adaptis.planner.costs import Costs
@@ -160,3 +164,41 @@ def test_heterogeneous_devices_refused() -> None:
 def test_tensor_widths_limit_the_degree() -> None:
     layouts = enumerate_layouts(_small(), gpus=8, global_batch=16, tensor_widths={"heads": 6})
     assert {lay.tensor for lay in layouts} == {1, 2}
+
+
+@st.composite
+def _layout_problems(draw: st.DrawFn) -> tuple[Problem, int, int]:
+    layers = draw(st.lists(LAYER, min_size=2, max_size=6))
+    per_node = draw(st.sampled_from([1, 2, 4]))
+    held = [lay["param_bytes"] + lay["activation_bytes"] for lay in layers]
+    memory = draw(st.floats(min_value=max(held) * 0.5, max_value=sum(held) * 3))
+    doc = {"microbatches": 1, "time_unit": "ms",
+           "layers": [{"name": f"l{i}", **lay} for i, lay in enumerate(layers)],
+           "devices": {"count": 1, "per_node": per_node, "memory_bytes": memory},
+           "network": {"intra_node": {"bandwidth_bytes_per_s": 1e11, "latency_s": 1e-5},
+                       "inter_node": {"bandwidth_bytes_per_s": 1e10, "latency_s": 2e-5}}}
+    gpus = draw(st.integers(min_value=1, max_value=6))
+    # R = gpus (P = T = 1) is always a mesh: a multiple of it always has a layout.
+    return parse_problem(doc), gpus, gpus * draw(st.integers(min_value=1, max_value=2))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_layout_problems())
+def test_properties_on_random_problems(case: tuple[Problem, int, int]) -> None:
+    """On random models, memories and budgets: the floor and the bound never exceed what a
+    searched layout replays at, every result fits and keeps the batch, and the pruned search's
+    first choice is the exhaustive one's."""
+    problem, gpus, batch = case
+    full = search_layouts(problem, gpus=gpus, global_batch=batch, exhaustive=True, per_layout_s=None)
+    pruned = search_layouts(problem, gpus=gpus, global_batch=batch, keep=1, per_layout_s=None)
+    memory = problem.device_specs()[0].memory_bytes or math.inf
+    for r in full.ranked:
+        floor, _why = memory_floor(Costs.from_problem(layout_problem(problem, r.layout)))
+        assert floor <= max(r.peak_memory_bytes) * (1 + 1e-9) <= memory * (1 + 1e-6)
+        assert r.bound <= r.step_time * (1 + 1e-9)
+        assert r.layout.global_batch == batch and r.layout.gpus == gpus
+    assert [r.layout for r in full.refused if not r.searched] == [r.layout for r in pruned.refused if not r.searched]
+    if full.ranked:
+        assert pruned.ranked[0].step_time == pytest.approx(full.ranked[0].step_time, rel=1e-9)
+    else:
+        assert not pruned.ranked
