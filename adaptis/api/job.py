@@ -101,6 +101,14 @@ class ParallelismSpec(_Spec):
         "tensor group never leaves its pod; ranks = dataParallel x pipeline x T, tensor "
         "innermost (docs/parallelism.md). The model's heads, key/value heads, MLP and expert "
         "widths and vocabulary must divide by T.")
+    sequence_parallel: bool = Field(
+        default=False,
+        description="With tensorParallel T > 1: also shard the norms, residuals and the "
+        "activations between blocks and between pipeline stages on the sequence (each tensor "
+        "rank holds sequenceLength / T tokens of them), as Megatron-LM's sequence_parallel and "
+        "torch's SequenceParallel: the all-reduces become all-gathers and reduce-scatters, and "
+        "activation memory and pipeline transfers shrink by T. Needs tensorParallel > 1 and "
+        "training.sequenceLength divisible by it; zoo models only (docs/parallelism.md).")
 
     @property
     def ranks_per_worker(self) -> int:
@@ -223,6 +231,8 @@ def _job_cel_rules() -> list[JsonValue]:
     steps_default = TrainingSpec.model_fields["steps"].default
     def par(field: str) -> str:
         default = ParallelismSpec.model_fields[to_snake(field)].default
+        if isinstance(default, bool):  # CEL spells them lower case
+            default = str(default).lower()
         return (f"(has(self.parallelism) && has(self.parallelism.{field}) "
                 f"? self.parallelism.{field} : {default})")
 
@@ -237,6 +247,8 @@ def _job_cel_rules() -> list[JsonValue]:
     zoo = "!has(self.model.blocks) || "
     steps = ("(has(self.training) && has(self.training.steps) "
              f"? self.training.steps : {steps_default})")
+    seq_len = ("(has(self.training) && has(self.training.sequenceLength) "
+               f"? self.training.sequenceLength : {TrainingSpec.model_fields['sequence_length'].default})")
     chunked = ", ".join(f"'{name}'" for name in CHUNKED_STRATEGIES)
     chunks = CHUNKS_PER_RANK
     return [
@@ -250,6 +262,16 @@ def _job_cel_rules() -> list[JsonValue]:
         {"rule": f"{ranks} % {par('dataParallel')} != 0 || {ranks} % ({par('dataParallel')} * {tensor}) == 0",
          "fieldPath": ".parallelism.dataParallel",
          "message": "dataParallel x tensorParallel must divide the ranks (workers x max(1, gpusPerWorker))"},
+        {"rule": f"!{par('sequenceParallel')} || {tensor} > 1",
+         "fieldPath": ".parallelism.sequenceParallel",
+         "message": "sequenceParallel needs tensorParallel > 1 (it shards on the sequence over "
+                    "the tensor group): set tensorParallel or remove sequenceParallel"},
+        {"rule": f"!{par('sequenceParallel')} || {seq_len} % {tensor} == 0",
+         "fieldPath": ".parallelism.sequenceParallel",
+         "message": "sequenceParallel needs training.sequenceLength divisible by tensorParallel"},
+        {"rule": f"!{par('sequenceParallel')} || !has(self.model.huggingface)",
+         "fieldPath": ".parallelism.sequenceParallel",
+         "message": "sequenceParallel is not supported for Hugging Face models yet"},
         {"rule": f"{zoo}{workers} <= {layers}", "fieldPath": ".parallelism.workers",
          "message": "pipeline ranks (workers x max(1, gpusPerWorker) / (dataParallel x "
                     "tensorParallel)) must not "
@@ -436,5 +458,8 @@ class WorkerConfig(_Spec):
     tensor_parallel: int = Field(
         default=1, ge=1, description="Ranks of each pipeline position, sharing its layers "
         "(tensor parallelism, torch's DTensor sharding; docs/parallelism.md).")
+    sequence_parallel: bool = Field(
+        default=False, description="With tensor_parallel > 1: norms and the activations "
+        "between blocks and stages sharded on the sequence (docs/parallelism.md).")
     zero_stage: Literal[0, 1] = Field(
         default=0, description="1: shard the optimizer state across the replicas (ZeRO-1).")

@@ -108,7 +108,7 @@ def job_violations(*, name: str, spec: JobSpec) -> list[Violation]:
                     f"divide the job's {par.ranks} ranks (workers x max(1, gpusPerWorker)); "
                     "use a divisor of the ranks"))
         return out
-    tensor = _tensor_violations(spec)
+    tensor = _tensor_violations(spec) or _sequence_violations(spec)
     if tensor:
         return [*out, *tensor]
     workers = par.pipeline_ranks  # the devices of one pipeline: what the plan partitions over
@@ -170,6 +170,30 @@ def _tensor_violations(spec: JobSpec) -> list[Violation]:
     return [(name, f"{value} does not divide by tensorParallel {t}: every tensor rank holds an "
              f"equal share; use a multiple of {t}, or tensorParallel dividing {value}")
             for name, value in widths.items() if value % t]
+
+
+def _sequence_violations(spec: JobSpec) -> list[Violation]:
+    """sequenceParallel: it shards on the sequence over the tensor group, so it needs one
+    (T > 1), a sequence that splits evenly over it, and a zoo model (docs/parallelism.md)."""
+    par, t = spec.parallelism, spec.parallelism.tensor_parallel
+    if not par.sequence_parallel:
+        return []
+    field = "spec.parallelism.sequenceParallel"
+    if t == 1:
+        return [(field, "needs tensorParallel > 1: it shards the norms and the activations "
+                 "between blocks on the sequence over the tensor group; set "
+                 "spec.parallelism.tensorParallel to 2 or more, or remove sequenceParallel")]
+    length = spec.training.sequence_length
+    if length % t:
+        return [(field, f"training.sequenceLength {length} does not divide by tensorParallel "
+                 f"{t}: every tensor rank holds an equal part of the sequence; use a "
+                 f"sequenceLength that is a multiple of {t}, or remove sequenceParallel")]
+    if not isinstance(spec.model, ZooModel):
+        return [(field, "not supported for Hugging Face models yet (their decoder layers take "
+                 "position embeddings and masks for the whole sequence, and transformers' "
+                 "base_model_tp_plan declares no sequence-parallel norms): remove "
+                 "sequenceParallel, tensorParallel alone works")]
+    return []
 
 
 def format_violations(violations: Sequence[Violation]) -> str:

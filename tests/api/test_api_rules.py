@@ -86,6 +86,12 @@ CASES = [
          {"spec.parallelism.workers": 1, "spec.parallelism.gpusPerWorker": 8,
           "spec.parallelism.tensorParallel": 8},
          "spec.model.heads", None),
+    Case("sequence-parallel-without-tensor-parallel", {"spec.parallelism.sequenceParallel": True},
+         "spec.parallelism.sequenceParallel", (".spec", ".parallelism.sequenceParallel")),
+    Case("sequence-does-not-divide-by-tensor",  # 2 pods x 2 GPUs, T 2, 63 tokens
+         {"spec.parallelism.gpusPerWorker": 2, "spec.parallelism.tensorParallel": 2,
+          "spec.parallelism.sequenceParallel": True, "spec.training.sequenceLength": 63},
+         "spec.parallelism.sequenceParallel", (".spec", ".parallelism.sequenceParallel")),
     Case("more-blocks-than-can-be-planned", {"spec.model.blocks.0.count": 4096},
          "spec.model.blocks", (".spec", ".model.blocks")),
     Case("zb-v-needs-two-layers-per-rank",
@@ -199,3 +205,17 @@ def test_a_hugging_face_model_with_weights_lends_the_text_corpus_its_tokenizer()
     del doc["spec"]["model"]["huggingface"]["weights"]  # inline config, no weights: nowhere to look
     job = parse_job(doc)
     assert [f for f, _ in job_violations(name=job.metadata.name, spec=job.spec)] == ["spec.training.data.tokenizer"]
+
+
+def test_sequence_parallel_is_refused_for_a_hugging_face_model_and_taken_for_a_zoo_one() -> None:
+    doc = valid_job()
+    doc["spec"]["parallelism"].update({"gpusPerWorker": 2, "tensorParallel": 2, "sequenceParallel": True})
+    job = parse_job(doc)
+    assert job_violations(name=job.metadata.name, spec=job.spec) == []  # a zoo model: runs
+    doc["spec"]["model"] = {"huggingface": {"config": {"model_type": "llama", "vocab_size": 256,
+                                                       "hidden_size": 64, "num_hidden_layers": 8,
+                                                       "num_attention_heads": 4, "intermediate_size": 128}}}
+    job = parse_job(doc)
+    violations = job_violations(name=job.metadata.name, spec=job.spec)
+    assert [f for f, _ in violations] == ["spec.parallelism.sequenceParallel"]
+    assert "Hugging Face" in violations[0][1]
