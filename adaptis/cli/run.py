@@ -272,7 +272,7 @@ def _train(args: argparse.Namespace, name: str, *, spec: JobSpec, device: str, p
         plan=plan.model_dump(mode="json", exclude_none=True),
         metrics_port=None if port == 0 else port, checkpoint_dir=str((workdir / "checkpoints").resolve()),
         checkpoint_every=spec.checkpoint.every_steps, data_parallel=par.data_parallel, zero_stage=_zero(spec),
-        tensor_parallel=par.tensor_parallel,
+        tensor_parallel=par.tensor_parallel, sequence_parallel=par.sequence_parallel,
     )
     env = {ENV: args.slowdown} if args.slowdown else {}
     if args.trace is not None:

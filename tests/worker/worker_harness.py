@@ -323,13 +323,14 @@ def _state_bytes(optimizer: Any) -> int:
 
 def write_dp_cases(path: Path, cases: dict[str, tuple[Plan, int]], *, replicas: int, steps: int,
                    model: Model = PARITY_MODEL, training: TrainingSpec = DP_TRAINING,
-                   tensor: int = 1) -> None:
+                   tensor: int = 1, sequence: bool = False) -> None:
     """``cases``: name -> (plan of one pipeline replica, ZeRO stage); ``tensor``: the ranks of
-    each pipeline position (tensor parallelism)."""
+    each pipeline position (tensor parallelism); ``sequence``: sequence parallelism too."""
     t = training.model_copy(update={"steps": steps})
     docs = [{"name": name, "config": WorkerConfig(
         model=model, training=t, plan=plan.model_dump(mode="json"), data_parallel=replicas,
-        zero_stage=zero, tensor_parallel=tensor).model_dump(mode="json")} for name, (plan, zero) in cases.items()]
+        zero_stage=zero, tensor_parallel=tensor, sequence_parallel=sequence).model_dump(mode="json")}
+        for name, (plan, zero) in cases.items()]
     path.write_text(json.dumps(docs))
 
 

@@ -152,6 +152,7 @@ def worker_config(job: JobRef, spec: JobSpec, *, record: PlanRecord) -> WorkerCo
         zero_stage=spec.parallelism.zero_stage,
         data_parallel=record.data_parallel,
         tensor_parallel=record.tensor_parallel,
+        sequence_parallel=spec.parallelism.sequence_parallel,
     )
 
 

@@ -193,11 +193,14 @@ class Executor:
         self.set_learning_rate(step=0)  # sets self._lr, which the step statistics report
         self.timer = timer if timer is not None else device_timer(device)
         dtype = PRECISION_DTYPE[self.precision]
-        # The last stage's output is this rank's vocabulary shard of the logits.
+        # The last stage's output is this rank's vocabulary shard of the logits; with sequence
+        # parallelism what passes between stages is this rank's 1/T of the sequence.
+        shards = self.mesh.tensor if config.sequence_parallel else 1
         shapes = StageShapes(microbatch_size=train.microbatch_size, sequence_length=train.sequence_length,
-                             hidden=hidden, vocab_size=vocab // self.mesh.tensor, dtype=dtype, device=device)
+                             hidden=hidden, vocab_size=vocab // self.mesh.tensor, dtype=dtype, device=device,
+                             sequence_shards=shards)
         self.runtime = self._runtime(recompute=recompute, shapes=shapes)
-        act = activation_bytes(train, hidden=hidden, dtype=dtype)
+        act = activation_bytes(train, hidden=hidden, dtype=dtype) // shards
         self.sent_bytes, self.received_bytes = transfer_bytes(self.plan, rank=self.pipeline_rank,
                                                               activation_bytes=act)
 
@@ -213,7 +216,10 @@ class Executor:
         mesh = DeviceMesh.from_group(group, self.device.type)
         model = self.config.model
         if isinstance(model, ZooModel):
-            shard_stages(self.modules, mesh=mesh)
+            shard_stages(self.modules, mesh=mesh, sequence=self.config.sequence_parallel)
+        elif self.config.sequence_parallel:  # adaptis.api.rules refuses it first
+            raise PlanMismatchError("spec.parallelism.sequenceParallel: not supported for Hugging "
+                                    "Face models yet; remove it (tensorParallel alone works)")
         else:  # a Hugging Face model: the sharding its config declares
             shard_hf_stages(self.modules, mesh=mesh, config=hf_config(model))
         return mesh

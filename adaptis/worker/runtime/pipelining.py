@@ -64,7 +64,9 @@ TORCH_KIND: dict[str, str] = {"F": "F", "B": "I", "W": "W", "BW": "B"}
 
 @dataclass(frozen=True, slots=True)
 class StageShapes:
-    """Static shapes of every microbatch boundary, so no shape-inference step is needed."""
+    """Static shapes of every microbatch boundary, so no shape-inference step is needed.
+    ``sequence_shards`` T under sequence parallelism: the hidden activations between stages
+    are this rank's ``s / T`` tokens (the token ids in and the logits out stay whole)."""
 
     microbatch_size: int
     sequence_length: int
@@ -72,6 +74,7 @@ class StageShapes:
     vocab_size: int
     dtype: torch.dtype = torch.float32
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    sequence_shards: int = 1
 
     def example_input(self, *, first: bool) -> torch.Tensor:
         b, s = self.microbatch_size, self.sequence_length
@@ -79,11 +82,13 @@ class StageShapes:
             return torch.zeros(b, s, dtype=torch.long, device=self.device)
         # requires_grad matters (inputs and outputs): without it torch silently skips the
         # gradient transfer of that boundary.
-        return torch.zeros(b, s, self.hidden, dtype=self.dtype, device=self.device, requires_grad=True)
+        return torch.zeros(b, s // self.sequence_shards, self.hidden, dtype=self.dtype, device=self.device,
+                           requires_grad=True)
 
     def example_output(self, *, last: bool) -> torch.Tensor:
         width = self.vocab_size if last else self.hidden
-        return torch.zeros(self.microbatch_size, self.sequence_length, width, dtype=self.dtype,
+        s = self.sequence_length if last else self.sequence_length // self.sequence_shards
+        return torch.zeros(self.microbatch_size, s, width, dtype=self.dtype,
                            device=self.device, requires_grad=True)
 
 

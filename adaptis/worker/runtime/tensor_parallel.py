@@ -28,7 +28,9 @@ tensor group. What each block becomes (Megatron-LM's layout, docs/parallelism.md
   ``[tokens, vocab]`` logits never exist on one rank.
 
 Activations between stages stay whole (replicated over the tensor group): the pipeline's
-sends go between matching tensor ranks of adjacent stages, each the full ``[b, s, h]``.
+sends go between matching tensor ranks of adjacent stages, each the full ``[b, s, h]``. With
+sequence parallelism (``sequence=True``, :func:`_sequence_plan`) the norms and the residual
+stream are sharded on the sequence instead, and a stage sends its rank's ``[b, s/T, h]``.
 """
 
 from __future__ import annotations
@@ -45,7 +47,10 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
+    PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
+    SequenceParallel,
     loss_parallel,
     parallelize_module,
 )
@@ -54,29 +59,66 @@ from adaptis.worker.errors import WorkerError
 from adaptis.worker.models.hf.stages import HFStage
 from adaptis.worker.models.layers import _MLP, Embedding, Head, _Attention
 from adaptis.worker.models.moe import MixtureOfExperts
+from adaptis.worker.models.ssm import SelectiveSSM
 from adaptis.worker.runtime.dtensors import local, reduce_in_backward, sum_partials
 
 __all__ = ["DTensorExperts", "hf_tp_plan", "loss_parallel", "shard_hf_stages", "shard_stages",
            "vocab_parallel_loss"]
 
 
-def _module_plan(stage: nn.Module) -> dict[str, ParallelStyle]:
+#: The sequence dimension of every ``[b, s, h]`` activation.
+_SEQ = Shard(1)
+
+
+def _module_plan(stage: nn.Module, *, sequence: bool = False) -> dict[str, ParallelStyle]:
+    """Each sharded module's style; ``sequence``: sequence parallelism, where the activation
+    between blocks is this rank's ``[b, s/T, h]`` part (see :func:`_sequence_plan`)."""
     plan: dict[str, ParallelStyle] = {}
+    # Row-parallel outputs: summed whole (all-reduce), or reduce-scattered on the sequence.
+    rows = RowwiseParallel(output_layouts=_SEQ) if sequence else RowwiseParallel()
     for name, mod in stage.named_modules():
         prefix = f"{name}." if name else ""
         if isinstance(mod, _Attention):
             plan.update({f"{prefix}{p}": ColwiseParallel() for p in ("q", "k", "v")})
-            plan[f"{prefix}out"] = RowwiseParallel()
+            plan[f"{prefix}out"] = rows
         elif isinstance(mod, _MLP):
             plan[f"{prefix}up"] = ColwiseParallel()
             if mod.kind == "swiglu":
                 plan[f"{prefix}gate"] = ColwiseParallel()
-            plan[f"{prefix}down"] = RowwiseParallel()
+            plan[f"{prefix}down"] = rows
         elif isinstance(mod, Embedding):
-            plan[name] = RowwiseParallel(input_layouts=Replicate())
+            plan[name] = RowwiseParallel(input_layouts=Replicate(),
+                                         output_layouts=_SEQ if sequence else Replicate())
         elif isinstance(mod, Head):
             # Logits stay sharded on the vocabulary, returned as this rank's local slice.
-            plan[f"{prefix}proj"] = ColwiseParallel(output_layouts=Shard(-1))
+            plan[f"{prefix}proj"] = ColwiseParallel(input_layouts=_SEQ if sequence else Replicate(),
+                                                    output_layouts=Shard(-1))
+    if sequence:
+        plan.update(_sequence_plan(stage))
+    return plan
+
+
+def _sequence_plan(stage: nn.Module) -> dict[str, ParallelStyle]:
+    """Sequence parallelism's extra styles (Megatron-LM's sequence_parallel, torchtitan's
+    layout): every norm runs on this rank's ``s/T`` tokens (``SequenceParallel``: its weight
+    replicated, its gradient summed over the group); attention and the MLPs gather the whole
+    sequence at their input (``PrepareModuleInput``: an all-gather, a reduce-scatter of the
+    gradient), so their column-parallel projections see every token, and their row-parallel
+    outputs are reduce-scattered back to ``s/T``. The experts and the Mamba mixer, computed
+    whole on the gathered sequence, hand back this rank's part (``PrepareModuleOutput``: a
+    local slice, an all-gather of the gradient)."""
+    plan: dict[str, ParallelStyle] = {}
+    whole = [f"{n}." for n, m in stage.named_modules() if isinstance(m, SelectiveSSM)]
+    for name, mod in stage.named_modules():
+        if isinstance(mod, nn.RMSNorm):
+            if not name.startswith(tuple(whole)):  # the mixer's own gated norm runs whole
+                plan[name] = SequenceParallel()
+        elif isinstance(mod, _Attention | _MLP):
+            plan[name] = PrepareModuleInput(input_layouts=(_SEQ,), desired_input_layouts=(Replicate(),))
+        elif isinstance(mod, MixtureOfExperts | SelectiveSSM):
+            plan[name] = PrepareModuleInputOutput(
+                input_layouts=(_SEQ,), desired_input_layouts=(Replicate(),), use_local_input=True,
+                output_layouts=(Replicate(),), desired_output_layouts=(_SEQ,))
     return plan
 
 
@@ -105,14 +147,16 @@ def _shard_experts(moe: MixtureOfExperts, *, mesh: DeviceMesh) -> None:
     moe.sharding = DTensorExperts(mesh)
 
 
-def shard_stages(stages: Sequence[nn.Module], *, mesh: DeviceMesh) -> None:
+def shard_stages(stages: Sequence[nn.Module], *, mesh: DeviceMesh, sequence: bool = False) -> None:
     """Shard this rank's zoo stages in place over ``mesh`` (the tensor group); an embedding and
-    head tied on this rank stay one parameter (both are vocabulary shards of one matrix)."""
+    head tied on this rank stay one parameter (both are vocabulary shards of one matrix).
+    ``sequence``: sequence parallelism, the activations between blocks and stages this rank's
+    ``[b, s/T, h]`` part."""
     embedding = next((m for s in stages for m in s.modules() if isinstance(m, Embedding)), None)
     head = next((m for s in stages for m in s.modules() if isinstance(m, Head)), None)
     tied = embedding is not None and head is not None and head.proj.weight is embedding.weight
     for stage in stages:
-        plan = _module_plan(stage)
+        plan = _module_plan(stage, sequence=sequence)
         if plan:
             parallelize_module(stage, mesh, plan)
         for mod in stage.modules():
