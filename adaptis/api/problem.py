@@ -279,6 +279,13 @@ class Problem(_Strict):
         "whole (degree 1); the planner charges 1/T of its tensor_split share plus its "
         "tensor_all_reduces over network.tensor. Optional extension of the contract, default 1.",
     )
+    sequence_parallel: bool = Field(
+        default=False,
+        description="Under tensor_parallel T > 1: the activations between layers and stages are "
+        "sharded on the sequence over the T ranks (Megatron-LM's sequence parallelism), so each "
+        "rank sends and receives 1/T of every layer's output_bytes between stages. Optional "
+        "extension of the contract, default false.",
+    )
     action_overhead_s: NonNeg = Field(
         default=0.0,
         description="Fixed runtime cost of every F/B/W action in seconds (launches, bookkeeping); "
@@ -287,6 +294,9 @@ class Problem(_Strict):
 
     @model_validator(mode="after")
     def _check_counts(self) -> Problem:
+        if self.sequence_parallel and self.tensor_parallel == 1:
+            raise ValueError("sequence_parallel needs tensor_parallel > 1 (it shards the sequence "
+                             "over a device's tensor ranks): set tensor_parallel or remove it")
         n_layers = sum(1 for _ in _expand(self.layers))
         if n_layers > 100_000:
             raise ValueError(f"layers expand to {n_layers} layers; at most 100000 are supported")

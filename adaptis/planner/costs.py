@@ -82,7 +82,7 @@ class Costs:
         nodes: dict[str, int] = {}
         unit = TIME_UNIT_SECONDS[problem.time_unit]
         rank = sharded_layers(layers, degree=problem.tensor_parallel, link=problem.network.tensor_link,
-                              unit_seconds=unit)
+                              unit_seconds=unit, sequence=problem.sequence_parallel)
 
         def link(spec: Link | None) -> tuple[float, float] | None:
             if spec is None:
@@ -100,7 +100,7 @@ class Costs:
             fused=tuple(r.fused for r in rank),
             activation_bytes=tuple(r.activation_bytes for r in rank),
             param_bytes=tuple(r.param_bytes for r in rank),
-            output_bytes=tuple(lay.output_bytes for lay in layers),
+            output_bytes=tuple(r.output_bytes for r in rank),
             speed=tuple(dev.speed for dev in devices),
             memory=tuple(math.inf if dev.memory_bytes is None else dev.memory_bytes for dev in devices),
             node=tuple(nodes.setdefault(dev.node, len(nodes)) for dev in devices),

@@ -15,7 +15,11 @@ many in its input-gradient pass:
   needs the reduced activation;
 - W and the optimizer step: ``t x (1 - s + s/T)`` (local to the shard, no collective);
 - parameter, gradient and activation bytes: ``x (1 - s + s/T)``; the activation a stage sends
-  on (``output_bytes``) stays whole: the pipeline passes the full activation between stages.
+  on (``output_bytes``) stays whole: the pipeline passes the full activation between stages,
+  except under sequence parallelism (``problem.sequence_parallel``), where each rank sends its
+  ``1/T`` of the sequence: ``output_bytes / T``. Its all-gathers and reduce-scatters move the
+  same bytes as the all-reduces they replace (an all-reduce is one of each), so the
+  collectives' time is unchanged.
 
 The collectives do not scale with a device's speed, but the simulator divides every time by
 it: on devices of speed 1 (the usual profile) that is exact, elsewhere an approximation.
@@ -71,6 +75,7 @@ class ShardedLayer:
     grad_bytes: float
     optimizer: float
     collective: float  # of each of F and B: the all-reduces' time included above
+    output_bytes: float = 0.0  # what one rank sends on to the next stage
 
 
 def all_reduce_seconds(nbytes: float, *, ranks: int, link: Link | None) -> float:
@@ -83,8 +88,10 @@ def all_reduce_seconds(nbytes: float, *, ranks: int, link: Link | None) -> float
 
 
 def sharded_layers(layers: list[Layer], *, degree: int, link: Link | None,
-                   unit_seconds: float) -> list[ShardedLayer]:
-    """Every layer's one-rank costs at ``degree`` (1: the layers' own costs)."""
+                   unit_seconds: float, sequence: bool = False) -> list[ShardedLayer]:
+    """Every layer's one-rank costs at ``degree`` (1: the layers' own costs); ``sequence``:
+    sequence parallelism, the activations between stages split on the sequence."""
+    shards = degree if sequence else 1
     out = []
     for lay in layers:
         split = 1.0 if lay.tensor_split is None else lay.tensor_split
@@ -102,5 +109,6 @@ def sharded_layers(layers: list[Layer], *, degree: int, link: Link | None,
             grad_bytes=lay.grad_bytes * share,
             optimizer=(lay.optimizer or 0.0) * share,
             collective=comm,
+            output_bytes=lay.output_bytes / shards,
         ))
     return out

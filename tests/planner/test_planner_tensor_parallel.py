@@ -96,3 +96,28 @@ def test_tensor_parallel_plans_a_faster_pipeline_and_fits_where_one_gpu_does_not
     fits = plan_strategy(_problem(tensor=2, memory=tight), "1f1b")
     assert fits.result.feasible and fits.plan is not None
     assert max(fits.plan.predicted.peak_memory_bytes) <= tight
+
+
+def test_sequence_parallel_sends_one_tensor_rank_s_share_of_the_sequence() -> None:
+    plain = Costs.from_problem(parse_problem(_doc(tensor=4)))
+    seq = Costs.from_problem(parse_problem({**_doc(tensor=4), "sequence_parallel": True}))
+    assert seq.output_bytes[0] == pytest.approx(4e6 / 4)  # each rank sends its s/T tokens
+    # The all-gathers and reduce-scatters move what the all-reduces did: times unchanged.
+    assert (seq.forward, seq.backward, seq.fused, seq.activation_bytes, seq.param_bytes) == (
+        plain.forward, plain.backward, plain.fused, plain.activation_bytes, plain.param_bytes)
+    with pytest.raises(ValueError, match="sequence_parallel needs tensor_parallel > 1"):
+        parse_problem({**_doc(tensor=1), "sequence_parallel": True})
+
+
+def test_sequence_parallel_shortens_a_pipeline_bound_by_its_transfers() -> None:
+    """Two stages on two devices over a slow link: the transfers between them shrink by T."""
+    slow = {"bandwidth_bytes_per_s": 1e8, "latency_s": 0.0}
+    layer = {"forward": 1.0, "backward": 1.0, "weight": 1.0, "output_bytes": 4e6}
+    doc = {"microbatches": 4, "devices": {"count": 2, "per_node": 1}, "tensor_parallel": 2,
+           "layers": [{"name": "a", **layer}, {"name": "b", **layer}],
+           "network": {"intra_node": LINK, "inter_node": slow}}
+    plain, seq = (plan_strategy(parse_problem({**doc, "sequence_parallel": sp}), "1f1b").plan
+                  for sp in (False, True))
+    assert plain is not None and seq is not None
+    hop_ms = 4e6 / 1e8 * 1e3  # 40 ms a transfer whole, 20 ms sequence-sharded
+    assert plain.predicted.iteration_time - seq.predicted.iteration_time >= hop_ms / 2

@@ -210,6 +210,7 @@ def build_problem(
         data_parallel=mesh.replicas,
         # A device is a tensor group inside one pod: its all-reduces run over the intra-node link.
         tensor_parallel=mesh.tensor,
+        sequence_parallel=spec.parallelism.sequence_parallel and mesh.tensor > 1,
         network=Network(intra_node=intra, inter_node=inter_node, data_parallel=replica_link),
     )
 

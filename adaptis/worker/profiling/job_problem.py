@@ -66,6 +66,7 @@ def estimate_problem(spec: JobSpec, *, devices: int, precision: str = "fp32") ->
                                      kernel_s=0.0 if gpu else _CPU_KERNEL_S),
         devices=IdenticalDevices(count=devices, per_node=max(devices, 1)),
         tensor_parallel=spec.parallelism.tensor_parallel,
+        sequence_parallel=spec.parallelism.sequence_parallel and spec.parallelism.tensor_parallel > 1,
     )
 
 
@@ -84,7 +85,9 @@ def measure_problem(spec: JobSpec, *, devices: int, repeats: int = 3,
                                     action_overhead_s=measure_action_overhead(settings=settings),
                                     graph_visit_s=measure_graph_visit(settings=settings, spec=spec))
     # The layers are profiled whole, marked by kind; the planner charges them at the job's degree.
-    return problem.model_copy(update={"tensor_parallel": spec.parallelism.tensor_parallel,
+    par = spec.parallelism
+    return problem.model_copy(update={"tensor_parallel": par.tensor_parallel,
+                                      "sequence_parallel": par.sequence_parallel and par.tensor_parallel > 1,
                                       "layers": mark_by_kind(problem.expanded_layers())})
 
 
