@@ -1,8 +1,9 @@
 """The soak's invariants (issue 31, item 3): pure checks over listed objects, one function each.
 
-bench/soak.py (not yet written) is meant to list nodes, pods and jobs from the real control plane
-and call these continuously and at the end; each returns a list of violation strings (empty: it
-holds), so a harness can count and print them. They take plain dicts as the API returns them.
+bench/soak.py lists nodes, pods and jobs from the real control plane and calls these continuously
+and at the end; each returns a list of violation strings (empty: it holds), so the harness can
+count and print them; ``counted_gang`` is the harness's rule for which of its faults count
+against a job. They take plain dicts as the API returns them.
 """
 
 from __future__ import annotations
@@ -64,6 +65,19 @@ def children_left(deleted_jobs: Iterable[tuple[str, str]],
             for pod in pods
             if LABEL_JOB in pod.get("metadata", {}).get("labels", {}) and _alive(pod)
             and (pod["metadata"].get("namespace", ""), pod["metadata"]["labels"][LABEL_JOB]) in gone]
+
+
+def counted_gang(job: Mapping[str, Any] | None, pod: Mapping[str, Any]) -> str | None:
+    """The gang (``plan/attempt``) a fault to ``pod`` counts against ``job``'s backoffLimit, or
+    None when the operator would not count it: it counts a lost pod once every rank of the
+    current attempt had its pod (``status.launched`` names that attempt, the pod is of it, and
+    the job is not finished). Read the job after the pod, so its status is no older."""
+    status = (job or {}).get("status") or {}
+    launched = str(status.get("launched") or "")
+    attempt = launched.rpartition("/")[2]
+    labels = pod.get("metadata", {}).get("labels", {})
+    current = bool(launched) and attempt == labels.get(LABEL_ATTEMPT) == str(status.get("restarts", 0))
+    return launched if current and status.get("phase") not in _TERMINAL_PHASES else None
 
 
 def job_consistent(job: Mapping[str, Any], *, counted_faults: int) -> list[str]:

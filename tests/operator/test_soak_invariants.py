@@ -5,6 +5,7 @@ from __future__ import annotations
 from bench.soak_invariants import (
     attempts_alive,
     children_left,
+    counted_gang,
     gpu_double_booked,
     job_consistent,
     no_hot_loop,
@@ -67,3 +68,17 @@ def test_no_hot_loop_bounds_requests_per_job_minute() -> None:
     assert no_hot_loop(600, jobs=10, minutes=2, per_job_minute=30) == []
     assert no_hot_loop(601, jobs=10, minutes=2, per_job_minute=30) == [
         "601 requests for 10 jobs in 2.0 min: 30.1 a job a minute > 30"]
+
+
+def _gang_job(*, launched: str | None, restarts: int = 0, phase: str = "Running") -> dict:
+    return {"status": {"launched": launched, "restarts": restarts, "phase": phase}}
+
+
+def test_a_fault_counts_only_against_a_launched_current_attempt_of_a_live_job() -> None:
+    pod = _pod("p", attempt="1")
+    assert counted_gang(_gang_job(launched="abc/1", restarts=1), pod) == "abc/1"
+    assert counted_gang(_gang_job(launched=None, restarts=1), pod) is None  # not every rank had its pod
+    assert counted_gang(_gang_job(launched="abc/1", restarts=2), pod) is None  # already restarted
+    assert counted_gang(_gang_job(launched="abc/0", restarts=0), pod) is None  # a stale attempt's pod
+    assert counted_gang(_gang_job(launched="abc/1", restarts=1, phase="Succeeded"), pod) is None
+    assert counted_gang(None, pod) is None  # a job deleted meanwhile
