@@ -12,7 +12,8 @@ The problem a layout is planned as (:func:`layout_problem`) is the user's proble
 - ``devices``: ``P`` identical devices of the problem's kind (its memory, speed), ``per_node
   // T`` of them a node (a tensor group never leaves its node: ``T`` divides ``per_node``);
 - ``tensor_parallel: T``, every layer's ``tensor_split`` and ``tensor_all_reduces`` set from
-  its kind where it does not say (:func:`adaptis.planner.tensor_parallel.mark_by_kind`);
+  its kind where it does not say (:func:`adaptis.planner.tensor_parallel.mark_by_kind`), and
+  the problem's ``sequence_parallel`` kept where ``T > 1``;
 - ``data_parallel: R``, the replicas' all-reduce over ``network.data_parallel`` if given, else
   the intra-node link when the whole layout fits in one node, the inter-node link otherwise;
 - ``microbatches: M`` and every layer's times, activation and output bytes scaled by ``m``
@@ -166,6 +167,7 @@ def layout_problem(problem: Problem, layout: Layout, *, profiled_microbatch: int
         network=net,
         data_parallel=layout.data_parallel,
         tensor_parallel=layout.tensor,
+        sequence_parallel=problem.sequence_parallel and layout.tensor > 1,
         action_overhead_s=problem.action_overhead_s,
     )
 

@@ -202,3 +202,12 @@ def test_properties_on_random_problems(case: tuple[Problem, int, int]) -> None:
         assert pruned.ranked[0].step_time == pytest.approx(full.ranked[0].step_time, rel=1e-9)
     else:
         assert not pruned.ranked
+
+
+def test_sequence_parallel_kept_where_there_is_a_tensor_group() -> None:
+    base = _small(tensor_parallel=2, sequence_parallel=True)
+    assert layout_problem(base, Layout(1, 2, 2, 1, 8)).sequence_parallel
+    assert not layout_problem(base, Layout(2, 2, 1, 1, 4)).sequence_parallel
+    sent = Costs.from_problem(layout_problem(base, Layout(1, 2, 2, 1, 8))).output_bytes
+    whole = Costs.from_problem(layout_problem(_small(), Layout(1, 2, 2, 1, 8))).output_bytes
+    assert sent == pytest.approx([b / 2 for b in whole])
