@@ -3,7 +3,8 @@
 A figure, not a test. Two parts (``--part measure``, ``--part dry``, default both):
 
 **measure.** The tiny tensor-parallel example (examples/tiny-tensor-parallel.yaml) trained by
-``adaptis run --problem`` as T=1 x P=2 (2 ranks), T=2 x P=2 (4 ranks) and T=2 x P=1 (2 ranks),
+``adaptis run --problem`` as T=1 x P=2 (2 ranks), T=2 x P=2 (4 ranks), T=2 x P=2 with sequence
+parallelism (4 ranks, ``sequenceParallel: true``) and T=2 x P=1 (2 ranks),
 taking turns (A B C A B C ...) for ``--reps`` rounds. The layers are measured once
 (``measure_problem``, what ``profile: measure`` does) and every configuration's problem is that
 profile at its degree T, its layers marked by kind as the estimate marks them (Mamba whole, the
@@ -16,7 +17,9 @@ collectives, torch.distributed._functional_collectives, and waits for each). Run
 other processes used more than ``--max-load`` cores are left out (bench/measured_speedup.py).
 The CPU makes tensor parallelism look bad: its all-reduces go over loopback through gloo, the
 ranks share 2 cores, and a tiny layer's split matmuls save less than the reduce costs.
-Sequence parallelism is not implemented, so there is no T=2+SP row.
+Sequence parallelism adds an all-gather per MoE and Mamba block (computed whole on the gathered
+sequence) and DTensor redistributions, and halves what crosses between the stages, which on
+loopback costs next to nothing: on the CPU it can only look worse than plain T=2.
 
 **dry.** A Llama-3-70B-shaped and a GPT-3-175B-shaped zoo job planned on estimated layers
 (adaptis.planner.estimate.estimate_layers at an H200's bf16 rate, no torch work) on H200s
@@ -49,6 +52,7 @@ EXAMPLE = REPO / "examples" / "tiny-tensor-parallel.yaml"
 CONFIGS: dict[str, tuple[dict[str, Any], int, int]] = {
     "T=1 P=2": ({"workers": 2, "gpusPerWorker": 1, "tensorParallel": 1}, 2, 1),
     "T=2 P=2": ({"workers": 2, "gpusPerWorker": 2, "tensorParallel": 2}, 2, 2),
+    "T=2+SP P=2": ({"workers": 2, "gpusPerWorker": 2, "tensorParallel": 2, "sequenceParallel": True}, 2, 2),
     "T=2 P=1": ({"workers": 1, "gpusPerWorker": 2, "tensorParallel": 2}, 1, 2),
 }
 
@@ -128,7 +132,7 @@ def measure_tensor_link(*, output_bytes: float, tmp: Path) -> dict[str, float]:
 
 
 def config_problem(base: Any, *, devices: int, degree: int, link: dict[str, float] | None,
-                   marked: bool) -> Any:
+                   marked: bool, sequence: bool = False) -> Any:
     """The measured profile as one configuration's problem: P devices, degree T, the layers
     marked by kind (``marked``) and the tensor link (None: free, as ``profile: measure``)."""
     from adaptis.api.problem import Link
@@ -140,7 +144,7 @@ def config_problem(base: Any, *, devices: int, degree: int, link: dict[str, floa
     tensor = None if link is None else Link(bandwidth_bytes_per_s=link["bandwidth_bytes_per_s"],
                                             latency_s=link["latency_s"])
     return base.model_copy(update={
-        "layers": layers, "tensor_parallel": degree,
+        "layers": layers, "tensor_parallel": degree, "sequence_parallel": sequence,
         "devices": base.devices.model_copy(update={"count": devices, "per_node": devices}),
         "network": base.network.model_copy(update={"tensor": tensor})})
 
@@ -194,19 +198,20 @@ def measure(args: argparse.Namespace) -> list[str]:
         (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
         env_path = os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")])
         plans: dict[str, tuple[Path, float]] = {}
-        for name, (_par, pipeline, degree) in CONFIGS.items():
-            marked = config_problem(base, devices=pipeline, degree=degree, link=link, marked=True)
-            plain = config_problem(base, devices=pipeline, degree=degree, link=None, marked=False)
-            path = tmp / f"{name.replace(' ', '-').replace('=', '')}-problem.yaml"
+        for name, (par_, pipeline, degree) in CONFIGS.items():
+            seq = bool(par_.get("sequenceParallel"))
+            marked = config_problem(base, devices=pipeline, degree=degree, link=link, marked=True, sequence=seq)
+            plain = config_problem(base, devices=pipeline, degree=degree, link=None, marked=False, sequence=seq)
+            path = tmp / f"{name.replace(' ', '-').replace('=', '').replace('+', '')}-problem.yaml"
             path.write_text(yaml.safe_dump(marked.model_dump(mode="json", exclude_none=True)))
             plans[name] = (path, predicted_step(plain, ranks=pipeline * degree))
         for rep in range(args.reps):
-            for name, (par, pipeline, degree) in CONFIGS.items():
+            for name, (par, _pipeline, _degree) in CONFIGS.items():
                 doc = copy.deepcopy(base_doc)
                 doc["spec"]["parallelism"] = dict(par)
-                manifest = tmp / f"{name.replace(' ', '-').replace('=', '')}.yaml"
+                manifest = tmp / f"{name.replace(' ', '-').replace('=', '').replace('+', '')}.yaml"
                 manifest.write_text(yaml.safe_dump(doc))
-                coll = tmp / f"coll-{rep}-{degree}-{pipeline}"
+                coll = tmp / f"coll-{rep}-{name.replace(' ', '-').replace('=', '').replace('+', '')}"
                 coll.mkdir()
                 os.environ.update(ADAPTIS_BENCH_TP_DIR=str(coll), PYTHONPATH=env_path)
                 summary, row = timed_run(manifest, problem=plans[name][0], steps=args.steps, workdir=tmp / "w")

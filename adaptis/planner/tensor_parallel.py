@@ -18,8 +18,11 @@ many in its input-gradient pass:
   on (``output_bytes``) stays whole: the pipeline passes the full activation between stages,
   except under sequence parallelism (``problem.sequence_parallel``), where each rank sends its
   ``1/T`` of the sequence: ``output_bytes / T``. Its all-gathers and reduce-scatters move the
-  same bytes as the all-reduces they replace (an all-reduce is one of each), so the
-  collectives' time is unchanged.
+  same bytes as the all-reduces they replace (an all-reduce is one of each); what changes is
+  per kind (:data:`SEQUENCE_EXTRA_BY_KIND`, in all-reduces, an all-gather or reduce-scatter
+  being half of one): the blocks computed whole on the gathered sequence (Mamba, the MoE
+  experts) and the head gather it once more in F and in B, the embedding reduce-scatters
+  instead of all-reducing.
 
 The collectives do not scale with a device's speed, but the simulator divides every time by
 it: on devices of speed 1 (the usual profile) that is exact, elsewhere an approximation.
@@ -31,8 +34,8 @@ from dataclasses import dataclass
 
 from adaptis.api.problem import Layer, Link
 
-__all__ = ["ALL_REDUCES_BY_KIND", "DEFAULT_ALL_REDUCES", "ShardedLayer", "all_reduce_seconds",
-           "mark_by_kind", "sharded_layers"]
+__all__ = ["ALL_REDUCES_BY_KIND", "DEFAULT_ALL_REDUCES", "SEQUENCE_EXTRA_BY_KIND", "ShardedLayer",
+           "all_reduce_seconds", "mark_by_kind", "sharded_layers"]
 
 #: All-reduces of a layer's output per forward when the problem does not say: an attention
 #: block's (one after attention, one after its MLP).
@@ -45,6 +48,12 @@ DEFAULT_ALL_REDUCES = 2
 #: token, not the activation). Mamba is the one kind kept whole.
 ALL_REDUCES_BY_KIND = {"embedding": 1, "attention": 2, "moe": 2, "dense": 1, "mamba": 0, "head": 0}
 _KEPT_WHOLE = frozenset({"mamba"})
+
+#: Under sequence parallelism, all-reduces of output_bytes added per pass to a known kind's (a
+#: ring all-gather or reduce-scatter costs half an all-reduce): Mamba and MoE blocks gather the
+#: sequence in (F) and their output gradient (B); the head gathers its input (F) and
+#: reduce-scatters its gradient (B); the embedding's all-reduce becomes a reduce-scatter.
+SEQUENCE_EXTRA_BY_KIND = {"mamba": 0.5, "moe": 0.5, "head": 0.5, "embedding": -0.5}
 
 
 def mark_by_kind(layers: list[Layer]) -> list[Layer]:
@@ -96,7 +105,9 @@ def sharded_layers(layers: list[Layer], *, degree: int, link: Link | None,
     for lay in layers:
         split = 1.0 if lay.tensor_split is None else lay.tensor_split
         share = 1.0 if degree == 1 else 1.0 - split + split / degree
-        reduces = DEFAULT_ALL_REDUCES if lay.tensor_all_reduces is None else lay.tensor_all_reduces
+        reduces: float = DEFAULT_ALL_REDUCES if lay.tensor_all_reduces is None else lay.tensor_all_reduces
+        if sequence and lay.kind is not None:
+            reduces = max(0.0, reduces + SEQUENCE_EXTRA_BY_KIND.get(lay.kind, 0.0))
         comm = reduces * all_reduce_seconds(lay.output_bytes, ranks=degree, link=link) / unit_seconds
         fused = lay.backward + lay.weight if lay.backward_fused is None else lay.backward_fused
         out.append(ShardedLayer(

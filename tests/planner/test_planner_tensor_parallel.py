@@ -109,6 +109,21 @@ def test_sequence_parallel_sends_one_tensor_rank_s_share_of_the_sequence() -> No
         parse_problem({**_doc(tensor=1), "sequence_parallel": True})
 
 
+@pytest.mark.parametrize(("kind", "reduces", "extra"), [("mamba", 0, 0.5), ("moe", 2, 0.5), ("head", 0, 0.5),
+                                                   ("embedding", 1, -0.5), ("attention", 2, 0.0)])
+def test_sequence_parallel_charges_each_kind_s_gathers(kind: str, reduces: int, extra: float) -> None:
+    """A ring all-gather or reduce-scatter of 4 MB among 4 is half the all-reduce: (3 latencies
+    + 3/4 x 4e6 / 1e11 s); Mamba, MoE and the head gather once more a pass, the embedding's
+    all-reduce is a reduce-scatter."""
+    ring_ms = (6 * 1e-6 + 1.5 * 4e6 / 1e11) * 1e3
+    layer = {"kind": kind, "tensor_all_reduces": reduces, "tensor_split": 0.0 if kind == "mamba" else 1.0}
+    plain = Costs.from_problem(parse_problem(_doc(tensor=4, **layer)))
+    seq = Costs.from_problem(parse_problem({**_doc(tensor=4, **layer), "sequence_parallel": True}))
+    for pass_ in ("forward", "backward", "fused"):
+        assert getattr(seq, pass_)[0] - getattr(plain, pass_)[0] == pytest.approx(extra * ring_ms), pass_
+    assert seq.weight == plain.weight  # W stays local
+
+
 def test_sequence_parallel_shortens_a_pipeline_bound_by_its_transfers() -> None:
     """Two stages on two devices over a slow link: the transfers between them shrink by T."""
     slow = {"bandwidth_bytes_per_s": 1e8, "latency_s": 0.0}
