@@ -25,8 +25,8 @@ def test_one_workload_row(capsys: pytest.CaptureFixture[str]) -> None:
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| nemotron-h-S")]
     assert len(rows) == 1
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
-    enumerated, floor, searched, exhaustive = int(cells[3]), int(cells[4]), int(cells[5]), int(cells[7])
+    enumerated, floor, searched, exhaustive = int(cells[3]), int(cells[4]), int(cells[5]), int(cells[8])
     assert searched <= exhaustive == enumerated - floor
-    assert cells[9] == cells[10] and float(cells[11]) == 1.0  # pruned first choice = exhaustive best
+    assert cells[7] == cells[10] and float(cells[11]) == 1.0  # pruned first choice = exhaustive best
     assert cells[12].endswith("T8 m1 M8")  # the recipe: T = the node's 8 GPUs, m = 1
     assert float(cells[13]) >= 1.0 and float(cells[15]) >= 1.0  # no recipe ahead of the chosen
