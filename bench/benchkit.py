@@ -144,7 +144,7 @@ class Operator:
         liveness = f"http://127.0.0.1:{free_port()}/healthz"
         port = free_port()
         self.metrics_url = f"http://127.0.0.1:{port}/metrics"
-        self._log = self.log_path.open("wb")
+        self._log = self.log_path.open("ab")  # a restarted operator appends
         self.proc = subprocess.Popen(  # our own CLI
             [sys.executable, "-m", "adaptis", "operator", "--namespace", self.namespace,
              "--liveness", liveness, "--metrics-port", str(port), *self.extra_args],

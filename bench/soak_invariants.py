@@ -32,7 +32,8 @@ def _gpus(pod: Mapping[str, Any]) -> int:
 
 def gpu_double_booked(nodes: Iterable[Mapping[str, Any]],
                       pods: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Nodes whose bound, alive pods request more GPUs than the node has allocatable."""
+    """Nodes whose bound, alive pods request more GPUs than the node has allocatable. A pod
+    bound to a node not in ``nodes`` (deleted, or newer than the list) books no listed node."""
     allocatable = {n["metadata"]["name"]: int(n.get("status", {}).get("allocatable", {}).get(GPU, 0))
                    for n in nodes}
     used: dict[str, int] = defaultdict(int)
@@ -40,8 +41,8 @@ def gpu_double_booked(nodes: Iterable[Mapping[str, Any]],
         node = pod.get("spec", {}).get("nodeName")
         if node and _alive(pod):
             used[node] += _gpus(pod)
-    return [f"node {node}: {count} GPUs requested > {allocatable.get(node, 0)} allocatable"
-            for node, count in sorted(used.items()) if count > allocatable.get(node, 0)]
+    return [f"node {node}: {count} GPUs requested > {allocatable[node]} allocatable"
+            for node, count in sorted(used.items()) if node in allocatable and count > allocatable[node]]
 
 
 def attempts_alive(pods: Iterable[Mapping[str, Any]]) -> list[str]:

@@ -52,6 +52,7 @@ from components import (
     SERVICE_CLUSTER_IP_RANGE,
     STARTUP_ORDER,
     ClusterLayout,
+    ComponentCommand,
     apiserver_ip_addresses,
 )
 from fakenodes import (
@@ -155,6 +156,7 @@ class ControlPlane(FakeNodeClient):
         self.log_dir = self.work_dir / "logs"
         self.pki_dir = self.work_dir / "pki"
         self._processes: list[ManagedProcess] = []
+        self._commands: dict[str, ComponentCommand] = {}
         self._ports: dict[str, int] = {}
         self._credentials: ClusterCredentials | None = None
         self._user_kubeconfigs: UserKubeconfigs | None = None
@@ -223,6 +225,7 @@ class ControlPlane(FakeNodeClient):
             layout = self._make_layout()
             for build in STARTUP_ORDER:
                 command = build(layout)
+                self._commands[command.name] = command
                 process = self._launch(command.name, list(command.args))
                 wait_healthy(
                     process,
@@ -250,6 +253,25 @@ class ControlPlane(FakeNodeClient):
                 logger.exception("failed to stop %s", process.name)
         if self._owns_work_dir and self.work_dir.exists():
             shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def restart(self, name: str, *, kill: bool = False) -> float:
+        """Stop one component (SIGKILL when ``kill``, else SIGTERM) and start it again with the
+        same command line, ports and data; return the seconds until it was healthy again. The
+        soak's fault of a restarted apiserver or etcd (bench/soak.py)."""
+        command = self._commands.get(name)
+        old = next((p for p in self._processes if p.name == name and p.running), None)
+        if command is None or old is None:
+            raise ControlPlaneError(f"{name} is not a running component of this control plane")
+        if kill and old.popen is not None:
+            old.popen.kill()
+            old.popen.wait(timeout=30)
+        old.stop()
+        self._processes.remove(old)
+        started = time.monotonic()
+        process = self._launch(name, list(command.args))
+        wait_healthy(process, command.health_url, timeout=self.startup_timeout,
+                     context=command.health_ssl_context)
+        return time.monotonic() - started
 
     def check_alive(self) -> None:
         """Raise :class:`ControlPlaneError` if any component has exited."""

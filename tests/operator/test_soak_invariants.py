@@ -32,6 +32,10 @@ def test_gpu_double_booked_counts_only_alive_bound_pods() -> None:
     assert gpu_double_booked(nodes, fits) == []
     over = [*fits, _pod("p3", node="a", gpus=1)]
     assert gpu_double_booked(nodes, over) == ["node a: 9 GPUs requested > 8 allocatable"]
+    # An orphan of a deleted node (or a pod on a node newer than the list) books no listed node.
+    assert gpu_double_booked(nodes, [*fits, _pod("orphan", node="gone", gpus=8)]) == []
+    assert gpu_double_booked([*nodes, _node("b", 0)], [_pod("p", node="b")]) == [
+        "node b: 1 GPUs requested > 0 allocatable"]
 
 
 def test_attempts_alive_flags_two_attempts_of_one_job() -> None:
