@@ -58,7 +58,9 @@ in_containerd() { grep -qx "$(cri_ref "$1")" <<<"$(bash "${NODE}" ctr images ls 
 in_buildah() { "${BUILDAH[@]}" images --quiet "$1" >/dev/null 2>&1; }
 fresh() { [[ -f "${CACHE}/$1.stamp" && "$(cat "${CACHE}/$1.stamp")" == "$2" ]]; }
 
-image_id() { "${BUILDAH[@]}" images --no-trunc --format '{{.ID}}' "$1" 2>/dev/null | head -1 | sed 's/^sha256://'; }
+# image_id IMAGE: its ID, empty when buildah has none (buildah exits 125 then: under pipefail
+# that would end the script on a cold cache, where no image exists yet)
+image_id() { { "${BUILDAH[@]}" images --no-trunc --format '{{.ID}}' "$1" 2>/dev/null || true; } | head -1 | sed 's/^sha256://'; }
 
 # import NAME IMAGE: buildah's copy of IMAGE into containerd (namespace k8s.io), through an
 # archive; the image it replaces goes, with the ID reference the kubelet's CRI adds
