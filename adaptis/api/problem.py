@@ -272,6 +272,13 @@ class Problem(_Strict):
         "each stage all-reduces its gradients with its replicas over network.data_parallel "
         "after its last weight-gradient action. Optional extension of the contract, default 1.",
     )
+    objective: Literal["auto", "iteration", "step"] = Field(
+        default="auto",
+        description="What the joint search minimises: `iteration` (the pipeline), `step` (the "
+        "pipeline, then the part of the replicas' gradient all-reduce it does not hide, then the "
+        "optimizer), or `auto`: the step where data_parallel > 1, else the iteration. Optional "
+        "extension of the contract, default auto.",
+    )
     tensor_parallel: int = Field(
         default=1, ge=1, le=64,
         description="Tensor-parallel degree T: each device of the plan is a group of T GPUs "
@@ -291,6 +298,11 @@ class Problem(_Strict):
         description="Fixed runtime cost of every F/B/W action in seconds (launches, bookkeeping); "
         "`adaptis profile` measures it. Optional extension of the contract, default 0.",
     )
+
+    @property
+    def scores_step(self) -> bool:
+        """Whether the search minimises the step (``objective``; ``auto``: with replicas)."""
+        return self.objective == "step" or (self.objective == "auto" and self.data_parallel > 1)
 
     @model_validator(mode="after")
     def _check_counts(self) -> Problem:

@@ -273,8 +273,12 @@ counts it, so that it can be held against what a worker measures:
 
 With `data_parallel: 1` and no `optimizer` times, `step_time` equals `iteration_time`. Not
 modelled: the tied-embedding gradient exchange and the clipping norm's own all-reduce (one
-number, a few latencies). The search optimises `iteration_time`; `adaptis plan --compare`
-shows a step column when any strategy's step differs from its pipeline.
+number, a few latencies). What the search minimises is `objective`: by default (`auto`) the
+step where `data_parallel` > 1 (the order in which stages finish their last W decides how much
+of each all-reduce hides under the cooldown, so the plan of the shortest iteration need not be
+the plan of the shortest step), else `iteration_time`; `iteration` or `step` force one.
+`adaptis plan` shows a step column when any strategy's step differs from its pipeline, and
+says which of the two the search minimised.
 
 ## Example
 

@@ -72,6 +72,8 @@ class Costs:
     replica_link: tuple[float, float] | None = None
     grad_bytes: tuple[float, ...] = ()
     optimizer: tuple[float, ...] = ()
+    # What the search minimises (Problem.objective): "auto" is the step where replicas > 1.
+    objective: str = "auto"
 
     @classmethod
     def from_problem(cls, problem: Problem) -> Costs:
@@ -113,7 +115,13 @@ class Costs:
             replica_link=link(problem.network.replica_link),
             grad_bytes=tuple(r.grad_bytes for r in rank),
             optimizer=tuple(r.optimizer for r in rank),
+            objective=problem.objective,
         )
+
+    @property
+    def by_step(self) -> bool:
+        """Whether the search scores a candidate by its step (Problem.objective), not its iteration."""
+        return self.objective == "step" or (self.objective == "auto" and self.replicas > 1)
 
     @property
     def layers(self) -> int:

@@ -3,8 +3,10 @@
 Sits under the search (:mod:`adaptis.planner.search`, whose phases make candidates) and the
 climbs (:mod:`adaptis.planner.climb`, which improve the best one), which both pass the one
 :class:`Evaluator` of a search around: it list-schedules each candidate (or, on a screened
-problem, estimates it), counts evaluations against the budget, stops at the deadline, reports
-progress and keeps the champion (the best candidate scheduled so far: what a deadline returns).
+problem, estimates it), scores it by the iteration or, where the problem says so
+(``Costs.by_step``: data parallel by default), by the step, counts evaluations against the
+budget, stops at the deadline, reports progress and keeps the champion (the best candidate
+scheduled so far: what a deadline returns).
 """
 
 from __future__ import annotations
@@ -35,12 +37,15 @@ class Candidate:
     schedule: Schedule | None  # None: screened only (``estimate``), never returned as it is
     policy: Policy
     estimate: float = math.inf
+    by_step: bool = False  # scored by the step, not the iteration (Costs.by_step)
 
     @property
     def time(self) -> float:
+        """What the search minimises: the iteration, or the step (``by_step``); inf where it
+        does not fit, the estimate where it was screened only."""
         if self.schedule is None:
             return self.estimate
-        return self.schedule.iteration_time if self.schedule.feasible else math.inf
+        return self.schedule.score(by_step=self.by_step)
 
 
 class Evaluator:
@@ -75,7 +80,7 @@ class Evaluator:
             raise OutOfTime("the time limit ran out between candidates")
         self.evals += 1
         sched = list_schedule(self.costs, stages=stages, owner=owner, policy=policy, deadline=self.deadline)
-        cand = Candidate(pattern, owner, stages, sched, policy)
+        cand = Candidate(pattern, owner, stages, sched, policy, by_step=self.costs.by_step)
         if self.champion is None or cand.time < self.champion.time:
             self.champion = cand
         if self.on_progress:
@@ -96,7 +101,7 @@ class Evaluator:
                                    busiest=max(loads(self.costs, owner, cuts=cuts, pre=self.pre)), beat=beat)
         if self.on_progress:
             self.on_progress(self.evals, self.budget, math.inf if self.champion is None else self.champion.time)
-        return Candidate(pattern, owner, stages, None, policy, est)
+        return Candidate(pattern, owner, stages, None, policy, est, by_step=self.costs.by_step)
 
     def confirm(self, cands: list[Candidate]) -> Candidate | None:
         """The best of the :data:`_CONFIRMED` best estimates, each scheduled in full (extra to

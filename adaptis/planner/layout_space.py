@@ -169,6 +169,7 @@ def layout_problem(problem: Problem, layout: Layout, *, profiled_microbatch: int
         tensor_parallel=layout.tensor,
         sequence_parallel=problem.sequence_parallel and layout.tensor > 1,
         action_overhead_s=problem.action_overhead_s,
+        objective=problem.objective,  # auto: each layout's search minimises its step where R > 1
     )
 
 

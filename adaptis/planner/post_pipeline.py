@@ -32,7 +32,7 @@ from typing import Protocol
 from adaptis.api.plan import Plan
 from adaptis.planner.costs import Costs
 
-__all__ = ["PostPipeline", "Reduction", "post_pipeline"]
+__all__ = ["PostPipeline", "Reduction", "post_pipeline", "step_time"]
 
 
 class _Timed(Protocol):
@@ -70,21 +70,49 @@ class PostPipeline:
 def post_pipeline(*, costs: Costs, plan: Plan, timeline: Sequence[Sequence[_Timed]]) -> PostPipeline:
     """The reductions and optimizer step after ``timeline`` (the simulator's, per device)."""
     stages = [(lo, hi) for lo, hi in plan.stages]
-    grad = costs.stage_sums(costs.grad_bytes, stages)
-    opt = costs.stage_sums(costs.optimizer, stages)
     pipeline_end = max((t[-1].end for t in timeline if t), default=0.0)
     last_w = [0.0] * len(stages)
     for acts in timeline:
         for a in acts:
             if a.kind in ("W", "BW"):
                 last_w[a.stage] = max(last_w[a.stage], a.end)
+    ends = [acts[-1].end if acts else 0.0 for acts in timeline]
+    reductions, ready, optimizer = _after(costs, stages=stages, placement=plan.placement,
+                                          last_w=last_w, device_end=ends)
+    step = ready + max(optimizer, default=0.0)
+    return PostPipeline(
+        reductions=reductions,
+        gradients_ready=ready,
+        optimizer=optimizer,
+        step_time=step,
+        post_pipeline_time=max(0.0, step - pipeline_end),
+    )
+
+
+def step_time(costs: Costs, *, stages: list[tuple[int, int]], placement: Sequence[Sequence[int]],
+              last_w: Sequence[float], device_end: Sequence[float]) -> float:
+    """The step's end from each stage's last W (or BW) end and each device's last action's end
+    (0 for an empty device): what :func:`post_pipeline` reports as ``step_time``, without a
+    timeline (the list scheduler's replay has these figures, :mod:`adaptis.planner.scheduler`)."""
+    _red, ready, optimizer = _after(costs, stages=stages, placement=placement, last_w=last_w,
+                                    device_end=device_end)
+    return ready + max(optimizer, default=0.0)
+
+
+def _after(costs: Costs, *, stages: list[tuple[int, int]], placement: Sequence[Sequence[int]],
+           last_w: Sequence[float], device_end: Sequence[float]
+           ) -> tuple[tuple[tuple[Reduction, ...], ...], float, tuple[float, ...]]:
+    """Per device its reductions in channel order, when every gradient is final, and per
+    device its optimizer time (speed applied)."""
+    grad = costs.stage_sums(costs.grad_bytes, stages)
+    opt = costs.stage_sums(costs.optimizer, stages)
     reductions: list[tuple[Reduction, ...]] = []
     ready = 0.0
     optimizer: list[float] = []
-    for d, acts in enumerate(timeline):
+    for d, end in enumerate(device_end):
         free = 0.0
         done: list[Reduction] = []
-        for s in sorted(plan.placement[d], key=lambda s: (last_w[s], s)):
+        for s in sorted(placement[d], key=lambda s: (last_w[s], s)):
             dur = costs.allreduce_time(grad[s])
             if dur <= 0:
                 continue
@@ -92,13 +120,6 @@ def post_pipeline(*, costs: Costs, plan: Plan, timeline: Sequence[Sequence[_Time
             free = start + dur
             done.append(Reduction(s, start, free))
         reductions.append(tuple(done))
-        ready = max(ready, acts[-1].end if acts else 0.0, free)
-        optimizer.append(sum(opt[s] for s in plan.placement[d]) / costs.speed[d])
-    step = ready + max(optimizer, default=0.0)
-    return PostPipeline(
-        reductions=tuple(reductions),
-        gradients_ready=ready,
-        optimizer=tuple(optimizer),
-        step_time=step,
-        post_pipeline_time=max(0.0, step - pipeline_end),
-    )
+        ready = max(ready, end, free)
+        optimizer.append(sum(opt[s] for s in placement[d]) / costs.speed[d])
+    return tuple(reductions), ready, tuple(optimizer)

@@ -31,6 +31,7 @@ from typing import Literal
 from adaptis.api.plan import Action, ActionKind
 from adaptis.planner.costs import Costs, StageCosts
 from adaptis.planner.errors import OutOfTime, PlannerError
+from adaptis.planner.post_pipeline import step_time
 
 __all__ = ["Policy", "Schedule", "inflight_caps", "list_schedule"]
 
@@ -51,6 +52,11 @@ class Policy:
     # Stage 0's B is empty (its whole backward is W) and W runs last, so device 0 can finish
     # the iteration with a run of deferred W's; fusing the last microbatches' does them at once.
     fuse_first_from: int | None = None
+    # W of a stage whose backwards are all done first, the deepest such stage's W's all
+    # before another's (else the oldest microbatch's, any stage): that stage's gradient is
+    # final sooner, so its all-reduce across the replicas starts under the device's other
+    # work. Tried only when the search scores the step.
+    drain_w: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +65,15 @@ class Schedule:
     iteration_time: float
     feasible: bool
     reason: str | None
+    # The whole step (post_pipeline.step_time of the replayed order); the iteration where the
+    # problem has no all-reduce or optimizer.
+    step_time: float = math.inf
+
+    def score(self, *, by_step: bool) -> float:
+        """What the search minimises (``Costs.by_step``); inf where it does not fit."""
+        if not self.feasible:
+            return math.inf
+        return self.step_time if by_step else self.iteration_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +131,7 @@ class _Pipeline:
     __slots__ = ("m", "n_st", "owner", "dur", "caps", "split", "fill_w", "stage0_dev",
                  "dev_stages", "held", "owed", "mem_devs", "tight", "f_end", "b_end", "next_f",
                  "next_b", "w_queue", "free", "replay_f", "replay_b", "replay_free", "left", "out",
-                 "first", "fuse_from")
+                 "first", "fuse_from", "drain", "replay_w")
 
     def __init__(self, costs: Costs, *, owner: list[int], dur: _Durations, caps: list[int],
                  policy: Policy) -> None:
@@ -154,6 +169,8 @@ class _Pipeline:
         self.replay_f = [-1.0] * (n_st * m)
         self.replay_b = [-1.0] * (n_st * m)
         self.replay_free = [0.0] * n_dev
+        self.replay_w = [0.0] * n_st  # each stage's last W (or BW) end: its all-reduce's start
+        self.drain = policy.drain_w
         per_mb = 3 if self.split else 2
         self.left = [len(self.dev_stages[d]) * m * per_mb for d in range(n_dev)]
         # Stage 0's microbatches from fuse_first_from on run one BW instead of B and W.
@@ -188,7 +205,7 @@ class _Pipeline:
         best_kind: ActionKind | Literal[""] = ""
         best_key, best_s, best_mb = (9, 0), -1, -1
         soonest = math.inf
-        w_mb, w_s = m, -1
+        w_mb, w_s, w_key, drain = m, -1, m, self.drain
         for s in self.dev_stages[d]:
             mb = next_b[s]
             if mb < m:
@@ -220,8 +237,12 @@ class _Pipeline:
                     elif (1, mb) < best_key:
                         best_key, best_kind, best_s, best_mb = (1, mb), "F", s, mb
             q = w_queue[s]
-            if q and q[0] < w_mb:
-                w_mb, w_s = q[0], s
+            if q:
+                # Oldest first, deeper stage on ties; draining, a stage with every B done goes
+                # first, the deepest of those first (all its W's, so its gradient is final).
+                key = -1 - s if drain and next_b[s] == m else q[0]
+                if key < w_key:
+                    w_key, w_mb, w_s = key, q[0], s
         if w_s >= 0 and self.tight[d] and best_key[0] >= 1:
             return "W", w_s, w_mb, soonest  # free memory before more forwards
         # W fills the gap: always, or only where it ends before the next known arrival.
@@ -254,6 +275,8 @@ class _Pipeline:
             rf[i] = end
         elif kind != "W":
             rb[i] = end
+        if kind in ("W", "BW"):
+            self.replay_w[s] = end
 
     def run(self, d: int, t: float, *, kind: ActionKind, s: int, mb: int, looks: list[tuple[float, int]]) -> None:
         """Record ``kind`` (s, mb) on device ``d`` from ``t``; push the looks it causes
@@ -346,4 +369,8 @@ def list_schedule(
             continue  # an arrival or a release will push a new look
         run(d, t, kind=kind, s=s, mb=mb, looks=events)
         remaining -= 1
-    return Schedule(tuple(tuple(a) for a in pipe.out), max(pipe.replay_free), True, None)
+    end = max(pipe.replay_free)
+    placement = [[s for s, o in enumerate(owner) if o == d] for d in range(costs.devices)]
+    step = step_time(costs, stages=stages, placement=placement, last_w=pipe.replay_w,
+                     device_end=pipe.replay_free)
+    return Schedule(tuple(tuple(a) for a in pipe.out), end, True, None, step)

@@ -61,7 +61,8 @@ class Screen:
     def estimate(self, *, stages: list[tuple[int, int]], owner: list[int], policy: Policy,
                  busiest: float, beat: float, deadline: float | None,
                  recompute: tuple[bool, ...] | None = None) -> float:
-        """The extrapolated iteration time at the full size (inf: does not fit in memory).
+        """The extrapolated iteration time at the full size, plus the step's tail where the
+        problem scores the step (inf: does not fit in memory).
 
         ``busiest``: the busiest device's work per microbatch; ``beat``: the time to beat
         (the second schedule is skipped when the first already shows it cannot);
@@ -79,4 +80,7 @@ class Screen:
         if not second.feasible:  # memory is checked per microbatch count: 2p can exceed p
             return float("inf")
         slope = (second.iteration_time - first.iteration_time) / (m2 - m1)
-        return second.iteration_time + (self.microbatches - m2) * max(slope, busiest)
+        # Scored by the step: the tail after the pipeline (the exposed all-reduce, the
+        # optimizer) does not grow with the microbatches, so the 2p schedule's is taken as it is.
+        tail = second.step_time - second.iteration_time if self.large.by_step else 0.0
+        return second.iteration_time + (self.microbatches - m2) * max(slope, busiest) + tail

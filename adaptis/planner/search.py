@@ -23,6 +23,12 @@ Large problems (over 16 devices x 128 microbatches) are *screened*
 from schedules of ``p`` and ``2p`` microbatches, the best few estimates are scheduled in full
 (only those can be returned), and the refinement, in full, is held to a few candidates.
 
+Objective: every phase compares :attr:`Candidate.time`, the iteration or, where the problem
+scores the step (``Costs.by_step``, the default with data-parallel replicas), the step: the
+pipeline, then the part of each stage's all-reduce it does not hide, then the optimizer
+(:mod:`adaptis.planner.post_pipeline`, as the scheduler's replay gives it). The bounds that
+prune (the busiest device's work) bound the iteration, so they bound the step too.
+
 Admission (:class:`adaptis.planner.scheduler.Policy` ``admit_per_device``): a structure whose
 devices hold fewer microbatches than it has stages under the global admission rule (the
 global rule then starves the pipeline) is scheduled with per-device admission instead, and phase
@@ -268,6 +274,11 @@ def _policies(*, ev: Evaluator, ranked: list[Candidate], best: Candidate | None
         mode = cand.policy.admit_per_device
         policies = [replace(pol, admit_per_device=mode) for pol in POLICIES[1:]]
         policies.append(replace(cand.policy, admit_per_device=not mode))
+        if ev.costs.by_step and len(set(cand.owner)) < len(cand.owner):
+            # Scored by the step, a device with several stages drains one stage's W's first so
+            # its all-reduce starts under the others' (extra to the budget: R = 1 unchanged).
+            ev.budget += 1
+            policies.append(replace(cand.policy, drain_w=True))
         for policy in policies:
             if ev.spent:
                 break

@@ -173,12 +173,17 @@ def _adaptis(costs: Costs, baselines: dict[str, Outcome], *, on_progress: Progre
              limit: _Limit) -> Outcome:
     t0 = time.perf_counter()
     feasible = [o for o in baselines.values() if o.result.feasible and o.plan is not None]
-    incumbent = min(feasible, key=lambda o: o.result.iteration_time or 0.0, default=None)
-    seed_time = math.inf if incumbent is None else incumbent.result.iteration_time or math.inf
+    by = costs.by_step  # the search's objective: the step with replicas, else the iteration
+
+    def score(o: Outcome) -> float:
+        return (o.result.step_time if by else o.result.iteration_time) or 0.0
+
+    incumbent = min(feasible, key=score, default=None)
+    seed_time = math.inf if incumbent is None else score(incumbent) or math.inf
     # Memory binds on the seeds: a cut priced with the recomputation each stage needs, before
     # the search, so a plan is in hand within seconds whatever the search then finds in time.
     early = _memory_first(costs, baselines, limit=limit, beat=seed_time)
-    early_time = min((sched.iteration_time for _st, _ow, sched, _f in early), default=math.inf)
+    early_time = min((sched.score(by_step=by) for _st, _ow, sched, _f in early), default=math.inf)
     found = None if limit.passed() else joint_search(
         costs,
         incumbent=min(seed_time, early_time),
@@ -197,14 +202,14 @@ def _adaptis(costs: Costs, baselines: dict[str, Outcome], *, on_progress: Progre
         fallback = memory_fallback(costs)
         tried = [] if fallback is None else [(*fallback, None)]
     if not cut:
-        times = [sched.iteration_time for _st, _ow, sched, _f in tried if sched.feasible]
+        times = [sched.score(by_step=by) for _st, _ow, sched, _f in tried if sched.feasible]
         tried += _recomputed(costs, tried=tried[len(early):], limit=limit, beat=min([seed_time, *times]),
                              binds=bool(early))
     # Fastest claim first: a schedule replays at the time it claims, so the first that the
     # simulator confirms wins; one full simulation, not one per candidate (seconds each at scale).
     for stages, owner, schedule, recompute in sorted(
-            (t for t in tried if t[2].feasible), key=lambda t: t[2].iteration_time):
-        if best is not None and schedule.iteration_time >= (best.result.iteration_time or 0.0):
+            (t for t in tried if t[2].feasible), key=lambda t: t[2].score(by_step=by)):
+        if best is not None and schedule.score(by_step=by) >= score(best):
             break
         placement = [[s for s, d in enumerate(owner) if d == dev] for dev in range(costs.devices)]
         plan = Plan.model_construct(  # generated: the simulator checks it below
@@ -214,7 +219,7 @@ def _adaptis(costs: Costs, baselines: dict[str, Outcome], *, on_progress: Progre
         )
         cand = _outcome("adaptis", costs, plan=plan, seconds=0.0)
         if cand.result.feasible and (
-            best is None or (cand.result.iteration_time or 0.0) < (best.result.iteration_time or 0.0)
+            best is None or score(cand) < score(best)
         ):
             best = cand
             break
@@ -269,13 +274,16 @@ def _structure(plan: Plan) -> tuple[list[tuple[int, int]], list[int]]:
     return [(lo, hi) for lo, hi in plan.stages], owner
 
 
-def _never_slower(adaptis: Outcome, others: dict[str, Outcome], *, limit: _Limit) -> Outcome:
+def _never_slower(adaptis: Outcome, others: dict[str, Outcome], *, limit: _Limit,
+                  by_step: bool = False) -> Outcome:
     """``adaptis``, or the fastest of ``others`` (the baselines that are not seeds) where that
     fits and is faster: under ``compare`` adaptis is never slower than a baseline it was shown."""
     fits = [o for o in others.values() if o.result.feasible and o.plan is not None]
-    faster = min(fits, key=lambda o: o.result.iteration_time or 0.0, default=None)
-    if faster is None or (adaptis.result.feasible and (adaptis.result.iteration_time or 0.0)
-                          <= (faster.result.iteration_time or 0.0)):
+    def score(o: Outcome) -> float:
+        return (o.result.step_time if by_step else o.result.iteration_time) or 0.0
+
+    faster = min(fits, key=score, default=None)
+    if faster is None or (adaptis.result.feasible and score(adaptis) <= score(faster)):
         skipped = [n for n, o in others.items() if (o.result.reason or "").startswith("not tried")]
         if not skipped or not adaptis.result.feasible:
             return adaptis
@@ -372,7 +380,8 @@ def compare(
     others = _baselines(costs, rest, names=tuple(n for n in BASELINES if n not in SEEDS),
                         first_always=False)
     baselines: dict[str, Outcome] = {name: seeds.get(name) or others[name] for name in BASELINES}
-    outcomes: dict[str, Outcome] = {"adaptis": _never_slower(adaptis, others, limit=limit), **baselines}
+    outcomes: dict[str, Outcome] = {
+        "adaptis": _never_slower(adaptis, others, limit=limit, by_step=costs.by_step), **baselines}
     comparison = Comparison(
         name=problem.name,
         time_unit=problem.time_unit,
