@@ -174,6 +174,31 @@ def test_a_deleted_or_evicted_rank_restarts_the_gang(cluster: Any, make_job: Any
     assert cluster.job("a")["status"]["restarts"] == 2
 
 
+def test_a_preemption_seen_by_a_restarted_operator_counts_as_a_gang_restart(
+        cluster: Any, make_job: Any) -> None:
+    # Found by bench/soak.py: a preemptor took the GPUs of a lost rank while the operator was
+    # down; the restarted operator (empty ledger) re-planned the job instead of counting it.
+    cluster.add_job(_job(make_job, "a", workers=2))
+    rec = Reconciler(cluster)
+    rec.reconcile("ns", "a")
+    for pod in cluster.pods():
+        cluster.set_pod_phase(pod["metadata"]["name"], "Running")
+    rec.reconcile("ns", "a")
+    launched = cluster.job("a")["status"]["launched"]
+    node = sorted(_nodes_of(cluster, "a"))[0]
+    # kube-scheduler preempts the job's pods on that node for a pod asking its two GPUs.
+    for rank in cluster.job("a")["status"]["placement"]:
+        if rank["node"] == node:
+            cluster.delete_pod("ns", rank["pod"])
+    cluster.finish_deletions()
+    _foreign_pod(cluster, "preemptor", node=node, gpus=2)
+    Reconciler(cluster).reconcile("ns", "a")  # the operator, started again
+    job = cluster.job("a")
+    assert job["status"]["restarts"] == 1 and job["status"]["phase"] == "Restarting", job["status"]
+    assert _cond(job, "Restarting")["reason"] == "PodLost"
+    assert job["status"].get("replans", 0) == 0 and job["status"]["launched"] == launched
+
+
 def test_a_placement_that_stays_unschedulable_is_replanned_without_that_node(
         cluster: Any, make_job: Any, clock: Any) -> None:
     cluster.add_job(_job(make_job, "a", workers=2))
@@ -232,8 +257,9 @@ def test_a_job_kueue_holds_back_holds_no_gpus(cluster: Any, make_job: Any) -> No
 
 def test_a_cached_plan_whose_gpus_others_took_is_planned_again(cluster: Any, make_job: Any) -> None:
     # The job planned and ran; its pods went, and while the operator was down someone else's
-    # pods took the GPUs its cached plan names. The cache must not be trusted blindly: the job
-    # re-plans onto free GPUs, and says why.
+    # pods took the GPUs its cached plan names. The launched gang lost its ranks: a restart
+    # counted (Gang semantics), whether or not the operator was up; then the cache is not
+    # trusted blindly: the new attempt re-plans onto free GPUs, and says why.
     cluster.add_job(_job(make_job, "a", workers=2))
     Reconciler(cluster).reconcile("ns", "a")
     first = _nodes_of(cluster, "a")
@@ -242,7 +268,11 @@ def test_a_cached_plan_whose_gpus_others_took_is_planned_again(cluster: Any, mak
     cluster.finish_deletions()
     for i, node in enumerate(sorted(first)):
         _foreign_pod(cluster, f"theirs-{i}", node=node, gpus=2)
-    Reconciler(cluster).reconcile("ns", "a")  # a restarted operator: an empty ledger
+    rec = Reconciler(cluster)  # a restarted operator: an empty ledger
+    rec.reconcile("ns", "a")
+    assert cluster.job("a")["status"]["restarts"] == 1
+    assert _cond(cluster.job("a"), "Restarting")["reason"] == "PodLost"
+    rec.reconcile("ns", "a")
     job = cluster.job("a")
     assert _nodes_of(cluster, "a").isdisjoint(first)
     assert job["status"]["replans"] == 1

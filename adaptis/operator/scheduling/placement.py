@@ -37,7 +37,7 @@ from adaptis.operator.kube.cluster import Cluster, create_many
 from adaptis.operator.profiling.measuring import measure_candidates
 from adaptis.operator.profiling.nodes import candidate_nodes, profile_node
 from adaptis.operator.profiling.profile_store import measured_figures
-from adaptis.operator.resources.manifests import config_map_name, render_config_map, render_pod
+from adaptis.operator.resources.manifests import config_map_name, plan_hash, render_config_map, render_pod
 from adaptis.operator.resources.status import plan_summary
 from adaptis.operator.scheduling.admitting import Waiting, admit, hold_placement
 from adaptis.operator.scheduling.capacity import CapacityLedger, JobKey
@@ -197,7 +197,7 @@ class Placer:
             return False
         if gpw > 0 and not hold_placement(self._ledger, self._inventory, key=key, record=stored.record,
                                           candidates=scene.candidates, gpus_per_worker=gpw,
-                                          by_kueue=bool(spec.queue_name)):
+                                          by_kueue=bool(spec.queue_name)) and not _launched_on(p, stored.record):
             return False
         self._admitted(p, workers=len(stored.record.nodes))
         self._plans.check_worker_config(p, spec=spec, stored=stored, current=scene.config_map)
@@ -338,3 +338,13 @@ def _ranks(record: PlanRecord) -> str:
         return f"{mesh.world} ranks"
     return (f"{mesh.world} ranks ({mesh.replicas} replica(s) x {mesh.pipeline}) in "
             f"{mesh.pods} pods")
+
+
+def _launched_on(p: PassState, record: PlanRecord) -> bool:
+    """The job's current attempt was launched on ``record``: its plan stands for this pass even
+    when its GPUs are no longer free to it (an operator restarted with an empty ledger after a
+    preemptor or another pod took the GPUs of a lost rank), so that the pass counts the lost
+    ranks as a gang restart against spec.backoffLimit (docs/shared-cluster.md, "Gang
+    semantics") rather than re-planning them away; the restart's next pass admits again."""
+    return p.status.launched == f"{plan_hash(record)}/{p.status.restarts}"
+
