@@ -6,18 +6,28 @@ a job (2-4 ranks of 1-2 GPUs, a fake run of 6-20 s, backoffLimit 1-3), deletes o
 resumes one, and injects a fault: ``kill -9`` of the operator (started again, as its Deployment
 would), a restart of kube-apiserver or of etcd (the same data, ports and flags), an eviction of
 a worker pod through the Eviction API, the deletion of a node that holds workers (added back
-under a new name; its jobs re-plan, not counted against backoffLimit). Between ticks it checks
-that no GPU is double-booked and that at most one attempt's pods of a job are alive. At the end
-it stops injecting, waits until every job left is terminal, and checks each against the faults
-it counted (a job's restarts equal the distinct attempts the harness broke after every rank had
-its pod, which is when the operator counts a lost pod), that a deleted job left no pod, and
-that the operator's reconcile passes per job and minute stay bounded (no hot loop).
+under a new name; its jobs re-plan, not counted against backoffLimit), a preemption (a plain pod
+of PriorityClass ``soak-high`` asking for all GPUs of a node with workers: kube-scheduler
+preempts them; it goes after 8-15 s), and a window of 6-12 s in which API Priority and Fairness
+rejects the operator's requests with HTTP 429 (``soak_faults.py``; the operator runs as the
+chart's ServiceAccount with the chart's RBAC, since system:masters is exempt from APF). Between
+ticks it checks that no GPU is double-booked (the preemptors' GPUs included) and that at most
+one attempt's pods of a job are alive. At the end it stops injecting, waits for the windows to
+close and until every job left is terminal, and checks each against the faults it counted (a
+job's restarts equal the distinct attempts the harness broke after every rank had its pod,
+which is when the operator counts a lost pod: an eviction or a preemption alike,
+docs/shared-cluster.md "Gang semantics"), that a deleted job left no pod, and that the
+operator's reconcile passes per job and minute stay bounded (no hot loop). Its figures count
+the operator's requests the API server rejected (``apiserver_flowcontrol_rejected_requests_total``
+of the operator's FlowSchema) and the preemptors the scheduler bound.
 
     python bench/soak.py --minutes 2 --seed 1      # the short form (tests/integration/test_soak.py)
     python bench/soak.py --minutes 30 --nodes 16   # the long form, by hand
 
-Not injected yet (see bench/RESULTS.md): API Priority and Fairness 429s, a TCP proxy's latency
-and resets on the operator's connection, NotReady nodes and preemption by higher-priority pods.
+Not injected yet (see bench/RESULTS.md): a TCP proxy's latency and resets on the operator's
+connection, and NotReady nodes. A preemption hits the workers the harness read on the node; a
+pod the operator placed there in the second before the scheduler preempts would go uncounted
+(the harness picks only nodes whose every worker is of a launched gang, as for node deletion).
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ from benchkit import (
     install_crd,
     wait_until,
 )
+from soak_faults import Windows, operator_kubeconfig
 from soak_invariants import (
     LABEL_JOB,
     attempts_alive,
@@ -103,6 +114,7 @@ class Soak:
     def __init__(self, *, cp: ControlPlane, op: Operator, rng: random.Random, nodes: int,
                  gpus: int) -> None:
         self.cp, self.op, self.rng, self.gpus = cp, op, rng, gpus
+        self.windows = Windows(cp, namespace=NS)
         self.record = Record()
         self.serial = 0
         self.next_node = nodes
@@ -216,20 +228,26 @@ class Soak:
         self._break(jobs, [pod], fault="eviction")
         return True
 
+    def _clean_nodes(self, jobs: dict[str, dict[str, Any]],
+                     pods: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+        """Nodes holding workers, every one of a launched gang (for the figures' sake: a gang
+        not yet launched may be launched between the read and the fault), with those workers."""
+        on: dict[str, list[dict[str, Any]]] = {}
+        for pod in pods:
+            if (pod["spec"].get("nodeName") and pod["status"].get("phase") not in _TERMINAL
+                    and not pod["metadata"].get("deletionTimestamp")):
+                on.setdefault(pod["spec"]["nodeName"], []).append(pod)
+        return {n: ps for n, ps in sorted(on.items()) if all(self._launched(jobs, p) for p in ps)}
+
     def delete_node(self) -> bool:
         reads = self._reads()
         if reads is None:
             return False
         jobs, pods = reads
-        on: dict[str, list[dict[str, Any]]] = {}
-        for pod in pods:
-            if pod["spec"].get("nodeName") and pod["status"].get("phase") not in _TERMINAL:
-                on.setdefault(pod["spec"]["nodeName"], []).append(pod)
-        # Only a node whose every worker is of a launched gang, for the figures' sake.
-        clean = sorted(n for n, ps in on.items() if all(self._launched(jobs, p) for p in ps))
-        if not clean:
+        on = self._clean_nodes(jobs, pods)
+        if not on:
             return False
-        node = self.rng.choice(clean)
+        node = self.rng.choice(list(on))
         if self.cp.kubectl("delete", "node", node, "--wait=false", check=False).returncode != 0:
             return False
         # A lost node re-plans the jobs on it, not counted against backoffLimit (the plan no
@@ -242,10 +260,32 @@ class Soak:
         self.next_node += 1
         return True
 
+    def preempt(self) -> bool:
+        """A higher-priority pod for all GPUs of a node with workers: kube-scheduler preempts
+        them. A preempted pod of a launched gang is lost, and the operator counts the gang's
+        restart against backoffLimit (docs/shared-cluster.md, "Gang semantics"), as for an
+        eviction; the preemptor goes after a while, so the job can finish."""
+        reads = self._reads()
+        if reads is None:
+            return False
+        jobs, pods = reads
+        on = self._clean_nodes(jobs, pods)
+        if not on:
+            return False
+        node = self.rng.choice(list(on))
+        if self.windows.preempt(node, gpus=self.gpus, seconds=self.rng.uniform(8, 15)) is None:
+            return False
+        self._break(jobs, on[node], fault="preemption")
+        return True
+
+    def starve(self) -> bool:
+        """API Priority and Fairness rejects the operator's requests (429) for some seconds."""
+        return self.windows.starve(seconds=self.rng.uniform(6, 12))
+
     # --------------------------------------------------------------- invariants
 
     def check(self) -> None:
-        pods = self._pods()
+        pods = self._get("pods", "-n", NS)  # the preemptors' GPUs too
         nodes = None if pods is None else self._get("nodes")
         if nodes is None or pods is None:
             return
@@ -256,6 +296,7 @@ class Soak:
 
     def finish(self, *, timeout: float) -> None:
         """Stop injecting; every job left terminal and consistent; deleted jobs left nothing."""
+        self.windows.end()  # the FlowSchemas and the preemptors gone
         for name in list(self.record.jobs):  # a suspended job would never end
             self.cp.kubectl("patch", "apj", name, "-n", NS, "--type=merge", "-p",
                             '{"spec": {"suspend": false}}', check=False)
@@ -290,13 +331,15 @@ class Soak:
 FAULTS: dict[str, Callable[[Soak], bool]] = {
     "operator kill -9": Soak.kill_operator, "kube-apiserver restart": Soak.restart_apiserver,
     "etcd restart": Soak.restart_etcd, "pod eviction": Soak.evict_pod, "node deletion": Soak.delete_node,
+    "preemption": Soak.preempt, "APF 429 window": Soak.starve,
 }
 ACTIONS: dict[str, Callable[[Soak], bool]] = {
     "job created": Soak.create_job, "job deleted": Soak.delete_job, "suspend/resume": Soak.suspend_or_resume,
 }
 #: How often each is drawn: jobs come more often than they go, and faults are a third of ticks.
 WEIGHTS = {"job created": 6, "job deleted": 1, "suspend/resume": 1, "operator kill -9": 1,
-           "kube-apiserver restart": 0.5, "etcd restart": 0.5, "pod eviction": 2, "node deletion": 1}
+           "kube-apiserver restart": 0.5, "etcd restart": 0.5, "pod eviction": 2, "node deletion": 1,
+           "preemption": 1.5, "APF 429 window": 1}
 
 
 def passes(op: Operator) -> int:
@@ -309,10 +352,11 @@ def passes(op: Operator) -> int:
 
 def _draw(rng: random.Random, *, done: Counter[str], late: bool) -> str:
     """The next action or fault; in the second half of the soak a fault not yet injected comes
-    first, so even a short soak injects every kind."""
+    every other tick, so even a short soak injects every kind (the ticks between keep creating
+    the jobs that a fault needs: a node deletion or a preemption needs a launched gang)."""
     missing = [kind for kind in FAULTS if not done[kind]]
-    if late and missing:
-        return missing[0]
+    if late and missing and rng.random() < 0.5:
+        return rng.choice(missing)
     return rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
 
 
@@ -327,7 +371,9 @@ def soak(*, binaries: Path, minutes: float, nodes: int, gpus: int, seed: int, wo
         # The operator keeps its plan records in its own namespace, as the chart's release one.
         cp.create_namespace(ReconcileSettings().profile_namespace)
         create_nodes(cp, [fake_node(i, gpus=gpus, prefix="soak") for i in range(nodes)])
-        op = Operator(cp=cp, namespace=NS, log_path=work / "operator.log")
+        # As the chart's ServiceAccount, with the chart's RBAC: a FlowSchema can match it.
+        op = Operator(cp=cp, namespace=NS, log_path=work / "operator.log",
+                      kubeconfig=operator_kubeconfig(cp, namespace=NS))
         op.start()
         harness = Soak(cp=cp, op=op, rng=rng, nodes=nodes, gpus=gpus)
         started = last = time.monotonic()
@@ -354,6 +400,8 @@ def soak(*, binaries: Path, minutes: float, nodes: int, gpus: int, seed: int, wo
         return {"minutes soaked": round(soaked, 2), "seed": seed, **dict(sorted(record.actions.items())),
                 "jobs finished": len(record.jobs), "jobs deleted": len(record.deleted),
                 "attempts broken": sum(len(g) for g in record.broken.values()),
+                "operator requests rejected 429": harness.windows.rejected_429,
+                "preemptors bound": harness.windows.preemptors_bound,
                 "passes per job-minute": round(total_passes / max(job_minutes, 1e-9), 1),
                 "invariant violations": len(record.violations), "violations": record.violations}
 

@@ -2,8 +2,10 @@
 
 For a minute and a half jobs are created, suspended, resumed and deleted on a control plane of
 the test's own while the operator is killed, kube-apiserver and etcd restart, worker pods are
-evicted and nodes deleted; then every job must end consistent with the faults counted against
-it, no GPU was ever double-booked, no attempt overlapped another and no deleted job left a pod.
+evicted, preempted by a higher-priority pod and nodes deleted, and API Priority and Fairness
+rejects the operator's requests (it runs as the chart's ServiceAccount); then every job must
+end consistent with the faults counted against it, no GPU was ever double-booked, no attempt
+overlapped another and no deleted job left a pod.
 """
 
 from __future__ import annotations
@@ -31,4 +33,8 @@ def test_the_operator_keeps_its_invariants_while_faults_arrive_together(
     injected = {kind: figures.get(kind, 0) for kind in soak.FAULTS}
     assert all(injected.values()), injected
     assert figures["attempts broken"] >= 1, figures
+    # The API server really answered the operator 429 (its own rejected-requests counter).
+    assert figures["operator requests rejected 429"] >= 1, figures
+    # kube-scheduler bound a preemptor onto the GPUs its workers held.
+    assert figures["preemptors bound"] >= 1, figures
     assert figures["jobs finished"] >= 3, figures
