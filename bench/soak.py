@@ -231,13 +231,21 @@ class Soak:
     def _clean_nodes(self, jobs: dict[str, dict[str, Any]],
                      pods: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
         """Nodes holding workers, every one of a launched gang (for the figures' sake: a gang
-        not yet launched may be launched between the read and the fault), with those workers."""
+        not yet launched may be launched between the read and the fault), with those workers.
+        Only nodes that still exist (a deleted node's pods linger until the pod GC) and have no
+        preemptor on its way: a node deleted under a preemptor, or preempted while deleted,
+        would make the harness count the fault the operator does not see."""
+        listed = self._get("nodes")
+        if listed is None:
+            return {}
+        alive = {n["metadata"]["name"] for n in listed} - self.windows.preempting
         on: dict[str, list[dict[str, Any]]] = {}
         for pod in pods:
             if (pod["spec"].get("nodeName") and pod["status"].get("phase") not in _TERMINAL
                     and not pod["metadata"].get("deletionTimestamp")):
                 on.setdefault(pod["spec"]["nodeName"], []).append(pod)
-        return {n: ps for n, ps in sorted(on.items()) if all(self._launched(jobs, p) for p in ps)}
+        return {n: ps for n, ps in sorted(on.items())
+                if n in alive and all(self._launched(jobs, p) for p in ps)}
 
     def delete_node(self) -> bool:
         reads = self._reads()

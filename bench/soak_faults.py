@@ -95,6 +95,8 @@ class Windows:
         self.starving = threading.Event()
         self.rejected_429 = 0  # the operator's requests the API server rejected, all windows
         self.preemptors_bound = 0  # preemptors kube-scheduler bound (so it preempted the workers)
+        self._preempting: set[str] = set()  # nodes with a preemptor on them or on its way
+        self._lock = threading.Lock()
         self.serial = 0
 
     def _delete(self, *args: str, deadline_s: float = 120) -> None:
@@ -167,6 +169,8 @@ class Windows:
                                         "resources": {"requests": {GPU: str(gpus)}, "limits": {GPU: str(gpus)}}}]}}
         if self.cp.kubectl("create", "-f", "-", input=json.dumps(pod), check=False).returncode != 0:
             return None
+        with self._lock:
+            self._preempting.add(node)
 
         def close() -> None:
             time.sleep(seconds)
@@ -175,10 +179,18 @@ class Windows:
             bound = got.returncode == 0 and got.stdout.strip() == node
             self.preemptors_bound += bound
             self._delete("pod", name, "-n", self.namespace)
+            with self._lock:
+                self._preempting.discard(node)
             log.info("preemptor %s on %s deleted (%s)", name, node, "bound" if bound else "not bound")
 
         self._start(close)
         return name
+
+    @property
+    def preempting(self) -> frozenset[str]:
+        """The nodes a preemptor is on or on its way to."""
+        with self._lock:
+            return frozenset(self._preempting)
 
     def _start(self, body: Any) -> None:
         thread = threading.Thread(target=body, daemon=True)
