@@ -25,9 +25,10 @@ of the operator's FlowSchema) and the preemptors the scheduler bound.
     python bench/soak.py --minutes 30 --nodes 16   # the long form, by hand
 
 Not injected yet (see bench/RESULTS.md): a TCP proxy's latency and resets on the operator's
-connection, and NotReady nodes. A preemption hits the workers the harness read on the node; a
-pod the operator placed there in the second before the scheduler preempts would go uncounted
-(the harness picks only nodes whose every worker is of a launched gang, as for node deletion).
+connection, and NotReady nodes. A preemption hits exactly the workers the harness read on the
+node: a plain filler pod takes the node's free GPUs first and the node is read again, so no
+worker can land there unseen before the preemptor comes (the harness picks only nodes whose
+every worker is of a launched gang, as for node deletion).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from soak_invariants import (
     gpu_double_booked,
     job_consistent,
     no_hot_loop,
+    pod_gpus,
 )
 
 from adaptis.operator.core.settings import ReconcileSettings
@@ -281,9 +283,21 @@ class Soak:
         if not on:
             return False
         node = self.rng.choice(list(on))
-        if self.windows.preempt(node, gpus=self.gpus, seconds=self.rng.uniform(8, 15)) is None:
+        # Fill the node first, so the workers seen there are all the preemptor will displace: a
+        # worker bound between this read and the preemption would be lost uncounted.
+        free = self.gpus - sum(pod_gpus(p) for p in on[node])
+        filler = self.windows.fill(node, gpus=free) if free > 0 else None
+        if free > 0 and filler is None:
             return False
-        self._break(jobs, on[node], fault="preemption")
+        reads = self._reads()
+        now = self._clean_nodes(*reads) if reads is not None else {}
+        if reads is None or sorted(p["metadata"]["uid"] for p in now.get(node, [])) != sorted(
+                p["metadata"]["uid"] for p in on[node]):
+            self.windows.release(filler)  # the node changed meanwhile: no fault this tick
+            return False
+        if self.windows.preempt(node, gpus=self.gpus, seconds=self.rng.uniform(8, 15), filler=filler) is None:
+            return False
+        self._break(reads[0], on[node], fault="preemption")
         return True
 
     def starve(self) -> bool:

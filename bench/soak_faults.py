@@ -156,18 +156,46 @@ class Windows:
 
     # --------------------------------------------------------------- preemption
 
-    def preempt(self, node: str, *, gpus: int, seconds: float) -> str | None:
-        """A plain pod of priority ``soak-high`` asking for all ``gpus`` of ``node``, deleted
-        after ``seconds``; its name, None if it could not be created."""
-        name = f"preemptor-{self.serial:03d}"
+    def _pod(self, kind: str, *, node: str, gpus: int, priority: str | None) -> tuple[str, dict[str, Any]]:
+        name = f"{kind}-{self.serial:03d}"
         self.serial += 1
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": self.namespace,
-                                                               "labels": {"app": "soak-preemptor"}},
-               "spec": {"priorityClassName": HIGH_PRIORITY, "nodeSelector": {"kubernetes.io/hostname": node},
-                        "tolerations": [{"operator": "Exists"}],
-                        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                                        "resources": {"requests": {GPU: str(gpus)}, "limits": {GPU: str(gpus)}}}]}}
+        spec: dict[str, Any] = {
+            "nodeSelector": {"kubernetes.io/hostname": node}, "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"requests": {GPU: str(gpus)}, "limits": {GPU: str(gpus)}}}]}
+        if priority:
+            spec["priorityClassName"] = priority
+        return name, {"apiVersion": "v1", "kind": "Pod", "spec": spec, "metadata": {
+            "name": name, "namespace": self.namespace, "labels": {"app": f"soak-{kind}"}}}
+
+    def fill(self, node: str, *, gpus: int, timeout: float = 10.0) -> str | None:
+        """A plain pod of the workers' priority taking the ``gpus`` left free on ``node``, once
+        kube-scheduler bound it (its name): the node is full, so no worker lands there before a
+        preemptor comes, and the workers the harness saw there are all it will preempt. None
+        (and no pod) if it was not bound in time: a pod the harness did not see took them."""
+        name, pod = self._pod("filler", node=node, gpus=gpus, priority=None)
         if self.cp.kubectl("create", "-f", "-", input=json.dumps(pod), check=False).returncode != 0:
+            return None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = self.cp.kubectl("get", "pod", name, "-n", self.namespace, "-o", "jsonpath={.spec.nodeName}",
+                                  check=False)
+            if got.returncode == 0 and got.stdout.strip() == node:
+                return name
+            time.sleep(0.3)
+        self._delete("pod", name, "-n", self.namespace)
+        return None
+
+    def release(self, filler: str | None) -> None:
+        if filler:
+            self._delete("pod", filler, "-n", self.namespace)
+
+    def preempt(self, node: str, *, gpus: int, seconds: float, filler: str | None = None) -> str | None:
+        """A plain pod of priority ``soak-high`` asking for all ``gpus`` of ``node``, deleted
+        after ``seconds`` with the ``filler``; its name, None if it could not be created."""
+        name, pod = self._pod("preemptor", node=node, gpus=gpus, priority=HIGH_PRIORITY)
+        if self.cp.kubectl("create", "-f", "-", input=json.dumps(pod), check=False).returncode != 0:
+            self.release(filler)
             return None
         with self._lock:
             self._preempting.add(node)
@@ -179,6 +207,7 @@ class Windows:
             bound = got.returncode == 0 and got.stdout.strip() == node
             self.preemptors_bound += bound
             self._delete("pod", name, "-n", self.namespace)
+            self.release(filler)
             with self._lock:
                 self._preempting.discard(node)
             log.info("preemptor %s on %s deleted (%s)", name, node, "bound" if bound else "not bound")

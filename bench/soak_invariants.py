@@ -23,7 +23,8 @@ def _alive(pod: Mapping[str, Any]) -> bool:
             and not pod.get("metadata", {}).get("deletionTimestamp"))
 
 
-def _gpus(pod: Mapping[str, Any]) -> int:
+def pod_gpus(pod: Mapping[str, Any]) -> int:
+    """The GPUs a pod requests, over its containers."""
     total = 0
     for container in pod.get("spec", {}).get("containers", []):
         total += int(container.get("resources", {}).get("requests", {}).get(GPU, 0))
@@ -40,7 +41,7 @@ def gpu_double_booked(nodes: Iterable[Mapping[str, Any]],
     for pod in pods:
         node = pod.get("spec", {}).get("nodeName")
         if node and _alive(pod):
-            used[node] += _gpus(pod)
+            used[node] += pod_gpus(pod)
     return [f"node {node}: {count} GPUs requested > {allocatable[node]} allocatable"
             for node, count in sorted(used.items()) if node in allocatable and count > allocatable[node]]
 
