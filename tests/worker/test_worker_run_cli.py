@@ -124,8 +124,11 @@ def test_ctrl_c_stops_every_rank(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "no progress line"
         assert len(_worker_pids(str(workdir))) == 2
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 130
-        assert "interrupted" in proc.stderr.read() if proc.stderr else False
+        # communicate, not wait: the run goes on printing until its ranks agree on where to
+        # stop, and a full pipe nobody reads would block it there.
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err[-3000:]
+        assert "interrupted" in err
         gone = time.monotonic() + 15
         while _worker_pids(str(workdir)) and time.monotonic() < gone:
             time.sleep(0.1)  # the launcher reaps its ranks before it exits; /proc may lag
