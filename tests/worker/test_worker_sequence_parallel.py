@@ -17,7 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from worker_harness import DP_TRAINING, PARITY_MODEL, dp_parity_ranks, init_gloo, job_spec, run_ranks, write_dp_cases
+from worker_harness import (
+    DP_TRAINING,
+    PARITY_MODEL,
+    assert_bf16_near_fp32,
+    dp_parity_ranks,
+    init_gloo,
+    job_spec,
+    run_ranks,
+    write_dp_cases,
+)
 
 from adaptis.api.job import WorkerConfig
 from adaptis.api.plan import Plan
@@ -64,19 +73,7 @@ def test_sequence_parallel_trains_as_one_process(strategy: str, tmp_path: Path) 
 def test_bf16_under_sequence_parallelism_stays_within_a_tenth_of_a_percent_of_fp32(tmp_path: Path) -> None:
     """The sequence-parallel norms and collectives under autocast: every step's loss within
     0.1 % of one fp32 process's, and really bf16 (not fp32's numbers)."""
-    bf16 = DP_TRAINING.model_copy(update={"precision": "bf16"})
-    write_dp_cases(tmp_path / "cases.json", {"bf16": (_plan("adaptis"), 0)}, replicas=1, steps=STEPS,
-                   tensor=TENSOR, training=bf16, sequence=True)
-    run_ranks(dp_parity_ranks, world=PIPELINE * TENSOR, args=(str(tmp_path / "cases.json"), str(tmp_path)),
-              timeout_s=600)
-    torch.set_num_threads(1)
-    source = SyntheticTokens(vocab_size=PARITY_MODEL.vocab_size, sequence_length=DP_TRAINING.sequence_length,
-                             seed=DP_TRAINING.seed)
-    fp32 = reference_train(PARITY_MODEL, DP_TRAINING, source=source, steps=STEPS)
-    for r in range(PIPELINE * TENSOR):
-        losses = torch.load(tmp_path / f"bf16-{r}.pt")["losses"]
-        assert losses == pytest.approx(fp32.losses, rel=1e-3), f"rank {r}"
-        assert losses != pytest.approx(fp32.losses, rel=1e-6), f"rank {r}: bf16 gave fp32's numbers"
+    assert_bf16_near_fp32(tmp_path, plan=_plan("adaptis"), pipeline=PIPELINE, tensor=TENSOR, steps=STEPS, sequence=True)
 
 
 def _shape_ranks(rank: int, world: int, port: int, config_file: str, out_dir: str) -> None:

@@ -26,7 +26,9 @@ from adaptis.api.events import StepEvent
 from adaptis.api.job import BlockSpec, JobSpec, TrainingSpec, WorkerConfig
 from adaptis.api.model import Model, ZooModel
 from adaptis.api.plan import Plan
+from adaptis.worker.data.sources import SyntheticTokens
 from adaptis.worker.run.launcher import caused_by_peer
+from adaptis.worker.testing import reference_train
 
 PARITY_MODEL = ZooModel(
     vocab_size=512, hidden=32, heads=4, tie_embeddings=True,
@@ -332,6 +334,26 @@ def write_dp_cases(path: Path, cases: dict[str, tuple[Plan, int]], *, replicas: 
         zero_stage=zero, tensor_parallel=tensor, sequence_parallel=sequence).model_dump(mode="json")}
         for name, (plan, zero) in cases.items()]
     path.write_text(json.dumps(docs))
+
+
+def assert_bf16_near_fp32(tmp_path: Path, *, plan: Plan, pipeline: int, tensor: int, steps: int,
+                          sequence: bool = False) -> None:
+    """bf16 on ``pipeline`` x ``tensor`` ranks (``sequence``: sequence parallel too): every step's
+    loss on every rank within 0.1 % of one fp32 process's, and not fp32's own numbers (a run
+    silently in fp32 would match them to 1e-6)."""
+    bf16 = DP_TRAINING.model_copy(update={"precision": "bf16"})
+    write_dp_cases(tmp_path / "cases.json", {"bf16": (plan, 0)}, replicas=1, steps=steps,
+                   tensor=tensor, training=bf16, sequence=sequence)
+    run_ranks(dp_parity_ranks, world=pipeline * tensor, args=(str(tmp_path / "cases.json"), str(tmp_path)),
+              timeout_s=600)
+    torch.set_num_threads(1)
+    source = SyntheticTokens(vocab_size=PARITY_MODEL.vocab_size, sequence_length=DP_TRAINING.sequence_length,
+                             seed=DP_TRAINING.seed)
+    fp32 = reference_train(PARITY_MODEL, DP_TRAINING, source=source, steps=steps)
+    for r in range(pipeline * tensor):
+        losses = torch.load(tmp_path / f"bf16-{r}.pt")["losses"]
+        assert losses == pytest.approx(fp32.losses, rel=1e-3), f"rank {r}"
+        assert losses != pytest.approx(fp32.losses, rel=1e-6), f"rank {r}: bf16 gave fp32's numbers"
 
 
 def step_event(**fields: Any) -> StepEvent:
