@@ -15,8 +15,12 @@ import uuid
 from typing import Any
 
 import pytest
+import yaml
 from processes import ControlPlaneError, wait_until
-from realnode import BASE_IMAGE, CLUSTER_DNS_IP, RealCluster
+from realnode import BASE_IMAGE, CLUSTER_DNS_IP, REPO_ROOT, RealCluster
+
+from adaptis.api.job import JobSpec
+from adaptis.operator.resources.manifests import SHM_MOUNT, SHM_VOLUME, shm_volume
 
 # The first test's setup installs the packages and builds the base image when missing.
 pytestmark = [pytest.mark.realnode, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -150,6 +154,36 @@ def test_memory_limit_is_enforced(real_cluster: RealCluster, namespace: str) -> 
     status = _wait_phase(real_cluster, namespace, "hog", {"Failed", "Succeeded"})
     terminated = _terminated(status)
     assert (terminated["reason"], terminated["exitCode"]) == ("OOMKilled", 137), terminated
+
+
+def test_worker_shm_is_memory_backed_and_sized_by_the_memory_limit(real_cluster: RealCluster,
+                                                                  namespace: str) -> None:
+    """The operator's /dev/shm volume (``shm_volume``, as worker pods carry it) gives a tmpfs of
+    the container's memory limit, where the runtime's own /dev/shm is 64 MiB (too small for
+    NCCL's shared-memory transport and DataLoader workers)."""
+    manifest = yaml.safe_load((REPO_ROOT / "examples" / "tiny-heterogeneous.yaml").read_text())
+    limits = {"memory": "256Mi", "cpu": "500m"}
+    manifest["spec"].setdefault("worker", {})["resources"] = {"limits": limits}
+    volume = shm_volume(JobSpec.model_validate(manifest["spec"]))
+    script = ("import os\n"
+              "st = os.statvfs('/dev/shm')\n"
+              "kind = [l.split()[2] for l in open('/proc/mounts') if l.split()[1] == '/dev/shm']\n"
+              "print(kind[-1], st.f_blocks * st.f_frsize // 2**20)\n")
+    resources = {"limits": limits, "requests": {"memory": "256Mi"}}
+    plane = real_cluster.plane
+    plane.apply([
+        _pod("shm-worker", script, volumes=[volume],
+             container={"resources": resources, "volumeMounts": [{"name": SHM_VOLUME, "mountPath": SHM_MOUNT}]}),
+        _pod("shm-default", script, container={"resources": resources}),
+    ], namespace=namespace)
+    sizes = {}
+    for name in ("shm-worker", "shm-default"):
+        status = _wait_phase(real_cluster, namespace, name, {"Failed", "Succeeded"})
+        assert status["phase"] == "Succeeded", status
+        kind, mib = plane.kubectl("logs", name, "-n", namespace).stdout.split()
+        assert kind == "tmpfs", (name, kind)
+        sizes[name] = int(mib)
+    assert sizes == {"shm-worker": 256, "shm-default": 64}, sizes
 
 
 def test_headless_and_cluster_ip_services(real_cluster: RealCluster, namespace: str) -> None:
