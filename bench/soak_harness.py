@@ -202,15 +202,17 @@ class Soak:
         return {n: ps for n, ps in sorted(on.items())
                 if n in alive and all(self._launched(jobs, p) for p in ps)}
 
-    def delete_node(self) -> bool:
+    def _target(self) -> tuple[dict[str, list[dict[str, Any]]], str] | None:
+        """A node for a fault, drawn among the clean ones, with those nodes' workers."""
         reads = self._reads()
-        if reads is None:
+        on = self._clean_nodes(*reads) if reads is not None else {}
+        return (on, self.rng.choice(list(on))) if on else None
+
+    def delete_node(self) -> bool:
+        target = self._target()
+        if target is None:
             return False
-        jobs, pods = reads
-        on = self._clean_nodes(jobs, pods)
-        if not on:
-            return False
-        node = self.rng.choice(list(on))
+        on, node = target
         if self.cp.kubectl("delete", "node", node, "--wait=false", check=False).returncode != 0:
             return False
         # A lost node re-plans the jobs on it, not counted against backoffLimit (the plan no
@@ -228,14 +230,10 @@ class Soak:
         them. A preempted pod of a launched gang is lost, and the operator counts the gang's
         restart against backoffLimit (docs/shared-cluster.md, "Gang semantics"), as for an
         eviction; the preemptor goes after a while, so the job can finish."""
-        reads = self._reads()
-        if reads is None:
+        target = self._target()
+        if target is None:
             return False
-        jobs, pods = reads
-        on = self._clean_nodes(jobs, pods)
-        if not on:
-            return False
-        node = self.rng.choice(list(on))
+        on, node = target
         # Fill the node first, so the workers seen there are all the preemptor will displace: a
         # worker bound between this read and the preemption would be lost uncounted.
         free = self.gpus - sum(pod_gpus(p) for p in on[node])
