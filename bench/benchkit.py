@@ -26,8 +26,8 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 from controlplane import ControlPlane, ControlPlaneError, wait_until  # noqa: E402
 
-__all__ = ["ControlPlane", "ControlPlaneError", "Operator", "REPO", "bin_dir", "create_nodes", "epoch", "fake_node",
-           "free_port", "install_crd", "rss_kib", "wait_until"]
+__all__ = ["ControlPlane", "ControlPlaneError", "Operator", "REPO", "bin_dir", "create_nodes", "epoch", "fake_job",
+           "fake_node", "free_port", "install_crd", "rss_kib", "wait_until"]
 
 KINDS = (("NVIDIA-H100-80GB-HBM3", 81559, "hopper"), ("NVIDIA-A100-SXM4-80GB", 81920, "ampere"))
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -72,6 +72,24 @@ def fake_node(i: int, *, gpus: int, prefix: str = "bench", kinds: int = 2) -> di
             "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
         },
         "status": {"capacity": capacity, "allocatable": dict(capacity)},
+    }
+
+
+def fake_job(name: str, *, namespace: str, workers: int, gpus: int, run_s: int,
+             **spec: Any) -> dict[str, Any]:
+    """An AdaPtisJob of ``workers`` x ``gpus`` whose pods kwok runs for ``run_s`` seconds
+    (``adaptis.io/fake-run-seconds``); ``spec``: more top-level spec fields (backoffLimit, ...)."""
+    return {
+        "apiVersion": "adaptis.io/v1alpha1", "kind": "AdaPtisJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"vocabSize": 32000, "hidden": 512, "heads": 8,
+                      "blocks": [{"kind": "attention", "count": 2 * workers}]},
+            "training": {"steps": 10, "microbatches": 2 * workers, "sequenceLength": 512},
+            "parallelism": {"workers": workers, "gpusPerWorker": gpus},
+            "worker": {"annotations": {"adaptis.io/fake-run-seconds": str(run_s)}},
+            **spec,
+        },
     }
 
 

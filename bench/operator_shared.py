@@ -53,6 +53,7 @@ from benchkit import (
     bin_dir,
     create_nodes,
     epoch,
+    fake_job,
     fake_node,
     install_crd,
     wait_until,
@@ -65,17 +66,7 @@ CHART_MEMORY_LIMIT_MIB = 2048  # charts/adaptis/values.yaml operator.resources.l
 
 
 def job(name: str, *, workers: int, gpus: int, run_s: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "adaptis.io/v1alpha1", "kind": "AdaPtisJob",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "model": {"vocabSize": 32000, "hidden": 512, "heads": 8,
-                      "blocks": [{"kind": "attention", "count": 2 * workers}]},
-            "training": {"steps": 10, "microbatches": 2 * workers, "sequenceLength": 512},
-            "parallelism": {"workers": workers, "gpusPerWorker": gpus},
-            "worker": {"annotations": {"adaptis.io/fake-run-seconds": str(run_s)}},
-        },
-    }
+    return fake_job(name, namespace=NS, workers=workers, gpus=gpus, run_s=run_s)
 
 
 def random_jobs(count: int, *, seed: int, prefix: str, run_s: Callable[[random.Random], int]

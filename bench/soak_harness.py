@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchkit import ControlPlane, ControlPlaneError, Operator, fake_node, wait_until
+from benchkit import ControlPlane, ControlPlaneError, Operator, fake_job, fake_node, wait_until
 from soak_faults import Windows
 from soak_invariants import (
     LABEL_JOB,
@@ -35,19 +35,9 @@ PASSES_PER_JOB_MINUTE = 120.0
 
 
 def job_manifest(name: str, rng: random.Random) -> dict[str, Any]:
-    workers = rng.randint(2, 4)
-    return {
-        "apiVersion": "adaptis.io/v1alpha1", "kind": "AdaPtisJob",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "model": {"vocabSize": 1024, "hidden": 64, "heads": 4,
-                      "blocks": [{"kind": "attention", "count": 2 * workers}]},
-            "training": {"steps": 4, "microbatches": 2 * workers, "sequenceLength": 64},
-            "parallelism": {"workers": workers, "gpusPerWorker": rng.randint(1, 2)},
-            "backoffLimit": rng.randint(1, 3),
-            "worker": {"annotations": {"adaptis.io/fake-run-seconds": str(rng.randint(6, 20))}},
-        },
-    }
+    """2-4 ranks of 1-2 GPUs, a fake run of 6-20 s, backoffLimit 1-3."""
+    return fake_job(name, namespace=NS, workers=rng.randint(2, 4), gpus=rng.randint(1, 2),
+                    run_s=rng.randint(6, 20), backoffLimit=rng.randint(1, 3))
 
 
 @dataclass

@@ -147,13 +147,19 @@ def test_jobs_of_equal_priority_queue_by_age_not_by_name(cluster: Any, make_job:
     assert "2 of 2 waiting" in _cond(cluster.job("alpha"), "Queued")["message"]
 
 
-def test_a_deleted_or_evicted_rank_restarts_the_gang(cluster: Any, make_job: Any) -> None:
+def _running_gang(cluster: Any, make_job: Any) -> Reconciler:
+    """Job ``a``: two ranks planned, their pods Running, seen so by a second pass."""
     cluster.add_job(_job(make_job, "a", workers=2))
     rec = Reconciler(cluster)
     rec.reconcile("ns", "a")
     for pod in cluster.pods():
         cluster.set_pod_phase(pod["metadata"]["name"], "Running")
     rec.reconcile("ns", "a")
+    return rec
+
+
+def test_a_deleted_or_evicted_rank_restarts_the_gang(cluster: Any, make_job: Any) -> None:
+    rec = _running_gang(cluster, make_job)
     assert cluster.job("a")["status"]["phase"] == "Running"
     # Someone (a drain, a preemption) deletes rank 1: it terminates, not by our hand.
     cluster.objects[("Pod", "ns", "a-worker-1")]["metadata"]["deletionTimestamp"] = "x"
@@ -178,12 +184,7 @@ def test_a_preemption_seen_by_a_restarted_operator_counts_as_a_gang_restart(
         cluster: Any, make_job: Any) -> None:
     # Found by bench/soak.py: a preemptor took the GPUs of a lost rank while the operator was
     # down; the restarted operator (empty ledger) re-planned the job instead of counting it.
-    cluster.add_job(_job(make_job, "a", workers=2))
-    rec = Reconciler(cluster)
-    rec.reconcile("ns", "a")
-    for pod in cluster.pods():
-        cluster.set_pod_phase(pod["metadata"]["name"], "Running")
-    rec.reconcile("ns", "a")
+    _running_gang(cluster, make_job)
     launched = cluster.job("a")["status"]["launched"]
     node = sorted(_nodes_of(cluster, "a"))[0]
     # kube-scheduler preempts the job's pods on that node for a pod asking its two GPUs.
